@@ -1,0 +1,5 @@
+import sys
+
+from moekda.cli import main
+
+sys.exit(main())

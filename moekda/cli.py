@@ -1,0 +1,68 @@
+"""The `moekda` command: one entry point that the Makefile targets call.
+
+Each subcommand lives in its own module, which defines
+
+    def configure(parser: argparse.ArgumentParser) -> None   # its options
+    def run(args: argparse.Namespace) -> int                 # exit code
+
+and is registered in COMMANDS below.  Modules are imported only when their
+command runs, so `moekda --help` stays fast and a missing optional tool
+cannot break unrelated commands.
+
+Errors a user can fix (bad config, missing tool, bad input) are raised as
+``UserError`` or ``ConfigError`` and printed as one line, exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from moekda.config import ConfigError
+
+
+class UserError(Exception):
+    """A problem the user can fix; printed as one line, exit code 2."""
+
+
+# name: (module, one-line help).  Keep in the order a user runs them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "config": ("moekda.cmd_config", "show, validate and describe configs"),
+}
+
+
+def _add_config_arg(p: argparse.ArgumentParser):
+    p.add_argument("-c", "--config", default="tiny",
+                   help="config name under configs/ or a path to a .toml file (default: tiny)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="moekda",
+        description="Generator of a KDA + MoE inference accelerator and its open Nangate45 flow.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _add_config_arg(p)
+        p.set_defaults(_module=module)
+        # configure() is cheap by contract: it only declares options
+        importlib.import_module(module).configure(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except (ConfigError, UserError) as e:
+        print(f"moekda {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"moekda {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The one configuration every part of moekda reads: model sizes, hardware
+parallelism, number formats and the clock.
+
+A config is a TOML file under ``configs/`` (or any path).  ``load_config``
+parses it, fills defaults, and validates every field; a bad value raises
+``ConfigError`` whose message is one line naming the field and the allowed
+range.  The command-line entry point turns that into a non-zero exit.
+
+Each field is declared once below, with its type, default and allowed range,
+so the checks, the defaults and ``moekda config --help-fields`` cannot drift
+apart.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs"
+
+
+class ConfigError(ValueError):
+    """A config value is missing, of the wrong type, or out of range."""
+
+
+def _field(default, lo=None, hi=None, choices=None, doc=""):
+    """A config field with its allowed range, kept next to its default."""
+    return field(default=default, metadata={"lo": lo, "hi": hi, "choices": choices, "doc": doc})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_model: int = _field(16, 4, 4096, doc="model width")
+    n_heads: int = _field(1, 1, 64, doc="KDA heads")
+    head_dim: int = _field(16, 4, 256, doc="KDA head dimension (d_k = d_v)")
+    n_experts: int = _field(4, 1, 1024, doc="routed experts E")
+    top_k: int = _field(2, 1, 1024, doc="experts chosen per token (<= n_experts)")
+    d_ff: int = _field(16, 4, 16384, doc="expert hidden width")
+    n_shared: int = _field(1, 0, 8, doc="shared experts")
+    conv_kernel: int = _field(4, 1, 8, doc="causal short-convolution taps")
+    gate_rank: int = _field(4, 1, 1024, doc="rank of the low-rank decay and output-gate projections")
+    decay_lower_bound: float = _field(-5.0, -5.0, -0.01, doc="lb of the bounded gate g = lb*sigmoid(..)")
+    routed_scaling: float = _field(2.5, 0.01, 64.0, doc="routed_scaling_factor of the MoE")
+    norm_eps: float = _field(1e-6, 1e-12, 1e-2, doc="RMSNorm epsilon")
+
+
+@dataclass(frozen=True)
+class HwConfig:
+    lanes: int = _field(4, 1, 256, doc="parallel int8 MAC lanes")
+    weight_port_bytes: int = _field(4, 1, 256, doc="weight-memory port width in bytes per cycle")
+    weight_port_latency: int = _field(4, 1, 64, doc="testbench weight-memory latency in cycles")
+    clock_period_ns: float = _field(1.0, 0.3, 100.0, doc="target clock period in ns")
+
+
+@dataclass(frozen=True)
+class FormatsConfig:
+    act_bits: int = _field(8, choices=(8,), doc="activation width (signed)")
+    weight_bits: int = _field(8, choices=(8,), doc="weight width (signed)")
+    acc_bits: int = _field(32, 24, 48, doc="accumulator width (signed)")
+    requant_mult_bits: int = _field(16, 8, 31, doc="requantisation multiplier width (unsigned)")
+    state_bits: int = _field(16, 12, 32, doc="KDA state entry width (signed)")
+    lut_in_bits: int = _field(8, 6, 12, doc="input width of the sigmoid/SiLU/exp tables")
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    model: ModelConfig
+    hw: HwConfig
+    formats: FormatsConfig
+    source: str = ""  # the file it came from, for messages
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        return d
+
+    def hash(self) -> str:
+        """Stable short hash of the values (not the file text): a cache key."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    @property
+    def clock_mhz(self) -> float:
+        return 1000.0 / self.hw.clock_period_ns
+
+
+SECTIONS = {"model": ModelConfig, "hw": HwConfig, "formats": FormatsConfig}
+
+
+def _check_value(section: str, f: dataclasses.Field, value):
+    name = f"{section}.{f.name}"
+    meta = f.metadata
+    if f.type == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name} = {value!r}: must be an integer")
+    elif f.type == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{name} = {value!r}: must be a number")
+        value = float(value)
+    if meta["choices"] is not None and value not in meta["choices"]:
+        allowed = ", ".join(str(c) for c in meta["choices"])
+        raise ConfigError(f"{name} = {value!r}: allowed values are {allowed}")
+    lo, hi = meta["lo"], meta["hi"]
+    if lo is not None and not (lo <= value <= hi):
+        raise ConfigError(f"{name} = {value!r}: allowed range is {lo} to {hi}")
+    return value
+
+
+def _build_section(section: str, cls, raw: dict):
+    if not isinstance(raw, dict):
+        raise ConfigError(f"[{section}] must be a table")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in known:
+            raise ConfigError(f"{section}.{key}: unknown field (known: {', '.join(known)})")
+    values = {}
+    for name, f in known.items():
+        values[name] = _check_value(section, f, raw[name]) if name in raw else f.default
+    return cls(**values)
+
+
+def _check_relations(cfg: Config):
+    """Constraints between fields, each reported against the field to change."""
+    m, hw = cfg.model, cfg.hw
+    if m.top_k > m.n_experts:
+        raise ConfigError(f"model.top_k = {m.top_k}: allowed range is 1 to model.n_experts ({m.n_experts})")
+    if m.n_heads * m.head_dim > 4 * m.d_model:
+        raise ConfigError(
+            f"model.head_dim = {m.head_dim}: n_heads*head_dim must be at most 4*d_model ({4 * m.d_model})")
+    if m.gate_rank > m.d_model:
+        raise ConfigError(f"model.gate_rank = {m.gate_rank}: allowed range is 1 to model.d_model ({m.d_model})")
+    if hw.lanes > max(m.d_model, m.d_ff, m.n_heads * m.head_dim):
+        raise ConfigError(
+            f"hw.lanes = {hw.lanes}: allowed range is 1 to the widest vector "
+            f"({max(m.d_model, m.d_ff, m.n_heads * m.head_dim)})")
+    if hw.lanes & (hw.lanes - 1):
+        raise ConfigError(f"hw.lanes = {hw.lanes}: must be a power of two (1, 2, 4, ... 256)")
+    if hw.weight_port_bytes & (hw.weight_port_bytes - 1):
+        raise ConfigError(f"hw.weight_port_bytes = {hw.weight_port_bytes}: must be a power of two (1 to 256)")
+
+
+def config_from_dict(raw: dict, source: str = "<dict>") -> Config:
+    raw = dict(raw)
+    name = raw.pop("name", None)
+    if not isinstance(name, str) or not name.replace("_", "").replace("-", "").isalnum():
+        raise ConfigError(f"name = {name!r}: must be a non-empty name of letters, digits, '-' or '_'")
+    for key in raw:
+        if key not in SECTIONS:
+            raise ConfigError(f"[{key}]: unknown section (known: {', '.join(SECTIONS)})")
+    parts = {sec: _build_section(sec, cls, raw.get(sec, {})) for sec, cls in SECTIONS.items()}
+    cfg = Config(name=name, source=source, **parts)
+    _check_relations(cfg)
+    return cfg
+
+
+def resolve_config_path(name_or_path: str | Path) -> Path:
+    """`tiny` means configs/tiny.toml; anything with a slash or suffix is a path."""
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or len(p.parts) > 1:
+        return p
+    return CONFIG_DIR / f"{name_or_path}.toml"
+
+
+def load_config(name_or_path: str | Path) -> Config:
+    path = resolve_config_path(name_or_path)
+    if not path.is_file():
+        known = ", ".join(sorted(q.stem for q in CONFIG_DIR.glob("*.toml")))
+        raise ConfigError(f"config {name_or_path!s}: no such file {path} (known configs: {known})")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config {path}: not valid TOML: {e}") from None
+    return config_from_dict(raw, source=str(path))
+
+
+def describe_fields() -> str:
+    """Every field with its default and range, for --help-fields and the docs."""
+    lines = []
+    for sec, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            m = f.metadata
+            rng = ("one of " + ", ".join(map(str, m["choices"]))) if m["choices"] else f"{m['lo']} to {m['hi']}"
+            lines.append(f"{sec}.{f.name:<20} default {f.default!s:<8} {rng:<16} {m['doc']}")
+    return "\n".join(lines)
