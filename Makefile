@@ -1,0 +1,77 @@
+# moekda: the commands a user runs.  `make help` lists them.
+#
+# Every target depends on the set-up stamp, so the first `make synth` or
+# `make test` on a fresh machine installs what is missing (tools/setup.sh).
+# All real work is done by the `moekda` command in .venv; the targets only
+# name it, so `moekda <command> --help` documents every option.
+
+CONFIG ?= tiny
+TOP    ?=
+PYTHON ?= python3
+VENV   := .venv
+MOEKDA := $(VENV)/bin/moekda
+PYTEST := $(VENV)/bin/python -m pytest
+STAMP  := $(VENV)/.setup-stamp
+TOPARG := $(if $(TOP),--top $(TOP))
+
+.DEFAULT_GOAL := help
+.PHONY: help setup setup-force versions test sim rtl synth report pnr pnr-check \
+        accuracy vectors bench sweep clean distclean
+
+help:
+	@echo "moekda - KDA + MoE layer accelerator generator and Nangate45 flow"
+	@echo ""
+	@echo "  make setup            install tools, Python deps and the Nangate45 kit (done by every target)"
+	@echo "  make test             the default test suite (models, RTL simulation, flow checks)"
+	@echo "  make sim    [CONFIG=] cocotb simulations of the generated RTL against the integer model"
+	@echo "  make rtl    [CONFIG=] [TOP=]   Verilog into build/<config>/rtl/"
+	@echo "  make synth  [CONFIG=] [TOP=]   Yosys + OpenSTA: area, timing, power in build/<config>/reports/"
+	@echo "  make pnr    [CONFIG=]          OpenROAD place and route (needs openroad on PATH or OPENROAD=)"
+	@echo "  make accuracy [CONFIG=]        error of the integer model against the float model"
+	@echo "  make clean                     remove build/"
+	@echo ""
+	@echo "  CONFIG is a name under configs/ (tiny, small) or a path to a .toml file; default tiny."
+
+# ---- set-up ---------------------------------------------------------------
+$(STAMP): pyproject.toml pdk/nangate45.sha256 tools/setup.sh
+	@PYTHON=$(PYTHON) VENV=$(VENV) bash tools/setup.sh
+	@touch $@
+
+setup: $(STAMP)
+	@:
+
+setup-force:
+	@rm -f $(STAMP) && $(MAKE) --no-print-directory setup
+
+versions: $(STAMP)
+	@$(VENV)/bin/python tools/versions.py
+
+# ---- tests ----------------------------------------------------------------
+# The default suite: everything not marked slow.  CI runs exactly this.
+test: $(STAMP)
+	$(PYTEST) -m "not slow"
+
+# ---- design flow ------------------------------------------------------------
+rtl: $(STAMP)
+	$(MOEKDA) rtl -c $(CONFIG) $(TOPARG)
+
+synth: $(STAMP)
+	$(MOEKDA) synth -c $(CONFIG) $(TOPARG)
+
+report: $(STAMP)
+	$(MOEKDA) report -c $(CONFIG)
+
+pnr: $(STAMP)
+	$(MOEKDA) pnr -c $(CONFIG)
+
+pnr-check: $(STAMP)
+	$(MOEKDA) pnr -c $(CONFIG) --check
+
+accuracy: $(STAMP)
+	$(MOEKDA) accuracy -c $(CONFIG)
+
+clean:
+	rm -rf build
+
+distclean: clean
+	rm -rf $(VENV) pdk/nangate45

@@ -1,0 +1,71 @@
+"""The config is the single source of truth: it must refuse bad values with
+one line naming the field and the allowed range, and accept the shipped ones."""
+import subprocess
+import sys
+
+import pytest
+
+from moekda.config import CONFIG_DIR, ConfigError, config_from_dict, load_config
+
+
+def base(**sections):
+    raw = {"name": "t", "model": {}, "hw": {}, "formats": {}}
+    for sec, values in sections.items():
+        raw[sec] = values
+    return raw
+
+
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.toml")), ids=lambda p: p.stem)
+def test_shipped_configs_are_valid(path):
+    cfg = load_config(path)
+    assert cfg.name == path.stem
+    assert cfg.model.top_k <= cfg.model.n_experts
+
+
+def test_issue_sizes():
+    tiny, small = load_config("tiny"), load_config("small")
+    assert (tiny.model.d_model, tiny.model.n_heads, tiny.model.head_dim, tiny.model.n_experts,
+            tiny.model.top_k, tiny.model.d_ff, tiny.model.n_shared, tiny.hw.lanes) == (16, 1, 16, 4, 2, 16, 1, 4)
+    assert (small.model.d_model, small.model.n_heads, small.model.head_dim, small.model.n_experts,
+            small.model.top_k, small.model.d_ff, small.model.n_shared, small.hw.lanes,
+            small.hw.weight_port_bytes) == (64, 2, 32, 8, 2, 64, 1, 16, 16)
+
+
+@pytest.mark.parametrize("raw, needle", [
+    (base(model={"d_model": 2}), "model.d_model = 2: allowed range is 4 to 4096"),
+    (base(model={"top_k": 5, "n_experts": 4}), "model.top_k = 5: allowed range is 1 to model.n_experts (4)"),
+    (base(hw={"lanes": 3}), "hw.lanes = 3: must be a power of two"),
+    (base(hw={"clock_period_ns": "fast"}), "hw.clock_period_ns = 'fast': must be a number"),
+    (base(formats={"act_bits": 16}), "formats.act_bits = 16: allowed values are 8"),
+    (base(model={"heads": 2}), "model.heads: unknown field"),
+    (base(model={"n_heads": True}), "model.n_heads = True: must be an integer"),
+    ({"name": "t", "modle": {}}, "[modle]: unknown section"),
+    ({"model": {}}, "name = None"),
+])
+def test_bad_values_name_field_and_range(raw, needle):
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(raw)
+    msg = str(e.value)
+    assert needle in msg
+    assert "\n" not in msg
+
+
+def test_hash_changes_with_values_only():
+    a = config_from_dict(base(), source="a")
+    b = config_from_dict(base(), source="b")
+    c = config_from_dict(base(hw={"lanes": 8}))
+    assert a.hash() == b.hash() != c.hash()
+
+
+def test_cli_bad_config_is_one_line_and_nonzero(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\n[hw]\nlanes = 1000\n')
+    r = subprocess.run([sys.executable, "-m", "moekda", "config", "-c", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "moekda config: error: hw.lanes = 1000: allowed range is 1 to 256"
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_unknown_config_lists_known():
+    r = subprocess.run([sys.executable, "-m", "moekda", "config", "-c", "nosuch"], capture_output=True, text=True)
+    assert r.returncode == 2 and "known configs:" in r.stderr and "tiny" in r.stderr
