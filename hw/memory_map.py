@@ -1,0 +1,164 @@
+"""Where every quantised weight tensor of the layer lives in the weight memory.
+
+One source of truth for addresses: the RTL generators bake the base
+addresses from here, the testbench memory is filled with ``build_image``,
+and the analytic byte counts in reports come from the same regions.
+
+Layout rules:
+
+* each tensor is an int8 matrix stored row-major, one row after the other;
+* every row starts on a ``port_bytes`` boundary (rows are zero-padded to a
+  whole number of port beats), so a row is a whole number of beats and the
+  engine never has to realign bytes across lanes;
+* tensors follow each other in the order listed by the ``*_tensors``
+  functions below, each starting on a ``port_bytes`` boundary;
+* the tensors of one routed expert (gate, up, down) are contiguous, so an
+  expert chosen by the router is one block of memory.
+
+Small per-tensor constants (requantisation multipliers and shifts, lookup
+tables) are not in this memory: the RTL bakes them in at elaboration time.
+
+To add a block's tensors, write a ``<block>_tensors(cfg)`` function and add it
+to ``TENSOR_GROUPS`` (an additive edit).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from hw.weight_port import beats_per_row, padded_row_bytes
+
+
+@dataclass(frozen=True)
+class TensorRegion:
+    """One int8 matrix in the weight memory."""
+    name: str
+    rows: int
+    cols: int
+    addr: int        # byte address of row 0 (aligned to port_bytes)
+    row_bytes: int   # padded row stride in bytes (a multiple of port_bytes)
+    port_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the region occupies, padding included: what a read fetches."""
+        return self.rows * self.row_bytes
+
+    @property
+    def row_beats(self) -> int:
+        return beats_per_row(self.cols, self.port_bytes)
+
+    @property
+    def beats(self) -> int:
+        return self.rows * self.row_beats
+
+    @property
+    def end(self) -> int:
+        return self.addr + self.nbytes
+
+    def row_addr(self, row: int) -> int:
+        if not 0 <= row < self.rows:
+            raise IndexError(f"{self.name}: row {row} outside 0..{self.rows - 1}")
+        return self.addr + row * self.row_bytes
+
+
+# ---- the tensors of each block, in memory order ------------------------------
+
+def moe_expert_names(prefix: str) -> list[str]:
+    return [f"{prefix}.gate", f"{prefix}.up", f"{prefix}.down"]
+
+
+def moe_tensors(cfg) -> list[tuple[str, int, int]]:
+    """(name, rows, cols) of the MoE channel mixer.
+
+    ``moe.router``            E x d_model, one score row per routed expert
+    ``moe.expert{e}.gate|up`` d_ff x d_model
+    ``moe.expert{e}.down``    d_model x d_ff
+    ``moe.shared{s}.*``       the same shapes for each shared expert
+    """
+    m = cfg.model
+    out = [("moe.router", m.n_experts, m.d_model)]
+    for prefix in [f"moe.expert{e}" for e in range(m.n_experts)] + [f"moe.shared{s}" for s in range(m.n_shared)]:
+        out += [(f"{prefix}.gate", m.d_ff, m.d_model),
+                (f"{prefix}.up", m.d_ff, m.d_model),
+                (f"{prefix}.down", m.d_model, m.d_ff)]
+    return out
+
+
+TENSOR_GROUPS = [moe_tensors]
+
+
+# ---- the map -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MemoryMap:
+    port_bytes: int
+    regions: dict[str, TensorRegion]
+
+    @property
+    def size(self) -> int:
+        return max((r.end for r in self.regions.values()), default=0)
+
+    def __getitem__(self, name: str) -> TensorRegion:
+        try:
+            return self.regions[name]
+        except KeyError:
+            raise KeyError(f"no tensor {name!r} in the memory map") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.regions
+
+    def span(self, names) -> tuple[int, int]:
+        """(addr, bytes) of consecutive regions, checked to be contiguous."""
+        regs = [self[n] for n in names]
+        for a, b in zip(regs, regs[1:]):
+            if a.end != b.addr:
+                raise ValueError(f"{a.name} and {b.name} are not contiguous")
+        return regs[0].addr, regs[-1].end - regs[0].addr
+
+    def describe(self) -> str:
+        lines = [f"{'tensor':<24} {'addr':>10} {'rows':>6} {'cols':>6} {'stride':>7} {'bytes':>9}"]
+        for r in self.regions.values():
+            lines.append(f"{r.name:<24} {r.addr:#10x} {r.rows:>6} {r.cols:>6} {r.row_bytes:>7} {r.nbytes:>9}")
+        lines.append(f"total {self.size} bytes, port {self.port_bytes} bytes")
+        return "\n".join(lines)
+
+
+def memory_map(cfg) -> MemoryMap:
+    pb = cfg.hw.weight_port_bytes
+    regions: dict[str, TensorRegion] = {}
+    addr = 0
+    for group in TENSOR_GROUPS:
+        for name, rows, cols in group(cfg):
+            if name in regions:
+                raise ValueError(f"tensor {name!r} listed twice in the memory map")
+            reg = TensorRegion(name, rows, cols, addr, padded_row_bytes(cols, pb), pb)
+            regions[name] = reg
+            addr = reg.end
+    return MemoryMap(pb, regions)
+
+
+def build_image(cfg, tensors: Mapping[str, np.ndarray], mmap: MemoryMap | None = None) -> bytes:
+    """The memory contents: every tensor of the map, int8, at its address.
+
+    ``tensors`` maps each region name to an integer array of the region's
+    shape with values in the int8 range; a missing, misshapen or out-of-range
+    tensor is an error (a silently zero weight would hide bugs).
+    """
+    mmap = mmap or memory_map(cfg)
+    image = np.zeros(mmap.size, dtype=np.uint8)
+    missing = [n for n in mmap.regions if n not in tensors]
+    if missing:
+        raise KeyError(f"build_image: no values for {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+    for name, reg in mmap.regions.items():
+        w = np.asarray(tensors[name])
+        if w.shape != (reg.rows, reg.cols):
+            raise ValueError(f"build_image: {name} has shape {w.shape}, the map expects {(reg.rows, reg.cols)}")
+        if w.size and (w.min() < -128 or w.max() > 127):
+            raise ValueError(f"build_image: {name} has values outside the int8 range")
+        block = np.zeros((reg.rows, reg.row_bytes), dtype=np.uint8)
+        block[:, :reg.cols] = w.astype(np.int64) & 0xFF
+        image[reg.addr:reg.end] = block.reshape(-1)
+    return image.tobytes()
