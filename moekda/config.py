@@ -54,6 +54,7 @@ class HwConfig:
     weight_port_bytes: int = _field(4, 1, 256, doc="weight-memory port width in bytes per cycle")
     weight_port_latency: int = _field(4, 1, 64, doc="testbench weight-memory latency in cycles")
     clock_period_ns: float = _field(1.0, 0.3, 100.0, doc="target clock period in ns")
+    state_lanes: int = _field(4, 1, 256, doc="KDA state entries read and updated per cycle (divides head_dim)")
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,8 @@ def _check_relations(cfg: Config):
         raise ConfigError(f"hw.lanes = {hw.lanes}: must be a power of two (1, 2, 4, ... 256)")
     if hw.weight_port_bytes & (hw.weight_port_bytes - 1):
         raise ConfigError(f"hw.weight_port_bytes = {hw.weight_port_bytes}: must be a power of two (1 to 256)")
+    if m.head_dim % hw.state_lanes:
+        raise ConfigError(f"hw.state_lanes = {hw.state_lanes}: must divide model.head_dim ({m.head_dim})")
 
 
 def config_from_dict(raw: dict, source: str = "<dict>") -> Config:

@@ -1,0 +1,85 @@
+"""A lookup table in ROM: the hardware form of SiLU, sigmoid and exp.
+
+At int8 (``formats.lut_in_bits``) input widths a full table is exact with
+respect to the integer model and small: the model's table *is* the ROM
+contents, so the RTL cannot drift from it.  Used by the KDA unit (SiLU after
+the short convolution, sigmoid of beta and of the output gate, the decay
+alpha) and by the MoE unit (router sigmoid, SwiGLU SiLU).
+
+Addressing: the input is a signed ``in_bits`` integer ``x``; ``table`` lists
+the outputs in order of increasing ``x``, i.e. ``table[x - x_min]``.  The ROM
+is addressed by the two's-complement bit pattern of ``x`` with its sign bit
+inverted, which is exactly ``x - x_min``: no adder.
+
+Timing: one cycle.  ``data`` holds ``table[addr]`` of the cycle in which
+``en`` was high and keeps it while ``en`` is low (a synchronous read port, so
+synthesis may map it to a ROM macro; on Nangate45 Yosys turns it into logic).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from amaranth import Cat, Module, Shape, signed, unsigned
+from amaranth.lib import memory, wiring
+from amaranth.lib.wiring import In, Out
+
+
+def table_shape(table: Sequence[int]) -> Shape:
+    """The narrowest signed/unsigned shape holding every entry of ``table``."""
+    lo, hi = min(table), max(table)
+    if lo >= 0:
+        return unsigned(max(1, hi.bit_length()))
+    width = max(lo.bit_length(), hi.bit_length()) + 1  # bit_length(-x) ignores the sign
+    return signed(width)
+
+
+def tabulate(fn, in_bits: int) -> list[int]:
+    """``fn(x)`` for every signed ``in_bits`` input, in increasing ``x`` order."""
+    lo = -(1 << (in_bits - 1))
+    return [int(fn(x)) for x in range(lo, -lo)]
+
+
+class LookupTable(wiring.Component):
+    """``data = table[addr - x_min]``, one cycle after ``en``.
+
+    Parameters
+    ----------
+    table : sequence of int
+        ``2**in_bits`` entries, for inputs ``-2**(in_bits-1) .. 2**(in_bits-1)-1``.
+    in_bits : int
+        Width of the signed input.
+    shape : Shape, optional
+        Output shape; by default the narrowest one that holds the table.
+    """
+
+    def __init__(self, table: Sequence[int], in_bits: int, shape: Shape | None = None):
+        table = [int(v) for v in table]
+        if len(table) != 1 << in_bits:
+            raise ValueError(f"a {in_bits}-bit table needs {1 << in_bits} entries, got {len(table)}")
+        self.table = table
+        self.in_bits = in_bits
+        self.shape = Shape.cast(shape) if shape is not None else table_shape(table)
+        lo, hi = min(table), max(table)
+        s = self.shape
+        s_lo = -(1 << (s.width - 1)) if s.signed else 0
+        s_hi = (1 << (s.width - 1)) - 1 if s.signed else (1 << s.width) - 1
+        if lo < s_lo or hi > s_hi:
+            raise ValueError(f"table range {lo}..{hi} does not fit the output shape {s}")
+        super().__init__({
+            "addr": In(signed(in_bits)),
+            "en": In(1),
+            "data": Out(self.shape),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.rom = rom = memory.Memory(shape=self.shape, depth=len(self.table), init=self.table)
+        rd = rom.read_port(domain="sync")
+        sign = self.in_bits - 1
+        # x - x_min == x with the sign bit flipped (offset binary)
+        m.d.comb += [
+            rd.addr.eq(Cat(self.addr[:sign], ~self.addr[sign])),
+            rd.en.eq(self.en),
+            self.data.eq(rd.data),
+        ]
+        return m

@@ -1,0 +1,182 @@
+"""Unit tests of the KDA unit's format-independent parts (Amaranth simulator).
+
+Each block is compared with a direct numpy statement of what it must do,
+under random valid/ready stalls.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+
+from hw.kda_state import StateMemory, state_geometry, state_word
+from hw.lut import LookupTable, tabulate
+from hw.short_conv import ShortConv
+
+
+def run(dut, bench, *processes):
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    for p in processes:
+        sim.add_process(p)
+    sim.run()
+
+
+# ---- lookup table -------------------------------------------------------------
+
+@pytest.mark.parametrize("in_bits,fn", [
+    (8, lambda x: round(127 / (1 + np.exp(-x / 16)))),   # sigmoid-like, unsigned
+    (6, lambda x: x * abs(x) // 3 - 5),                    # signed, wider than the input
+])
+def test_lut_reads_every_entry(in_bits, fn):
+    table = tabulate(fn, in_bits)
+    dut = LookupTable(table, in_bits)
+    lo = -(1 << (in_bits - 1))
+    order = list(range(lo, -lo))
+    random.Random(1).shuffle(order)
+
+    async def bench(ctx):
+        for x in order:
+            ctx.set(dut.addr, x)
+            ctx.set(dut.en, 1)
+            await ctx.tick()
+            ctx.set(dut.en, 0)
+            ctx.set(dut.addr, lo)        # a new address without en must not change data
+            await ctx.tick()
+            assert ctx.get(dut.data) == fn(x), x
+    run(dut, bench)
+
+
+def test_lut_rejects_bad_tables():
+    with pytest.raises(ValueError, match="needs 256 entries"):
+        LookupTable([0] * 255, 8)
+    with pytest.raises(ValueError, match="does not fit"):
+        from amaranth import signed
+        LookupTable([200] * 64, 6, shape=signed(8))
+
+
+# ---- state memory ---------------------------------------------------------------
+
+def test_state_layout_is_a_bijection():
+    H, dk, dv, P = 2, 8, 4, 4
+    words = state_geometry(H, dk, dv, P)
+    seen = {state_word(h, i, j, dk, dv, P) for h in range(H) for i in range(dk) for j in range(dv)}
+    assert len(seen) == H * dk * dv and all(0 <= w < words and 0 <= ln < P for w, ln in seen)
+    with pytest.raises(ValueError, match="state_lanes = 3"):
+        state_geometry(1, 8, 8, 3)
+
+
+def test_state_memory_clear_and_commit():
+    H, dk, dv, P, bits = 1, 8, 4, 4, 16
+    dut = StateMemory(H, dk, dv, P, bits)
+    rng = np.random.default_rng(2)
+    shadow = np.zeros((dut.words, P), np.int64)
+
+    async def read(ctx, addr):
+        ctx.set(dut.rd_addr, addr)
+        ctx.set(dut.rd_en, 1)
+        await ctx.tick()
+        ctx.set(dut.rd_en, 0)
+        return [ctx.get(dut.rd_data[i]) for i in range(P)]
+
+    async def bench(ctx):
+        assert ctx.get(dut.cleared) == 1             # reset: reads as zero
+        for w in range(dut.words):                   # fill while cleared
+            shadow[w] = rng.integers(-(1 << 15), 1 << 15, P)
+            ctx.set(dut.wr_addr, w)
+            ctx.set(dut.wr_data, [int(v) for v in shadow[w]])
+            ctx.set(dut.wr_en, 1)
+            assert await read(ctx, w) == [0] * P
+        ctx.set(dut.wr_en, 0)
+        ctx.set(dut.commit, 1)
+        await ctx.tick()
+        ctx.set(dut.commit, 0)
+        for w in rng.permutation(dut.words):
+            assert await read(ctx, int(w)) == list(shadow[w])
+        # a read issued while cleared stays zero even if commit lands as it returns
+        ctx.set(dut.clear, 1)
+        await ctx.tick()
+        ctx.set(dut.clear, 0)
+        ctx.set(dut.rd_addr, 3)
+        ctx.set(dut.rd_en, 1)
+        ctx.set(dut.commit, 1)
+        await ctx.tick()
+        ctx.set(dut.rd_en, 0)
+        ctx.set(dut.commit, 0)
+        assert [ctx.get(dut.rd_data[i]) for i in range(P)] == [0] * P
+        assert await read(ctx, 3) == list(shadow[3])
+    run(dut, bench)
+
+
+# ---- short convolution ----------------------------------------------------------
+
+def conv_reference(w, tokens, restarts):
+    """Direct statement: zero history before each sequence start."""
+    C, K = w.shape
+    out, hist = [], []
+    for t, x in enumerate(tokens):
+        if t in restarts:
+            hist = []
+        hist = (hist + [x])[-K:]
+        window = [np.zeros(C, np.int64)] * (K - len(hist)) + hist
+        out.append(sum(w[:, j] * window[j] for j in range(K)))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("C,K", [(6, 4), (5, 2), (3, 1)])
+def test_short_conv_matches_reference_under_stalls(C, K):
+    rng = np.random.default_rng(C * 10 + K)
+    w = rng.integers(-128, 128, (C, K))
+    w[0] = [-128] * K                              # extreme products
+    T = 14
+    tokens = [rng.integers(-128, 128, C) for _ in range(T)]
+    tokens[1][:] = -128
+    restarts = {0, 6, 7}
+    want = conv_reference(w, tokens, restarts).reshape(-1)
+    dut = ShortConv(w)
+    got = []
+    sent_tokens = []
+    stall = random.Random(K)
+
+    async def source(ctx):
+        for t, x in enumerate(tokens):
+            if t in restarts:
+                # a restart only between tokens: wait for the previous token to leave stage 1
+                ctx.set(dut.restart, 1)
+                await ctx.tick()
+                ctx.set(dut.restart, 0)
+            for c in range(C):
+                while stall.random() < 0.3:
+                    await ctx.tick()
+                ctx.set(dut.i.payload, int(x[c]))
+                ctx.set(dut.i.valid, 1)
+                await ctx.tick().until(dut.i.ready)
+                ctx.set(dut.i.valid, 0)
+            sent_tokens.append(t)
+
+    async def sink(ctx):
+        while len(got) < len(want):
+            ready = stall.random() < 0.6
+            ctx.set(dut.o.ready, ready)
+            await ctx.tick()
+            if ready and ctx.get(dut.o.valid):
+                pass
+        ctx.set(dut.o.ready, 0)
+
+    async def monitor(ctx):
+        async for clk_edge, rst, valid, ready, payload in ctx.tick().sample(dut.o.valid, dut.o.ready, dut.o.payload):
+            if valid and ready:
+                got.append(payload)
+            if len(got) == len(want):
+                break
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(source)
+    sim.add_testbench(sink)
+    sim.add_process(monitor)
+    sim.run_until(1e-8 * 4000)
+    assert got == [int(v) for v in want]
