@@ -87,7 +87,23 @@ def moe_tensors(cfg) -> list[tuple[str, int, int]]:
     return out
 
 
-TENSOR_GROUPS = [moe_tensors]
+def kda_tensors(cfg) -> list[tuple[str, int, int]]:
+    """(name, rows, cols) of the KDA token mixer, in the order the unit uses
+    them within a token, so one read request streams them all:
+
+    ``kda.w_q|w_k|w_v``   H*d_k x d_model (q, k, v projections, before the short conv)
+    ``kda.w_f_down``      r x d_model, ``kda.w_g_down`` r x d_model, ``kda.w_b`` H x d_model
+    ``kda.w_f_up``        H*d_k x r (decay), ``kda.w_g_up`` H*d_v x r (output gate)
+    ``kda.w_o``           d_model x H*d_v
+    """
+    m = cfg.model
+    d, hk, r = m.d_model, m.n_heads * m.head_dim, m.gate_rank
+    return [("kda.w_q", hk, d), ("kda.w_k", hk, d), ("kda.w_v", hk, d),
+            ("kda.w_f_down", r, d), ("kda.w_g_down", r, d), ("kda.w_b", m.n_heads, d),
+            ("kda.w_f_up", hk, r), ("kda.w_g_up", hk, r), ("kda.w_o", d, hk)]
+
+
+TENSOR_GROUPS = [moe_tensors, kda_tensors]
 
 
 # ---- the map -----------------------------------------------------------------
