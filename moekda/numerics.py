@@ -71,3 +71,120 @@ def quantize_multiplier(scale: float, mult_bits: int = 16, max_shift: int = 62) 
     if m == 0:
         raise ValueError(f"requantisation scale {scale} too small for shift <= {max_shift}")
     return int(m), int(s)
+
+
+# ---------------------------------------------------------------------------
+# Added for the integer layer model (sim/models/int_*.py).  Every function is
+# integer in, integer out; the float work (table contents, constants) happens
+# once in the builders marked "builder", whose *outputs* are stored integers.
+# ---------------------------------------------------------------------------
+
+def requantize_rows(acc, mult, shift, out_bits: int = 8):
+    """``requantize`` with a multiplier and shift per leading-axis row (arrays of ints).
+
+    Used where the scale is computed per token or per head (RMSNorm, L2 norm):
+    row r of ``acc`` uses (mult[r], shift[r]); every shift must be >= 1.
+    """
+    acc = np.asarray(acc, dtype=np.int64)
+    mult = np.asarray(mult, dtype=np.int64)
+    shift = np.asarray(shift, dtype=np.int64)
+    if np.any(shift < 1):
+        raise ValueError(f"requantize_rows: shift {int(shift.min())} < 1")
+    expand = (slice(None),) + (None,) * (acc.ndim - 1)
+    m, s = mult[expand], shift[expand]
+    return saturate((acc * m + (np.int64(1) << (s - 1))) >> s, out_bits)
+
+
+def bit_length(a):
+    """Number of bits of non-negative integers (0 -> 0), elementwise (a leading-one detector)."""
+    a = np.asarray(a, dtype=np.int64)
+    if np.any(a < 0):
+        raise ValueError("bit_length: negative input")
+    return np.sum(a[..., None] >= (np.int64(1) << np.arange(63, dtype=np.int64)), axis=-1)
+
+
+def rsqrt_seed_table(norm_bits: int, seed_bits: int, frac: int) -> np.ndarray:
+    """Builder: seed LUT of 1/sqrt(u) for u = a_norm / 2**norm_bits in [1/4, 1).
+
+    Entry i covers a_norm >> (norm_bits - seed_bits) == i + 2**(seed_bits-2) and holds
+    round(2**frac / sqrt(u_mid)) at the interval's midpoint: 3 * 2**(seed_bits-2) entries.
+    """
+    idx = np.arange(1 << (seed_bits - 2), 1 << seed_bits)
+    u_mid = (idx + 0.5) / (1 << seed_bits)
+    return np.floor((1 << frac) / np.sqrt(u_mid) + 0.5).astype(np.int64)
+
+
+def rsqrt_fixed(a, norm_bits: int, frac: int, seed_table, seed_bits: int, newton_steps: int):
+    """1/sqrt(a) for integers a >= 1, as (y, E) with 1/sqrt(a) ~= y * 2**-E.
+
+    1. Normalise by an even shift 2e into a_norm in [2**(norm_bits-2), 2**norm_bits)
+       (right shifts truncate), so a = a_norm * 4**e and 1/sqrt(a) = 1/sqrt(a_norm) * 2**-e.
+    2. Seed y (Q``frac``, value in (1, 2]) from the top ``seed_bits`` bits of a_norm.
+    3. Newton steps y <- y * (3 - u y^2) / 2 with u = a_norm / 2**norm_bits:
+         y2 = rs(y*y, frac); uy2 = rs(a_norm*y2, norm_bits); y = rs(y*((3<<frac) - uy2), frac+1)
+       where rs is round_shift (round half up).
+    E = frac + norm_bits/2 + e.  Widths: y <= 2**(frac+1); a_norm*y2 < 2**(norm_bits+frac+2).
+    """
+    a = np.asarray(a, dtype=np.int64)
+    if np.any(a < 1):
+        raise ValueError("rsqrt_fixed: input must be >= 1")
+    if norm_bits % 2:
+        raise ValueError("rsqrt_fixed: norm_bits must be even")
+    e = -((norm_bits - bit_length(a)) // 2)              # ceil((bl - N) / 2)
+    a_norm = np.where(e >= 0, a >> np.maximum(e, 0) * 2, a << np.maximum(-e, 0) * 2)
+    seed_idx = (a_norm >> (norm_bits - seed_bits)) - (1 << (seed_bits - 2))
+    y = np.asarray(seed_table, dtype=np.int64)[seed_idx]
+    for _ in range(newton_steps):
+        y2 = round_shift(y * y, frac)
+        uy2 = round_shift(a_norm * y2, norm_bits)
+        y = round_shift(y * ((3 << frac) - uy2), frac + 1)
+    return y, frac + norm_bits // 2 + e
+
+
+def build_lut(fn, in_bits: int, in_scale: float, out_scale: float, out_lo: int, out_hi: int,
+              in_offset: float = 0.0) -> np.ndarray:
+    """Builder: table[c - c_min] = clip(round(fn(in_offset + c*in_scale) / out_scale), out_lo, out_hi)
+    for every signed ``in_bits`` code c in increasing order (hw/lut.py addressing).
+    Rounding is half away from zero, so odd functions give odd tables."""
+    codes = np.arange(-(1 << (in_bits - 1)), 1 << (in_bits - 1))
+    val = np.asarray(fn(in_offset + codes * in_scale), dtype=np.float64) / out_scale
+    q = np.sign(val) * np.floor(np.abs(val) + 0.5)
+    return np.clip(q, out_lo, out_hi).astype(np.int64)
+
+
+def lut_lookup(table, code, in_bits: int):
+    """table[code - c_min] for signed ``in_bits`` codes (elementwise)."""
+    code = np.asarray(code, dtype=np.int64)
+    lo, hi = sat_bounds(in_bits)
+    if np.any(code < lo) or np.any(code > hi):
+        raise ValueError(f"lut_lookup: code outside {in_bits}-bit range")
+    return np.asarray(table, dtype=np.int64)[code - lo]
+
+
+def udiv_floor(num, den, num_bits: int, den_bits: int):
+    """floor(num / den) of unsigned integers, the result of a restoring divider.
+
+    num < 2**num_bits, 1 <= den < 2**den_bits; the quotient has num_bits bits.
+    """
+    num = np.asarray(num, dtype=np.int64)
+    den = np.asarray(den, dtype=np.int64)
+    if np.any(num < 0) or np.any(num >> num_bits):
+        raise ValueError(f"udiv_floor: numerator outside {num_bits} unsigned bits")
+    if np.any(den < 1) or np.any(den >> den_bits):
+        raise ValueError(f"udiv_floor: denominator outside 1..2**{den_bits}-1")
+    return num // den
+
+
+def shared_shift_multipliers(scales, mult_bits: int = 16) -> tuple[list[int], int]:
+    """Builder: multipliers M_i and ONE shift s with M_i / 2**s ~= scales[i] (all > 0),
+    for sums of differently scaled terms (the residual add): the largest M_i is
+    normalised to mult_bits bits, the others share its shift."""
+    big = max(scales)
+    _, s = quantize_multiplier(big, mult_bits)
+    ms = [int(round(sc * (1 << s))) for sc in scales]
+    if max(ms) >= (1 << mult_bits):  # rounding carried
+        s -= 1
+        ms = [int(round(sc * (1 << s))) for sc in scales]
+    if min(ms) == 0:
+        raise ValueError(f"shared_shift_multipliers: scale ratio {big / min(scales):g} too large for one shift")
+    return ms, s

@@ -155,14 +155,17 @@ def random_params(cfg: Config, seed: int = 0) -> LayerParams:
     return p
 
 
-def random_inputs(cfg: Config, n_tokens: int, seed: int = 1) -> np.ndarray:
+def random_inputs(cfg: Config, n_tokens: int, seed: int = 1, model_seed: int = 0) -> np.ndarray:
     """Residual-stream-like inputs (n_tokens, d): per-channel scales (log-normal,
     a few outlier channels as in real residual streams) and slow drift so the
-    KDA state sees correlated tokens."""
-    rng = np.random.default_rng(seed)
+    KDA state sees correlated tokens.  The channel profile belongs to the model
+    (``model_seed``, like ``random_params``'s seed), the tokens to ``seed``: the
+    calibration and evaluation sequences share outlier channels, as real text does."""
     d = cfg.model.d_model
-    chan = np.exp(rng.normal(0.0, 0.4, size=d))
-    chan[rng.choice(d, size=max(1, d // 32), replace=False)] *= 4.0
+    crng = np.random.default_rng([model_seed, 7])
+    chan = np.exp(crng.normal(0.0, 0.4, size=d))
+    chan[crng.choice(d, size=max(1, d // 32), replace=False)] *= 4.0
+    rng = np.random.default_rng(seed)
     drift = np.cumsum(rng.normal(0.0, 0.15, size=(n_tokens, d)), axis=0)
     x = rng.normal(0.0, 1.0, size=(n_tokens, d)) + 0.5 * np.tanh(drift)  # tanh keeps the random walk bounded
     return x * chan

@@ -1,0 +1,97 @@
+"""The number formats of the integer layer, derived once from Config.formats and Config.model.
+
+Read by the numpy integer model (sim/models/int_*.py), the quantiser and the
+RTL generator (hw/).  Nothing else states a width.  The *fixed* choices below
+(fractional bits of the sigmoid outputs, the decay, the routing weights, the
+rsqrt constants) were picked by the accuracy measurement of docs/numerics.md;
+*calibrated* quantities (tensor scales, fractional-bit positions of k, q, v and
+the state) live in the quantised parameters (sim/models/quantize.py), because
+they depend on the weights and the data, not on the hardware.
+
+Notation: Qa.b signed = a integer bits (incl. sign) and b fractional bits;
+"U0.b" = unsigned fraction with b fractional bits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from moekda.config import Config
+from moekda.numerics import rsqrt_seed_table
+
+
+def clog2(n: int) -> int:
+    """Bits to count 0..n-1 (ceil(log2 n)), at least 0."""
+    return max(0, (n - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class Formats:
+    # --- from Config.formats ---
+    act_bits: int            # int8 activations, signed
+    weight_bits: int         # int8 weights, signed
+    acc_bits: int            # matvec accumulator, signed
+    mult_bits: int           # requantisation multiplier, unsigned
+    state_bits: int          # KDA state entry, signed
+    lut_in_bits: int         # signed code indexing every nonlinearity table
+
+    # --- fixed choices (see module doc) ---
+    unit_frac: int = 8       # beta and output gate: sigmoid as U0.8, values 0..256 (9 bits, 256 = 1.0)
+    score_frac: int = 15     # router score: sigmoid as U0.15, values 0..2**15 (16 bits)
+    alpha_frac: int = 16     # decay alpha = exp(g): U0.16, values 1..2**16-1 (16 bits)
+    o_bits: int = 16         # KDA read o = S^T q, requantised by a static shift before its RMSNorm
+    router_bias_bits: int = 19  # selection bias in score units (U0.15 scale), signed: |bias| < 8
+    wn_frac: int = 12        # normalised routing weight w / sum(w): U0.12, values 0..2**12
+    rs_frac: int = 8         # routed_scaling as unsigned fixed point U.8
+    rsqrt_norm_bits: int = 16   # rsqrt input normalised into [2**14, 2**16) by even shifts
+    rsqrt_frac: int = 14        # rsqrt mantissa y: Q2.14 unsigned, value in (1, 2]
+    rsqrt_seed_bits: int = 5    # seed LUT index = top 5 bits of the normalised input: 24 entries
+    rsqrt_newton_steps: int = 2
+
+    @property
+    def lut_size(self) -> int:
+        return 1 << self.lut_in_bits
+
+    @property
+    def rsqrt_seed(self) -> np.ndarray:
+        return rsqrt_seed_table(self.rsqrt_norm_bits, self.rsqrt_seed_bits, self.rsqrt_frac)
+
+
+def formats_for(cfg: Config) -> Formats:
+    f = cfg.formats
+    return Formats(act_bits=f.act_bits, weight_bits=f.weight_bits, acc_bits=f.acc_bits,
+                   mult_bits=f.requant_mult_bits, state_bits=f.state_bits, lut_in_bits=f.lut_in_bits)
+
+
+def derived_widths(cfg: Config) -> dict[str, int]:
+    """Widths of the intermediate integers of one layer, each the exact worst case.
+
+    The hardware sizes its registers from these; the integer model asserts them.
+    """
+    fm, m = formats_for(cfg), cfg.model
+    a, w = fm.act_bits, fm.weight_bits
+    prod = a + w - 1                                   # |int8 * int8| <= 2**14
+    d, dk, K, k = m.d_model, m.head_dim, m.conv_kernel, m.top_k
+    return {
+        # sum of squares of int8 (RMSNorm over d, L2 norm over dk), of o_bits (o norm over dv)
+        "ss_rmsnorm": 2 * (a - 1) + clog2(d + 1) + 1,
+        "ss_l2norm": 2 * (a - 1) + clog2(dk + 1) + 1,
+        "ss_onorm": 2 * (fm.o_bits - 1) + clog2(dk + 1) + 1,
+        "conv_acc": prod + clog2(K) + 1,
+        # delta rule: S*alpha, k.S', k*u, q.S
+        "state_x_alpha": fm.state_bits + fm.alpha_frac + 1,
+        "kS_acc": fm.state_bits + a - 1 + clog2(dk) + 1,
+        "u_pre": fm.state_bits + 1 + fm.unit_frac + 1,   # beta (9 bits) * (v - kS) (state_bits+1)
+        "ku_prod": a + fm.state_bits - 1,
+        "o_acc": fm.state_bits + a - 1 + clog2(dk) + 1,
+        # MoE routing
+        "router_choice": fm.router_bias_bits + 1,
+        "div_num": fm.score_frac + 1 + fm.wn_frac,
+        "div_den": fm.score_frac + 1 + clog2(k + 1),
+        "rs_int": fm.rs_frac + int(np.ceil(np.log2(m.routed_scaling + 1))) + 1,
+        "route_weight": fm.wn_frac + int(np.ceil(np.log2(m.routed_scaling + 1))) + 1,
+        "moe_combine_acc": a + fm.wn_frac + int(np.ceil(np.log2(m.routed_scaling + 1))) + 1
+        + clog2(k + m.n_shared + 1),
+        "swiglu_prod": prod + 1,
+    }

@@ -1,0 +1,58 @@
+"""Integer model of the whole layer and the sequence runner.
+
+    xn = RMSNorm(x);  h = x (+) KDA(xn);  hn = RMSNorm(h);  y = h (+) MoE(hn)
+
+(+) is the two-scale residual add.  All tensors int8 except the KDA state.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from moekda.config import Config
+from moekda.formats import formats_for
+from sim.models.int_kda import IntKDAState, int_kda_step
+from sim.models.int_moe import int_moe_step
+from sim.models.int_ops import check_width, int_residual_add, int_rmsnorm
+from sim.models.qparams import QLayer
+
+
+def int_layer_step(qp: QLayer, cfg: Config, state: IntKDAState, x, trace=None):
+    """One int8 token (d,) through the layer. Returns (state, y int8)."""
+    fm = formats_for(cfg)
+    t = trace if trace is not None else {}
+    x = check_width(np.asarray(x, dtype=np.int64), fm.act_bits, "layer input")
+    t["x"] = x
+    t["xn_unit"] = int_rmsnorm(x, qp.attn_norm, fm)
+    state, kda_out = int_kda_step(qp.kda, cfg, fm, state, t["xn_unit"], t)
+    t["h"] = int_residual_add(x, kda_out, qp.res1, fm)
+    t["hn_unit"] = int_rmsnorm(t["h"], qp.mlp_norm, fm)
+    moe_out, _ = int_moe_step(qp.moe, cfg, fm, t["hn_unit"], t)
+    t["y"] = int_residual_add(t["h"], moe_out, qp.res2, fm)
+    return state, t["y"]
+
+
+def int_run_layer(qp: QLayer, cfg: Config, xs, resets=None, traces: list | None = None):
+    """Run int8 tokens xs (T, d); resets[t] true clears the KDA state (and conv history)
+    before token t. Returns ys (T, d) int8."""
+    state = IntKDAState.zeros(cfg)
+    xs = np.asarray(xs, dtype=np.int64)
+    ys = np.zeros_like(xs)
+    for i, x in enumerate(xs):
+        if resets is not None and resets[i]:
+            state = IntKDAState.zeros(cfg)
+        tr = {} if traces is not None else None
+        state, ys[i] = int_layer_step(qp, cfg, state, x, tr)
+        if traces is not None:
+            traces.append(tr)
+    return ys
+
+
+def quantize_input(x, qp: QLayer, cfg: Config):
+    """Float layer input -> int8 at the calibrated input scale (the host's job; here for tests)."""
+    fm = formats_for(cfg)
+    lo, hi = -(1 << (fm.act_bits - 1)), (1 << (fm.act_bits - 1)) - 1
+    return np.clip(np.floor(np.asarray(x) / qp.scales["x"] + 0.5), lo, hi).astype(np.int64)
+
+
+def dequantize(name: str, v, qp: QLayer):
+    return np.asarray(v, dtype=np.float64) * qp.scales[name]

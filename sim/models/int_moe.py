@@ -1,0 +1,70 @@
+"""Integer MoE block: router, top-k, weight normalisation, SwiGLU experts, combine.
+
+  r      = engine(W_r' hn) -> code;  s = sigmoid table(r)       U0.score_frac (0..2**score_frac)
+  choice = s + bias                                             router_bias_bits + 1 signed
+  idx    = top_k(choice): larger first, ties -> lowest index
+  w_i    = s[idx_i];  tot = sum_i w_i
+  wn_i   = floor((w_i << wn_frac) / max(tot, 1))                restoring divider, U0.wn_frac
+  wt_i   = rs(wn_i * rs, rs_frac)                               routed_scaling applied, U.wn_frac
+  e(x)   = engine(W_down engine_mul(SiLU table(engine(W_gate x)) * engine(W_up x)))   int8, common scale
+  acc    = sum_i wt_i * e_idx_i(hn) + sum_j (e_shared_j(hn) << wn_frac)
+  out    = requantize(acc, comb_m, comb_s)                      int8
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from moekda.config import Config
+from moekda.formats import Formats, derived_widths
+from moekda.numerics import requantize, round_shift, udiv_floor
+from sim.models.int_ops import check_width, int_linear, int_lut
+from sim.models.qparams import QExperts, QMoE
+
+
+def int_route(q: QMoE, cfg: Config, fm: Formats, score):
+    """Selection and weights from the integer scores. Returns (idx, wt) in selection order."""
+    m = cfg.model
+    choice = score + q.bias
+    check_width(choice, fm.router_bias_bits + 1, "router choice")
+    idx = np.argsort(-choice, kind="stable")[:m.top_k]      # stable: equal choices keep index order
+    w = score[idx]
+    tot = int(w.sum())
+    widths = derived_widths(cfg)
+    wn = udiv_floor(w << fm.wn_frac, np.full_like(w, max(tot, 1)), widths["div_num"], widths["div_den"])
+    wt = round_shift(wn * q.rs, fm.rs_frac)
+    return idx, wt
+
+
+def int_expert(bank: QExperts, e: int, q: QMoE, fm: Formats, hn, trace=None):
+    """One SwiGLU expert of a bank on int8 hn: int8 out at the bank-common output scale."""
+    gate = requantize(bank.gate_w[e] @ hn, int(bank.gate_m[e]), int(bank.gate_s[e]), fm.lut_in_bits)
+    act = int_lut(q.silu, gate)
+    up = requantize(bank.up_w[e] @ hn, int(bank.up_m[e]), int(bank.up_s[e]), fm.act_bits)
+    hid = requantize(act * up, q.mul_m, q.mul_s, fm.act_bits)
+    out = requantize(bank.down_w[e] @ hid, int(bank.down_m[e]), int(bank.down_s[e]), fm.act_bits)
+    if trace is not None:
+        trace.append({"gate": gate, "act": act, "up": up, "hid": hid, "out": out})
+    return out
+
+
+def int_moe_step(q: QMoE, cfg: Config, fm: Formats, hn, trace=None):
+    """One token through the MoE block. hn: (d,) int8. Returns (out int8, (idx, wt))."""
+    m = cfg.model
+    hn = check_width(np.asarray(hn, dtype=np.int64), fm.act_bits, "moe input")
+    t = trace if trace is not None else {}
+    t["r_logit"] = int_linear(q.router, hn, fm, "router")
+    score = int_lut(q.score, t["r_logit"])
+    t["score"] = score
+    idx, wt = int_route(q, cfg, fm, score)
+    t["idx"], t["w"] = idx, wt
+    experts = [] if trace is not None else None
+    acc = np.zeros(m.d_model, dtype=np.int64)
+    for e, w in zip(idx, wt):
+        acc += w * int_expert(q.routed, int(e), q, fm, hn, experts)
+    for j in range(m.n_shared):
+        acc += int_expert(q.shared, j, q, fm, hn, experts) << fm.wn_frac
+    t["experts"] = experts
+    t["moe_acc"] = acc
+    out = requantize(acc, q.comb_m, q.comb_s, fm.act_bits)
+    t["moe_out"] = out
+    return out, (idx, wt)

@@ -1,0 +1,165 @@
+"""Integer parameters of one layer: what the hardware's ROMs, weight memory and
+constant registers hold.  Produced by sim/models/quantize.py, consumed by the
+integer model (sim/models/int_*.py), the test-vector export and hw/.
+
+Every field is an int or an integer numpy array (int64 dtype holding values of
+the stated width), except ``QLayer.scales`` (the real value of one LSB of each
+integer tensor), which only the reports and the dequantisation use.
+No ``from __future__ import annotations`` here: ``from_flat`` reads the field
+types to rebuild the nesting.
+"""
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+import numpy as np
+
+from moekda.config import Config
+from moekda.formats import Formats, formats_for
+
+
+@dataclass
+class QLinear:
+    """y = requantize(W @ x + bias, m, s, out_bits): one matrix on the shared engine.
+    ``out_bits`` is act_bits for an int8 result or lut_in_bits for a table code."""
+    w: np.ndarray            # (out, in) int8 values; for a short conv (channels, K)
+    m: int
+    s: int
+    out_bits: int
+    bias: Optional[np.ndarray] = None   # (out,) added to the int32 accumulator, or None
+
+
+@dataclass
+class QNorm:
+    """y = requantize_rows(x, x * K / sqrt(sum(x^2) + eps_int)) with K = m / 2**s (RMSNorm, L2 norm)."""
+    eps_int: int
+    m: int
+    s: int
+
+
+@dataclass
+class QLut:
+    """A nonlinearity table: out = table[code - code_min], code signed ``in_bits``."""
+    table: np.ndarray
+    in_bits: int
+
+
+@dataclass
+class QKDA:
+    q_proj: QLinear
+    k_proj: QLinear
+    v_proj: QLinear
+    conv_q: QLinear          # w (H*dk, K); out = table code
+    conv_k: QLinear
+    conv_v: QLinear
+    silu_q: QLut             # -> int8, any scale (L2 normalised next)
+    silu_k: QLut
+    silu_v: QLut             # -> int8 at 2**-f_v
+    q_norm: QNorm            # -> int8 at 2**-f_q (unit vector, the d_k**-0.5 cancels in the o norm)
+    k_norm: QNorm            # -> int8 at 2**-f_k
+    f_down: QLinear
+    f_up: QLinear            # A folded into rows, A*dt_bias (minus the code centre) as bias
+    alpha: QLut              # code -> exp(lb*sigmoid(z)) as U0.alpha_frac
+    b_proj: QLinear
+    beta: QLut               # code -> sigmoid as U0.unit_frac
+    g_down: QLinear
+    g_up: QLinear
+    gate: QLut               # code -> sigmoid as U0.unit_frac
+    o_norm: QNorm            # o (o_bits) -> int8
+    o_proj: QLinear          # o_norm weight folded into the columns
+    f_q: int                 # fractional bits of q, k, v and of the state S
+    f_k: int
+    f_v: int
+    f_s: int
+    o_shift: int             # o16 = sat_{o_bits}(round_shift(q . S, o_shift))
+
+
+@dataclass
+class QExperts:
+    """A bank of SwiGLU experts (routed or shared); per-expert (m, s) because every
+    expert matrix has its own weight scale, activations share one scale per bank."""
+    gate_w: np.ndarray   # (n, d_ff, d)
+    gate_m: np.ndarray   # (n,)
+    gate_s: np.ndarray
+    up_w: np.ndarray
+    up_m: np.ndarray
+    up_s: np.ndarray
+    down_w: np.ndarray   # (n, d, d_ff)
+    down_m: np.ndarray
+    down_s: np.ndarray
+
+
+@dataclass
+class QMoE:
+    router: QLinear          # -> table code
+    score: QLut              # code -> sigmoid as U0.score_frac
+    bias: np.ndarray         # (E,) selection bias in score units, router_bias_bits signed
+    silu: QLut               # expert gate code -> int8 (shared by all experts)
+    mul_m: int               # silu(gate) * up (int16) -> int8
+    mul_s: int
+    routed: QExperts
+    shared: QExperts
+    rs: int                  # routed_scaling as U.rs_frac
+    comb_m: int              # sum_i w_i e_i (+ shared << wn_frac) -> int8
+    comb_s: int
+
+
+@dataclass
+class QResidual:
+    """y = sat8(round_shift(a * m_a + b * m_b, s)): two int8 tensors of different scales."""
+    m_a: int
+    m_b: int
+    s: int
+
+
+@dataclass
+class QLayer:
+    attn_norm: QNorm
+    kda: QKDA
+    res1: QResidual
+    mlp_norm: QNorm
+    moe: QMoE
+    res2: QResidual
+    scales: dict = field(default_factory=dict)   # tensor name -> real value of one LSB
+
+    def to_flat(self) -> dict:
+        """Flat {dotted name: array} view; ints become 0-d int64 arrays, scales 'scales.<name>'."""
+        out = {}
+
+        def walk(obj, prefix):
+            for f in fields(obj):
+                v = getattr(obj, f.name)
+                name = f"{prefix}{f.name}"
+                if v is None:
+                    continue
+                if dataclasses.is_dataclass(v):
+                    walk(v, name + ".")
+                elif isinstance(v, dict):
+                    for k, x in v.items():
+                        out[f"{name}.{k}"] = np.float64(x)
+                else:
+                    out[name] = np.asarray(v, dtype=np.int64)
+        walk(self, "")
+        return out
+
+    @classmethod
+    def from_flat(cls, flat: dict) -> "QLayer":
+        def build(kind, prefix):
+            kw = {}
+            for f in fields(kind):
+                name = f"{prefix}{f.name}"
+                t = f.type
+                if dataclasses.is_dataclass(t):
+                    kw[f.name] = build(t, name + ".")
+                elif t is dict:
+                    kw[f.name] = {k[len(name) + 1:]: float(v) for k, v in flat.items() if k.startswith(name + ".")}
+                elif name not in flat:
+                    if f.default is None:
+                        kw[f.name] = None
+                    else:
+                        raise KeyError(f"integer parameters: missing {name}")
+                else:
+                    v = np.asarray(flat[name])
+                    kw[f.name] = int(v) if t is int else v.astype(np.int64)
+            return kind(**kw)
+        return build(cls, "")

@@ -1,0 +1,237 @@
+"""Quantiser: float layer parameters + calibration activations -> integer parameters (QLayer).
+
+Scheme (the why is in docs/numerics.md):
+* weights: symmetric int8, one scale per matrix (per expert matrix in the MoE);
+* activations: symmetric int8, one scale per tensor, = calibrated max|x| / 127;
+* RMSNorm weights are folded into the next projection's columns (W diag(w)),
+  the output-norm weight into W_o, exp(A_log) into the rows of W_f_up and
+  A*dt_bias into an accumulator bias: exact in real arithmetic, and it removes a
+  multiply (and a rounding) per element from the hardware;
+* k, q, v and the state get power-of-two scales, so the delta rule needs only shifts;
+* each table is computed from its float function, its input code scale and its
+  output format, and stored as integers.
+Calibration runs the float model on sample sequences (never the evaluation ones).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from moekda.config import Config
+from moekda.formats import Formats, formats_for
+from moekda.numerics import build_lut, quantize_multiplier, shared_shift_multipliers
+from sim.models import float_layer as fl
+from sim.models.params import LayerParams, random_inputs
+from sim.models.qparams import QExperts, QKDA, QLayer, QLinear, QLut, QMoE, QNorm, QResidual
+
+# A sigmoid input beyond +-SIGMOID_CLIP changes the U0.15 output by < 1 LSB... at
+# 12: 1 - sigmoid(12) = 6e-6 < 2**-15 / 2: wider code ranges only waste resolution.
+SIGMOID_CLIP = 12.0
+# z = A (f + dt_bias) outside [Z_LO, Z_HI]: alpha is within half an LSB of its limit.
+Z_LO, Z_HI = -18.0, 12.0
+
+
+def _qmax(bits: int) -> int:
+    return (1 << (bits - 1)) - 1
+
+
+def quant_weight(w, fm: Formats):
+    """Symmetric per-tensor int8: (integer array, scale)."""
+    amax = float(np.max(np.abs(w)))
+    scale = amax / _qmax(fm.weight_bits) if amax > 0 else 1.0
+    return np.clip(np.floor(np.abs(w) / scale + 0.5) * np.sign(w), -_qmax(fm.weight_bits),
+                   _qmax(fm.weight_bits)).astype(np.int64), scale
+
+
+def act_scale(values, bits: int = 8, clip: float | None = None) -> float:
+    amax = float(np.max(np.abs(values))) if np.size(values) else 0.0
+    if clip is not None:
+        amax = min(amax, clip)
+    return max(amax, 1e-6) / _qmax(bits)
+
+
+def pow2_frac_bits(amax: float, bits: int) -> int:
+    """Largest f with amax * 2**f <= 2**(bits-1) - 1: the power-of-two format of a tensor."""
+    return int(math.floor(math.log2(_qmax(bits) / max(amax, 1e-12))))
+
+
+def _mult(scale: float, fm: Formats) -> tuple[int, int]:
+    return quantize_multiplier(scale, fm.mult_bits)
+
+
+def _linear(w, s_in: float, s_out: float, fm: Formats, out_bits: int, bias_real=None) -> tuple[QLinear, float]:
+    wq, sw = quant_weight(w, fm)
+    m, s = _mult(sw * s_in / s_out, fm)
+    bias = None
+    if bias_real is not None:
+        bias = np.floor(np.asarray(bias_real) / (sw * s_in) + 0.5).astype(np.int64)
+    return QLinear(w=wq, m=m, s=s, out_bits=out_bits, bias=bias), sw
+
+
+def _norm(eps_int: float, k_real: float, fm: Formats) -> QNorm:
+    m, s = _mult(k_real, fm)
+    return QNorm(eps_int=int(round(eps_int)), m=m, s=s)
+
+
+def collect(params: LayerParams, cfg: Config, seqs) -> dict[str, np.ndarray]:
+    """Float traces of every calibration sequence, stacked per tensor name."""
+    traces = []
+    for xs in seqs:
+        fl.run_layer(params, cfg, xs, traces=traces)
+    keys = [k for k in traces[0] if k not in ("idx", "w")]
+    return {k: np.stack([t[k] for t in traces]) for k in keys}
+
+
+def calibration_sequences(cfg: Config, n_seq: int = 4, n_tokens: int = 256, seed: int = 1000):
+    return [random_inputs(cfg, n_tokens, seed=seed + i) for i in range(n_seq)]
+
+
+def _experts_dense(w_gate, w_up, w_down, hn):
+    """Every expert on every calibration token: (gate, up, act, hid, out) arrays (n, T, .)."""
+    gate = np.einsum("efd,td->etf", w_gate, hn)
+    up = np.einsum("efd,td->etf", w_up, hn)
+    act = fl.silu(gate)
+    hid = act * up
+    out = np.einsum("edf,etf->etd", w_down, hid)
+    return gate, up, act, hid, out
+
+
+def quantize_layer(params: LayerParams, cfg: Config, seqs=None) -> QLayer:
+    """Integer parameters calibrated on ``seqs`` (list of (T, d) float inputs)."""
+    fm = formats_for(cfg)
+    m = cfg.model
+    H, dk, d = m.n_heads, m.head_dim, m.d_model
+    seqs = calibration_sequences(cfg) if seqs is None else seqs
+    tr = collect(params, cfg, seqs)
+    A8, LB = fm.act_bits, fm.lut_in_bits
+    sc: dict[str, float] = {}
+
+    sc["x"] = act_scale(tr["x"])
+    sc["xn_unit"] = act_scale(tr["xn_unit"])
+    # ss of int8 x is sum(x_int^2) = d * mean(x^2) / s_x^2, so eps moves into integer units likewise
+    attn_norm = _norm(m.norm_eps * d / sc["x"] ** 2, math.sqrt(d) / sc["xn_unit"], fm)
+    p = params.kda
+    wn = params.attn_norm_w[None, :]
+
+    kda = {}
+    for n in ("q", "k", "v"):
+        sc[f"a_{n}"] = act_scale(tr[f"a_{n}"])
+        kda[f"{n}_proj"], _ = _linear(getattr(p, f"w_{n}") * wn, sc["xn_unit"], sc[f"a_{n}"], fm, A8)
+        sc[f"c_{n}"] = act_scale(tr[f"c_{n}"], LB)
+        kda[f"conv_{n}"], _ = _linear(getattr(p, f"conv_{n}"), sc[f"a_{n}"], sc[f"c_{n}"], fm, LB)
+    f_v = pow2_frac_bits(float(np.max(np.abs(tr["v"]))), A8)
+    sc["q_s"], sc["k_s"], sc["v"] = act_scale(tr["q_s"]), act_scale(tr["k_s"]), 2.0 ** -f_v
+    for n, key in (("q", "q_s"), ("k", "k_s"), ("v", "v")):
+        kda[f"silu_{n}"] = QLut(build_lut(fl.silu, LB, sc[f"c_{n}"], sc[key], -_qmax(A8) - 1, _qmax(A8)), LB)
+    f_q = pow2_frac_bits(float(np.max(np.abs(tr["q"]))), A8)
+    f_k = pow2_frac_bits(float(np.max(np.abs(tr["k"]))), A8)
+    sc["q"], sc["k"] = 2.0 ** -f_q, 2.0 ** -f_k
+    kda["q_norm"] = _norm(fl.L2_EPS / sc["q_s"] ** 2, 2.0 ** f_q, fm)
+    kda["k_norm"] = _norm(fl.L2_EPS / sc["k_s"] ** 2, 2.0 ** f_k, fm)
+
+    # decay: z = A (W_f_up fd + dt_bias); code c = (z - z_mid) / s_z
+    sc["fd"] = act_scale(tr["fd"])
+    kda["f_down"], _ = _linear(p.w_f_down * wn, sc["xn_unit"], sc["fd"], fm, A8)
+    a_rows = np.repeat(np.exp(p.a_log), dk)
+    z_lo, z_hi = max(float(tr["z"].min()), Z_LO), min(float(tr["z"].max()), Z_HI)
+    if z_hi <= z_lo:
+        z_lo, z_hi = z_lo - 1.0, z_lo + 1.0
+    z_mid = 0.5 * (z_lo + z_hi)
+    sc["z"] = (z_hi - z_lo) / 2 / _qmax(LB)
+    kda["f_up"], _ = _linear(p.w_f_up * a_rows[:, None], sc["fd"], sc["z"], fm, LB,
+                             bias_real=a_rows * p.dt_bias - z_mid)
+    lb = m.decay_lower_bound
+    kda["alpha"] = QLut(build_lut(lambda z: np.exp(lb * fl.sigmoid(z)), LB, sc["z"], 2.0 ** -fm.alpha_frac,
+                                  1, (1 << fm.alpha_frac) - 1, in_offset=z_mid), LB)
+    sc["alpha"] = 2.0 ** -fm.alpha_frac
+
+    sc["b_logit"] = act_scale(tr["b_logit"], LB, SIGMOID_CLIP)
+    kda["b_proj"], _ = _linear(p.w_b * wn, sc["xn_unit"], sc["b_logit"], fm, LB)
+    kda["beta"] = QLut(build_lut(fl.sigmoid, LB, sc["b_logit"], 2.0 ** -fm.unit_frac, 0, 1 << fm.unit_frac), LB)
+    sc["beta"] = sc["gate"] = 2.0 ** -fm.unit_frac
+
+    # state: the largest of S, S'^T k and beta*(v - S'^T k) must fit state_bits
+    s_amax = max(float(np.max(np.abs(tr["S"]))), 2.0 * float(np.max(np.abs(tr["v"]))))
+    f_s = pow2_frac_bits(s_amax, fm.state_bits)
+    if f_s < f_v:
+        raise ValueError(f"state format 2**-{f_s} coarser than v's 2**-{f_v}: raise formats.state_bits")
+    sc["S"] = 2.0 ** -f_s
+    # o = S^T q_unit at 2**-(f_q + f_s); the float o carries d_k**-0.5 on top
+    o_unit_amax = float(np.max(np.abs(tr["o"]))) * math.sqrt(dk)
+    o_frac = pow2_frac_bits(o_unit_amax, fm.o_bits)
+    o_shift = max(0, f_q + f_s - o_frac)
+    s_o16 = 2.0 ** -(f_q + f_s - o_shift) / math.sqrt(dk)   # in units of the float o
+    sc["o16"] = s_o16
+    sc["on"] = act_scale(tr["on"])
+    kda["o_norm"] = _norm(m.norm_eps * dk / s_o16 ** 2, math.sqrt(dk) / sc["on"], fm)
+    sc["zo"] = sc["on"]
+
+    sc["gd"] = act_scale(tr["gd"])
+    kda["g_down"], _ = _linear(p.w_g_down * wn, sc["xn_unit"], sc["gd"], fm, A8)
+    sc["g_logit"] = act_scale(tr["g_logit"], LB, SIGMOID_CLIP)
+    kda["g_up"], _ = _linear(p.w_g_up, sc["gd"], sc["g_logit"], fm, LB)
+    kda["gate"] = QLut(build_lut(fl.sigmoid, LB, sc["g_logit"], 2.0 ** -fm.unit_frac, 0, 1 << fm.unit_frac), LB)
+    sc["kda_out"] = act_scale(tr["kda_out"])
+    kda["o_proj"], _ = _linear(p.w_o * np.tile(p.o_norm_w, H)[None, :], sc["on"], sc["kda_out"], fm, A8)
+    qkda = QKDA(**kda, f_q=f_q, f_k=f_k, f_v=f_v, f_s=f_s, o_shift=o_shift)
+
+    sc["h"] = act_scale(tr["h"])
+    (ma, mb), rs_ = shared_shift_multipliers([sc["x"] / sc["h"], sc["kda_out"] / sc["h"]], fm.mult_bits)
+    res1 = QResidual(ma, mb, rs_)
+    sc["hn_unit"] = act_scale(tr["hn_unit"])
+    mlp_norm = _norm(m.norm_eps * d / sc["h"] ** 2, math.sqrt(d) / sc["hn_unit"], fm)
+
+    qmoe, sc_moe = _quantize_moe(params, cfg, fm, tr, sc["hn_unit"])
+    sc.update(sc_moe)
+    sc["y"] = act_scale(tr["y"])
+    (ma, mb), rs_ = shared_shift_multipliers([sc["h"] / sc["y"], sc["moe_out"] / sc["y"]], fm.mult_bits)
+    res2 = QResidual(ma, mb, rs_)
+    return QLayer(attn_norm=attn_norm, kda=qkda, res1=res1, mlp_norm=mlp_norm, moe=qmoe, res2=res2, scales=sc)
+
+
+def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float):
+    m, p = cfg.model, params.moe
+    A8, LB = fm.act_bits, fm.lut_in_bits
+    wn = params.mlp_norm_w[None, :]
+    sc = {}
+    sc["r_logit"] = act_scale(tr["r_logit"], LB, SIGMOID_CLIP)
+    router, _ = _linear(p.w_router * wn, s_hn, sc["r_logit"], fm, LB)
+    score = QLut(build_lut(fl.sigmoid, LB, sc["r_logit"], 2.0 ** -fm.score_frac, 0, 1 << fm.score_frac), LB)
+    sc["score"] = 2.0 ** -fm.score_frac
+    bias = np.floor(p.router_bias * (1 << fm.score_frac) + 0.5).astype(np.int64)
+    if np.any(np.abs(bias) >= 1 << (fm.router_bias_bits - 1)):
+        raise ValueError(f"router bias beyond +-{2 ** (fm.router_bias_bits - 1 - fm.score_frac)}: "
+                         "does not fit router_bias_bits")
+
+    # every expert on every calibration token: rarely chosen experts get scales too
+    hn = tr["hn_unit"] * params.mlp_norm_w[None, :]
+    routed = _experts_dense(p.w_gate, p.w_up, p.w_down, hn)
+    shared = _experts_dense(p.sh_gate, p.sh_up, p.sh_down, hn)
+    both = [np.concatenate([r.reshape(-1), s.reshape(-1)]) for r, s in zip(routed, shared)]
+    s_gate = act_scale(both[0], LB)
+    s_up, s_act, s_hid, s_e = (act_scale(v) for v in both[1:])
+    sc.update(e_gate=s_gate, e_up=s_up, e_act=s_act, e_hid=s_hid, e_out=s_e)
+    silu = QLut(build_lut(fl.silu, LB, s_gate, s_act, -_qmax(A8) - 1, _qmax(A8)), LB)
+    mul_m, mul_s = _mult(s_act * s_up / s_hid, fm)
+
+    def bank(wg, wu, wd):
+        cols = {k: [] for k in ("gate_w", "gate_m", "gate_s", "up_w", "up_m", "up_s", "down_w", "down_m", "down_s")}
+        for e in range(wg.shape[0]):
+            for name, w, s_in, s_out, bits in (("gate", wg[e] * wn, s_hn, s_gate, LB), ("up", wu[e] * wn, s_hn, s_up, A8),
+                                               ("down", wd[e], s_hid, s_e, A8)):
+                lin, _ = _linear(w, s_in, s_out, fm, bits)
+                cols[f"{name}_w"].append(lin.w)
+                cols[f"{name}_m"].append(lin.m)
+                cols[f"{name}_s"].append(lin.s)
+        if wg.shape[0] == 0:
+            return QExperts(**{k: np.zeros((0,), np.int64) for k in cols})
+        return QExperts(**{k: np.array(v, dtype=np.int64) for k, v in cols.items()})
+
+    rs = int(round(m.routed_scaling * (1 << fm.rs_frac)))
+    sc["moe_out"] = act_scale(tr["moe_out"])
+    comb_m, comb_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["moe_out"], fm)
+    q = QMoE(router=router, score=score, bias=bias, silu=silu, mul_m=mul_m, mul_s=mul_s,
+             routed=bank(p.w_gate, p.w_up, p.w_down), shared=bank(p.sh_gate, p.sh_up, p.sh_down),
+             rs=rs, comb_m=comb_m, comb_s=comb_s)
+    return q, sc
