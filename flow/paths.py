@@ -5,6 +5,8 @@
       synth/<top>.netlist.v       gate-level netlist (moekda synth)
       synth/<top>.sdc             constraints generated from the config
       reports/                    raw tool reports, metrics.json, report.md, plots
+                                  (of the chip top; another top, a block run, writes
+                                  reports/<top>/ and logs/<top>/ so runs never mix)
       logs/<step>.log             one log per step
       pnr/                        OpenROAD stages (moekda pnr)
 """
@@ -22,10 +24,12 @@ BUILD_ROOT = REPO_ROOT / "build"
 class BuildPaths:
     root: Path
     top: str
+    block: bool = False   # a top other than the chip top: reports and logs in <top>/ sub-dirs
 
     @classmethod
-    def for_config(cls, cfg: Config, top: str = "layer", build_root: Path | None = None) -> "BuildPaths":
-        return cls(root=(build_root or BUILD_ROOT) / cfg.name, top=top)
+    def for_config(cls, cfg: Config, top: str = "layer", build_root: Path | None = None,
+                   block: bool = False) -> "BuildPaths":
+        return cls(root=(build_root or BUILD_ROOT) / cfg.name, top=top, block=block)
 
     @property
     def rtl_dir(self) -> Path: return self.root / "rtl"
@@ -38,13 +42,31 @@ class BuildPaths:
     @property
     def sdc(self) -> Path: return self.synth_dir / f"{self.top}.sdc"
     @property
-    def reports(self) -> Path: return self.root / "reports"
+    def reports(self) -> Path: return self.root / "reports" / (self.top if self.block else "")
     @property
     def metrics(self) -> Path: return self.reports / "metrics.json"
     @property
-    def logs(self) -> Path: return self.root / "logs"
+    def logs(self) -> Path: return self.root / "logs" / (self.top if self.block else "")
     @property
     def pnr_dir(self) -> Path: return self.root / "pnr"
+
+    # synthesis and STA inputs/outputs (flow/synth.py, flow/sta.py)
+    @property
+    def synth_script(self) -> Path: return self.synth_dir / f"{self.top}.synth.ys"
+    @property
+    def abc_constr(self) -> Path: return self.synth_dir / f"{self.top}.abc.constr"
+    @property
+    def sta_script(self) -> Path: return self.synth_dir / f"{self.top}.sta.tcl"
+    @property
+    def synth_stat(self) -> Path: return self.reports / "synth_stat.txt"
+    @property
+    def synth_stat_json(self) -> Path: return self.reports / "synth_stat.json"
+    @property
+    def report_md(self) -> Path: return self.reports / "report.md"
+
+    def report(self, name: str) -> Path:
+        """A raw tool report or plot in the reports directory."""
+        return self.reports / name
 
     def log(self, step: str) -> Path:
         return self.logs / f"{step}.log"

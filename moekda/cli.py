@@ -28,6 +28,8 @@ class UserError(Exception):
 # name: (module, one-line help).  Keep in the order a user runs them.
 COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("moekda.cmd_config", "show, validate and describe configs"),
+    "synth": ("moekda.cmd_synth", "Yosys + OpenSTA to Nangate45: area, timing, power, report.md"),
+    "report": ("moekda.cmd_report", "rebuild report.md from an earlier synth's reports"),
 }
 
 

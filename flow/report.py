@@ -1,0 +1,247 @@
+"""The human page: build/<cfg>/reports/report.md, with its PNG plots.
+
+Built only from metrics.json and the raw reports next to it, so
+`moekda report` can rebuild it at any time without rerunning a tool.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from flow.metrics import block_areas, read as read_metrics
+from flow.orfs_reference import ORFS_NOTES, read_orfs_designs
+from flow.paths import BuildPaths
+from flow.sta import (IO_SHARE, REPORTS, TimingPath, block_of, parse_endpoints, parse_paths,
+                      parse_registers)
+from flow.synth import SynthStats, read_stats
+from pdk.kit import PLATFORM
+
+AREA_PLOT = "area_by_block.png"
+SLACK_PLOT = "slack_histogram.png"
+TOP_CELL_TYPES = 25
+
+
+def _fmt(v, digits=3, unit=""):
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}{unit}"
+    return f"{v:,}{unit}" if isinstance(v, int) else f"{v}{unit}"
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out + [""]
+
+
+def _point(name: str, kind: str, registers: dict[str, str]) -> str:
+    """'engine: acc[3] (engine/_123_)' -- block, then the RTL signal when known."""
+    if "port" in kind:
+        return f"port `{name}`"
+    # a register is reported by instance (engine/_123_); show the signal it holds
+    signal = registers.get(name)
+    return f"{block_of(name)}: `{signal or name}`"
+
+
+def _depth(path: TimingPath) -> int:
+    """Cells on a path (each appears with an input and an output pin)."""
+    return len({pin.rsplit("/", 1)[0] for pin, _cell, _t in path.cells})
+
+
+# ---------------------------------------------------------------- plots
+
+def _plot_area(blocks: dict[str, tuple[float, int, float]], out: Path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    items = sorted(blocks.items(), key=lambda kv: kv[1][0])
+    names = [k for k, _ in items]
+    comb = [a - s for _, (a, _c, s) in items]
+    seq = [s for _, (_a, _c, s) in items]
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(items) + 1.5))
+    ax.barh(names, seq, label="sequential", color="#4c72b0")
+    ax.barh(names, comb, left=seq, label="combinational", color="#dd8452")
+    ax.set_xlabel("cell area (um²)")
+    ax.set_title("Synthesised area by block")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _plot_slack(slacks: list[float], period: float, out: Path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    bins = 40
+    neg = [s for s in slacks if s < 0]
+    pos = [s for s in slacks if s >= 0]
+    lo, hi = min(slacks + [0.0]), max(slacks + [0.0])
+    edges = [lo + (hi - lo) * i / bins for i in range(bins + 1)] if hi > lo else bins
+    ax.hist([neg, pos], bins=edges, stacked=True, color=["#c44e52", "#55a868"],
+            label=["violating", "met"])
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_xlabel(f"setup slack per endpoint (ns), clock {period:g} ns")
+    ax.set_ylabel("endpoints")
+    ax.set_title("Endpoint slack histogram (synthesis, ideal clock, no wires)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- sections
+
+def _summary(m: dict) -> list[str]:
+    rows = [
+        ["clock period", f"{m['clock__period']:g} ns ({1000 / m['clock__period']:.0f} MHz)"],
+        ["cell area", _fmt(m["synth__design__instance__area"], 1, " um²")],
+        ["cells", _fmt(m["synth__design__instance__count"])],
+        ["sequential area", _fmt(m["synth__design__instance__area__sequential"], 1, " um²")
+         + f" ({_fmt(m['synth__design__instance__count__sequential'])} flip-flops)"],
+        ["setup WNS / TNS", f"{_fmt(m['timing__setup__ws'])} ns / {_fmt(m['timing__setup__tns'])} ns"
+         f" ({m['timing__setup__endpoints__violating']} of {m['timing__setup__endpoints']} endpoints violating)"],
+        ["hold worst slack / TNS", f"{_fmt(m['timing__hold__ws'])} ns / {_fmt(m['timing__hold__tns'])} ns"],
+        ["Fmax (register to register)", _fmt(m["fmax"], 1, " MHz")],
+        ["Fmax allowed by IO paths", _fmt(m["fmax__io_limited"], 1, " MHz")],
+        ["power (activity " + _fmt(m["power__activity"], 2) + ")", _fmt(m["power__total"] * 1e3 if
+                                                                      m["power__total"] is not None else None, 3, " mW")],
+    ]
+    return ["## Summary", ""] + _table(["quantity", "value"], rows)
+
+
+def _area_section(stats: SynthStats, m: dict, reports: Path) -> list[str]:
+    blocks = block_areas(stats)
+    total = stats.area() or 1.0
+    rows = [[f"`{b}`", _fmt(a, 1), f"{100 * a / total:.1f} %", _fmt(c), _fmt(s, 1)]
+            for b, (a, c, s) in sorted(blocks.items(), key=lambda kv: -kv[1][0])]
+    rows.append(["**total**", _fmt(total, 1), "100 %", _fmt(stats.count()), _fmt(stats.sequential_area(), 1)])
+    _plot_area(blocks, reports / AREA_PLOT)
+    lines = ["## Area by block", "",
+             "A block is a first-level instance of the top (Amaranth names each submodule's "
+             "module after its instance path, and synthesis keeps that hierarchy); `(top)` is "
+             "the top module's own glue logic.  Cell area from the liberty file, before "
+             "placement (no fill, taps or buffers added by place and route).", ""]
+    lines += _table(["block", "area um²", "share", "cells", "sequential um²"], rows)
+    lines += [f"![area by block]({AREA_PLOT})", ""]
+    deeper = [(p, mod) for p, mod in stats.instances() if p.count("/") == 1]
+    if deeper:
+        lines += ["Second level:", ""]
+        lines += _table(["instance", "area um²", "cells"],
+                        [[f"`{p}`", _fmt(stats.area(mod), 1), _fmt(stats.count(mod))]
+                         for p, mod in sorted(deeper, key=lambda pm: -stats.area(pm[1]))])
+    return lines
+
+
+def _cell_section(stats: SynthStats) -> list[str]:
+    cells = stats.flat_cells()
+    total = stats.area() or 1.0
+    ranked = sorted(cells.items(), key=lambda kv: -kv[1] * stats.cell_area[kv[0]])
+    rows = [[f"`{c}`", _fmt(n), _fmt(n * stats.cell_area[c], 1), f"{100 * n * stats.cell_area[c] / total:.1f} %"]
+            for c, n in ranked[:TOP_CELL_TYPES]]
+    lines = ["## Cell-type usage", "",
+             f"{len(cells)} cell types; the {min(TOP_CELL_TYPES, len(cells))} largest by area "
+             "(full list per module in `synth_stat.txt`):", ""]
+    return lines + _table(["cell", "count", "area um²", "share"], rows)
+
+
+def _timing_section(m: dict, paths: BuildPaths, registers: dict[str, str]) -> list[str]:
+    period = m["clock__period"]
+    io = PLATFORM.io_delay_fraction
+    lines = ["## Timing", "",
+             f"OpenSTA, typical corner, ideal clock, no wire load (before placement).  Clock "
+             f"{period:g} ns; every input and output carries an external delay of {io:.0%} of the "
+             f"period ({m['clock__io_delay']:g} ns), as ORFS does.", "",
+             "**Fmax** is taken from the worst register-to-register path: with an ideal clock it "
+             f"needs `period - slack` = {period:g} - ({_fmt(m['timing__setup__ws__path:reg2reg'])}) ns.  "
+             "IO paths are left out of Fmax because their budget scales with the period; the "
+             "period each IO class would need is `period - slack / share`, with share "
+             + ", ".join(f"{s:.1f} for {k}" for k, s in IO_SHARE.items())
+             + "; the worst of these gives *Fmax allowed by IO paths*.", ""]
+    rows = [[k, _fmt(m.get(f"timing__setup__ws__path:{k}"))]
+            for k in ("reg2reg", "in2reg", "reg2out", "in2out")]
+    lines += _table(["path class", "worst setup slack ns"], rows)
+
+    setup = parse_paths(paths.report(REPORTS["setup"]).read_text())
+    lines += [f"### Critical paths (setup, worst path to each of the top {len(setup)} endpoints)", ""]
+    lines += _table(["#", "slack ns", "arrival ns", "cells", "start", "end"],
+                    [[i + 1, _fmt(p.slack), _fmt(p.arrival), _depth(p),
+                      _point(p.startpoint, p.start_kind, registers), _point(p.endpoint, p.end_kind, registers)]
+                     for i, p in enumerate(setup)])
+    if setup:
+        lines += ["Worst path, cell by cell (pin, cell, arrival ns):", "", "```"]
+        lines += [f"{t:8.3f}  {c:12s} {pin}" for pin, c, t in setup[0].cells]
+        lines += ["```", "", f"Full paths: `{REPORTS['setup']}`.", ""]
+
+    slacks = [e.slack for e in parse_endpoints(paths.report(REPORTS["endpoints_setup"]).read_text())]
+    if slacks:
+        _plot_slack(slacks, period, paths.report(SLACK_PLOT))
+        lines += [f"![slack histogram]({SLACK_PLOT})", ""]
+
+    hold = parse_paths(paths.report(REPORTS["hold"]).read_text())[:5]
+    lines += ["### Hold", "",
+              "Hold with an ideal clock: real clock skew after CTS changes these numbers.", ""]
+    lines += _table(["#", "slack ns", "start", "end"],
+                    [[i + 1, _fmt(p.slack), _point(p.startpoint, p.start_kind, registers),
+                      _point(p.endpoint, p.end_kind, registers)] for i, p in enumerate(hold)])
+    return lines
+
+
+def _power_section(m: dict) -> list[str]:
+    rows = [[k, _fmt(m.get(f"power__{k}__total"), 6)] for k in ("internal", "switching", "leakage")]
+    rows.append(["**total**", _fmt(m["power__total"], 6)])
+    return ["## Power", "",
+            f"OpenSTA `report_power` with `set_power_activity -global -activity {m['power__activity']:g} "
+            "-duty 0.5`: every net toggles with that probability per clock cycle -- a stated "
+            "assumption, not simulation activity (this OpenSTA has no VCD/SAIF reader).  "
+            "Raw table: `power.rpt`.", ""] + _table(["component", "W"], rows)
+
+
+def _orfs_section(m: dict) -> list[str]:
+    lines = ["## Context: ORFS Nangate45 designs", ""]
+    try:
+        designs = read_orfs_designs()
+    except OSError:
+        return lines + [f"The ORFS reference notes were not found at `{ORFS_NOTES}`; "
+                        "no comparison table.", ""]
+    if not designs:
+        return lines + [f"No results table found in `{ORFS_NOTES}`.", ""]
+    lines += ["ORFS numbers are after place and route (their synth area is before); ours are "
+              "synthesis only, ideal clock, so the WNS column compares unlike stages: expect ours "
+              f"to lose some slack after placement and CTS.  Source: `{ORFS_NOTES.name}` (read at "
+              "report time).", ""]
+    power = m["power__total"]
+    ours = [f"**moekda {m['design__name']} ({m['config__name']})**", f"{m['clock__period']:g}",
+            _fmt(m["synth__design__instance__area"], 0), "(synth only)",
+            _fmt(m["synth__design__instance__count"]) + " (synth)", _fmt(m["timing__setup__ws"]),
+            _fmt(power, 4) if power is not None else "n/a"]
+    rows = [ours] + [[d.name, f"{d.clock_ns:g}", _fmt(d.synth_area_um2, 0), _fmt(d.final_area_um2, 0),
+                      _fmt(d.final_cells), _fmt(d.wns_ns), f"{d.power_w:g}"] for d in designs]
+    return lines + _table(["design", "clock ns", "synth area um²", "final area um²", "cells",
+                           "WNS ns", "power W"], rows)
+
+
+def build_report(paths: BuildPaths, liberty: Path) -> Path:
+    """Write report.md and its plots from metrics.json and the raw reports."""
+    m = read_metrics(paths.metrics)
+    stats = read_stats(paths.synth_stat_json, liberty, paths.top)
+    registers = parse_registers(paths.report(REPORTS["registers"]).read_text())
+    lines = [f"# Synthesis report: `{m['design__name']}`, config `{m['config__name']}`", "",
+             f"Config hash `{m['config__hash']}`; Yosys engine {m.get('flow__yosys__engine', 'n/a')}; "
+             f"rebuild this page with `moekda report -c {m['config__name']}`.  Step times: "
+             + ", ".join(f"{k.split('__')[1]} {v:.1f} s" for k, v in m.items()
+                         if k.startswith("flow__") and k.endswith("__seconds")) + ".", ""]
+    lines += _summary(m)
+    lines += _area_section(stats, m, paths.reports)
+    lines += _cell_section(stats)
+    lines += _timing_section(m, paths, registers)
+    lines += _power_section(m)
+    lines += _orfs_section(m)
+    lines += ["## Files", "",
+              "Raw reports here: `synth_stat.txt` (Yosys `stat -liberty`, per module), "
+              + ", ".join(f"`{v}`" for v in REPORTS.values())
+              + ", `metrics.json`.  Logs (one per step): `" + str(paths.logs.relative_to(paths.root))
+              + "/` and netlist, SDC and scripts: `synth/` under `" + str(paths.root) + "`.", ""]
+    paths.report_md.write_text("\n".join(lines))
+    return paths.report_md

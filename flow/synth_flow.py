@@ -1,0 +1,67 @@
+"""Verilog in, reports out: SDC -> Yosys -> OpenSTA -> metrics.json -> report.md.
+
+One function with the steps in order, so the command and the tests run the
+same code.  Each step reports progress through ``progress(step, seconds)``
+and writes its own log under build/<cfg>/logs/.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from flow import metrics as metrics_mod
+from flow.paths import BuildPaths
+from flow.report import build_report
+from flow.sdc import write_sdc
+from flow.sta import DEFAULT_ACTIVITY, run_sta
+from flow.synth import SynthOptions, run_synth
+from flow.yosys_driver import yosys_command
+from moekda.config import Config
+from pdk.kit import Kit
+
+
+@dataclass(frozen=True)
+class FlowOptions:
+    n_paths: int = 10                   # critical paths in timing.rpt and the page
+    activity: float = DEFAULT_ACTIVITY  # switching activity for report_power
+    flatten: bool = False
+    clock_port: str = "clk"
+    synth_timeout_s: float = 3600.0
+
+
+class Steps:
+    """Times each step and tells the caller when one starts and ends."""
+
+    def __init__(self, on_start: Callable[[str], None], on_end: Callable[[str, float], None]):
+        self.on_start, self.on_end, self.seconds = on_start, on_end, {}
+
+    def run(self, name: str, fn, *args, **kw):
+        self.on_start(name)
+        t0 = time.monotonic()
+        out = fn(*args, **kw)
+        self.seconds[name] = time.monotonic() - t0
+        self.on_end(name, self.seconds[name])
+        return out
+
+
+def synth_and_sta(cfg: Config, kit: Kit, paths: BuildPaths, rtl: list[Path], opts: FlowOptions,
+                  steps: Steps, on_pass: Callable[[str], None] | None = None,
+                  extra_seconds: dict[str, float] | None = None) -> dict:
+    """Run synthesis, STA, metrics and the report for ``paths.top``; return the metrics."""
+    paths.make_dirs()
+    cons = write_sdc(cfg, paths.sdc, opts.clock_port)
+    sopts = SynthOptions(top=paths.top, period_ns=cons.period_ns, flatten=opts.flatten,
+                         timeout_s=opts.synth_timeout_s)
+    steps.run("synth", run_synth, rtl, kit, paths, sopts, on_pass)
+    steps.run("sta", run_sta, kit, paths, cons, opts.n_paths, opts.activity)
+    seconds = dict(extra_seconds or {}, **steps.seconds)
+    extra = {f"flow__{k}__seconds": round(v, 2) for k, v in seconds.items()}
+    extra["flow__yosys__engine"] = yosys_command(paths.synth_script)[1]
+    extra["flow__synth__flatten"] = opts.flatten
+    m = steps.run("metrics", metrics_mod.compute, paths, kit.liberty, cons, cfg.name, cfg.hash(),
+                  opts.activity, extra)
+    metrics_mod.write(m, paths.metrics)
+    steps.run("report", build_report, paths, kit.liberty)
+    return m

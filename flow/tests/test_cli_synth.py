@@ -1,0 +1,78 @@
+"""`moekda synth` / `moekda report` from the command line: a user's mistakes
+give one line and exit code 2; a good run shows one progress line per step
+and a five-line summary.  Runs in-process with the build directory moved to
+a temporary one, so the tests never touch the repo's build/."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import flow.paths
+from flow.tests.designs import write_two_macs
+from moekda.cli import main
+from moekda.config import REPO_ROOT
+
+
+@pytest.fixture
+def build_root(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "build"
+    monkeypatch.setattr(flow.paths, "BUILD_ROOT", root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def verilog(tmp_path_factory) -> Path:
+    return write_two_macs(tmp_path_factory.mktemp("rtl") / "two_macs.v")
+
+
+def _one_line_error(capsys, argv, *words):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    for w in words:
+        assert w in err[0]
+
+
+def test_bad_config_is_one_line(capsys, build_root, verilog):
+    _one_line_error(capsys, ["synth", "-c", "no_such_config", "--verilog", str(verilog), "--top", "two_macs"],
+                    "no_such_config")
+
+
+def test_out_of_range_config_field_is_one_line(capsys, build_root, verilog, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text((REPO_ROOT / "configs" / "tiny.toml").read_text()
+                   .replace("clock_period_ns = 1.25", "clock_period_ns = 0.01"))
+    _one_line_error(capsys, ["synth", "-c", str(bad), "--verilog", str(verilog), "--top", "two_macs"],
+                    "hw.clock_period_ns")
+
+
+def test_missing_kit_is_one_line(capsys, build_root, verilog, tmp_path, monkeypatch):
+    empty = tmp_path / "empty_kit"
+    empty.mkdir()
+    monkeypatch.setenv("NANGATE45_DIR", str(empty))
+    _one_line_error(capsys, ["synth", "-c", "tiny", "--verilog", str(verilog), "--top", "two_macs"],
+                    "kit", "liberty")
+
+
+def test_report_without_a_synth_run_is_one_line(capsys, build_root):
+    _one_line_error(capsys, ["report", "-c", "tiny", "--top", "two_macs"], "moekda synth")
+
+
+def test_unknown_top_in_the_verilog_is_one_line(capsys, build_root, verilog):
+    _one_line_error(capsys, ["synth", "-c", "tiny", "--verilog", str(verilog), "--top", "not_in_file"],
+                    "yosys failed", "synth.log")
+
+
+def test_synth_then_report(capsys, build_root, verilog):
+    assert main(["synth", "-c", "tiny", "--verilog", str(verilog), "--top", "two_macs", "--paths", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    steps = [line.split("]")[0] + "]" for line in out if line.startswith("[")]
+    assert steps == [f"[{i}/5]" for i in range(1, 6)]
+    summary = [line.split()[0] for line in out if not line.startswith("[")]
+    assert summary == ["design", "area", "setup", "hold", "power", "report:"]
+    page = build_root / "tiny" / "reports" / "two_macs" / "report.md"
+    assert page.is_file()
+    page.unlink()
+    assert main(["report", "-c", "tiny", "--top", "two_macs"]) == 0
+    assert page.is_file()

@@ -1,0 +1,104 @@
+"""Run a Yosys script in a child process, its whole output into one log.
+
+Yosys runs through pyosys (the pinned wheel in .venv, which brings its own
+``yosys-abc``) or, when pyosys is missing or MOEKDA_YOSYS names a binary, a
+``yosys`` executable.  Either way it runs in a subprocess: a Yosys crash
+(abort, segfault) or a run past the time limit kills that process, not the
+caller, and leaves a complete log behind.
+
+While it runs, ``on_pass`` is called with each top-level pass header
+("12. Executing ABC pass.") so the caller can show progress inside a long
+synthesis.
+
+``python -m flow.yosys_driver SCRIPT`` is the child side of the pyosys path.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from flow.errors import FlowError
+
+# "12. Executing ABC pass (technology mapping using ABC)." at the start of a line;
+# sub-passes are numbered "12.3." and are not reported
+_PASS_HEADER = re.compile(r"^(\d+)\. (Executing .*?|Printing statistics)\.?\s*$")
+_ERROR = re.compile(r"^ERROR: (.*)$")
+
+
+def yosys_command(script: Path) -> tuple[list[str], str]:
+    """The command line that runs ``script`` and a short name of the engine used."""
+    explicit = os.environ.get("MOEKDA_YOSYS")
+    if explicit:
+        if not shutil.which(explicit):
+            raise FlowError(f"MOEKDA_YOSYS={explicit}: no such executable")
+        return [explicit, "-s", str(script)], explicit
+    try:
+        import pyosys  # noqa: F401  (only checking that it is installed)
+        return [sys.executable, "-m", "flow.yosys_driver", str(script)], "pyosys"
+    except ImportError:
+        pass
+    on_path = shutil.which("yosys")
+    if on_path:
+        return [on_path, "-s", str(script)], on_path
+    raise FlowError("no Yosys: install the pinned pyosys into .venv (`make setup`) "
+                    "or put a yosys on PATH")
+
+
+def run_yosys(script: Path, log: Path, timeout_s: float = 3600.0,
+              on_pass: Callable[[str], None] | None = None) -> float:
+    """Run ``script``; return the wall time in seconds. Raises FlowError on failure."""
+    cmd, engine = yosys_command(script)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    last_error = None
+    with open(log, "w") as out:
+        out.write(f"# engine: {engine}\n# command: {' '.join(cmd)}\n")
+        out.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, bufsize=1, cwd=script.parent)
+        # a watchdog, because a stuck ABC prints nothing for minutes
+        watchdog = threading.Timer(timeout_s, proc.kill)
+        watchdog.start()
+        try:
+            for line in proc.stdout:
+                out.write(line)
+                m = _PASS_HEADER.match(line)
+                if m and on_pass:
+                    on_pass(m.group(2))
+                e = _ERROR.match(line)
+                if e:
+                    last_error = e.group(1).strip()
+            proc.wait()
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    elapsed = time.monotonic() - start
+    if proc.returncode != 0 and elapsed >= timeout_s:
+        raise FlowError(f"yosys ran longer than {timeout_s:.0f} s and was stopped (log: {log})")
+    if proc.returncode != 0:
+        why = last_error or f"exit code {proc.returncode}"
+        raise FlowError(f"yosys failed: {why} (log: {log})")
+    return elapsed
+
+
+def _child(script: str) -> int:
+    from pyosys import libyosys as ys
+    try:
+        ys.run_pass(f"script {script}")
+    except Exception as e:  # Yosys errors arrive as Python exceptions here
+        print(f"ERROR: {e}", flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))

@@ -1,0 +1,148 @@
+"""`moekda synth`: Verilog of a top -> Yosys -> OpenSTA -> metrics.json -> report.md.
+
+    moekda synth -c tiny                  the chip top of hw.tops
+    moekda synth -c small --top matvec    another registered top (a block run:
+                                          reports in build/<cfg>/reports/<top>/)
+    moekda synth -c tiny --verilog f.v --top name   an existing Verilog file
+
+One progress line per step with its wall time, one log per step under
+build/<cfg>/logs/, then a five-line summary.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from moekda.cli import UserError
+from moekda.config import load_config
+
+STEPS = ("rtl", "synth", "sta", "metrics", "report")
+
+
+def configure(p):
+    p.add_argument("--top", help="top to synthesise (default: the chip top of hw.tops)")
+    p.add_argument("--verilog", type=Path, help="synthesise this Verilog file instead of generating RTL")
+    p.add_argument("--paths", type=int, default=10, help="critical paths to report (default 10)")
+    p.add_argument("--activity", type=float, default=None,
+                   help="switching activity per clock cycle for report_power (default 0.1)")
+    p.add_argument("--flatten", action="store_true",
+                   help="flatten before mapping (better timing; per-block area is then lost)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="Yosys time limit in seconds")
+
+
+class Progress:
+    """'[2/5] synth ...' then the time; Yosys passes shown in place on a terminal."""
+
+    def __init__(self, out=None):
+        out = out or sys.stdout
+        self.out, self.tty, self.t0 = out, out.isatty(), time.monotonic()
+        self.step_t0 = self.t0
+
+    def start(self, step: str):
+        self.step_t0 = time.monotonic()
+        self._line(f"[{STEPS.index(step) + 1}/{len(STEPS)}] {step} ...", end="")
+
+    def on_pass(self, name: str):
+        if self.tty:
+            dt = time.monotonic() - self.step_t0
+            self._line(f"\r\033[K[2/{len(STEPS)}] synth ... {dt:5.1f} s  {name[:60]}", end="")
+
+    def end(self, step: str, seconds: float):
+        prefix = f"\r\033[K[{STEPS.index(step) + 1}/{len(STEPS)}] {step} ..." if self.tty else ""
+        self._line(f"{prefix} {seconds:.1f} s (total {time.monotonic() - self.t0:.1f} s)")
+
+    def _line(self, text: str, end: str = "\n"):
+        print(text, end=end, file=self.out, flush=True)
+
+
+def _write_rtl(cfg, paths, top: str) -> None:
+    try:
+        from hw import tops
+    except ImportError as e:
+        raise UserError(f"cannot generate RTL: hw.tops is not available ({e}); "
+                        "use --verilog FILE --top NAME") from None
+    if top not in tops.TOPS:
+        raise UserError(f"--top {top}: unknown top (known: {', '.join(sorted(tops.TOPS))})")
+    tops.write_verilog(cfg, top, paths.rtl)
+
+
+def chip_top() -> str | None:
+    """The chip top named by hw.tops, or None while hw.tops does not exist."""
+    try:
+        from hw import tops
+    except ImportError:
+        return None
+    return tops.DEFAULT_TOP
+
+
+def resolve_top(top: str | None) -> tuple[str, bool]:
+    """(top, is a block run): the chip top owns build/<cfg>/reports/, any other
+    top writes reports/<top>/ so the two never overwrite each other."""
+    chip = chip_top()
+    if top is None and chip is None:
+        raise UserError("no --top given and hw.tops is not available to name the chip top")
+    top = top or chip
+    return top, top != chip
+
+
+def summary_lines(m: dict) -> list[str]:
+    mw = m["power__total"] * 1e3 if m["power__total"] is not None else float("nan")
+    fmax = f"{m['fmax']:.0f} MHz" if m["fmax"] else "n/a (no register-to-register path)"
+    return [
+        f"design  {m['design__name']} @ {m['config__name']}: clock {m['clock__period']:g} ns "
+        f"({1000 / m['clock__period']:.0f} MHz), IO delays {m['clock__io_delay']:g} ns",
+        f"area    {m['synth__design__instance__area']:,.1f} um2 in {m['synth__design__instance__count']:,} cells "
+        f"({m['synth__design__instance__area__sequential']:,.1f} um2 sequential)",
+        f"setup   WNS {m['timing__setup__ws']:.3f} ns, TNS {m['timing__setup__tns']:.3f} ns, "
+        f"{m['timing__setup__endpoints__violating']} violating endpoints; Fmax {fmax} (reg-to-reg)",
+        f"hold    worst slack {m['timing__hold__ws']:.3f} ns, TNS {m['timing__hold__tns']:.3f} ns (ideal clock)",
+        f"power   {mw:.3f} mW at activity {m['power__activity']:g}",
+    ]
+
+
+def run(args) -> int:
+    from flow.errors import FlowError
+    from flow.paths import BuildPaths
+    from flow.sta import DEFAULT_ACTIVITY
+    from flow.synth_flow import FlowOptions, Steps, synth_and_sta
+    from pdk.kit import KitError, find_kit
+
+    cfg = load_config(args.config)
+    if args.paths < 1:
+        raise UserError(f"--paths {args.paths}: must be at least 1")
+    activity = DEFAULT_ACTIVITY if args.activity is None else args.activity
+    if not 0.0 <= activity <= 2.0:
+        raise UserError(f"--activity {activity:g}: allowed range is 0 to 2 transitions per cycle")
+    try:
+        kit = find_kit()
+    except KitError as e:
+        raise UserError(str(e)) from None
+
+    if args.verilog:
+        if not args.top:
+            raise UserError("--verilog needs --top NAME (the module to synthesise)")
+        if not args.verilog.is_file():
+            raise UserError(f"--verilog {args.verilog}: no such file")
+    top, block = resolve_top(args.top)
+    paths = BuildPaths.for_config(cfg, top, block=block).make_dirs()
+
+    progress = Progress()
+    steps = Steps(progress.start, progress.end)
+    if args.verilog:
+        rtl = [args.verilog.resolve()]
+        steps.run("rtl", lambda: None)
+    else:
+        steps.run("rtl", _write_rtl, cfg, paths, top)
+        rtl = [paths.rtl]
+    opts = FlowOptions(n_paths=args.paths, activity=activity, flatten=args.flatten,
+                       synth_timeout_s=args.timeout)
+    try:
+        m = synth_and_sta(cfg, kit, paths, rtl, opts, steps, on_pass=progress.on_pass,
+                          extra_seconds={"rtl": steps.seconds["rtl"]})
+    except FlowError:
+        print(file=sys.stdout)  # end the open progress line
+        raise
+    print("\n".join(summary_lines(m)))
+    print(f"report: {paths.report_md}")
+    return 0
