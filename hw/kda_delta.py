@@ -1,0 +1,211 @@
+"""The KDA state update and read (the delta rule), ``state_lanes`` entries per cycle.
+
+Implements ``sim.models.int_kda.int_delta_rule`` bit for bit, per head h and
+value column j (the state memory is column-major, see hw/kda_state.py):
+
+    pass 1, for each block of ``lanes`` rows i:
+        S1_i  = rs(S_ij * alpha_i, alpha_frac)                  decay
+        acc  += sum_i k_i * S1_i
+    then
+        kS    = sat(rs(acc, f_k));  u = sat(rs(beta_h * ((v_j << (f_s - f_v)) - kS), unit_frac))
+    pass 2, for each block:
+        S1_i  = rs(S_ij * alpha_i, alpha_frac)                  decay again (recomputed, not stored)
+        S2_i  = sat(S1_i + rs(k_i * u, f_k))                    written back
+        acc  += sum_i q_i * S2_i
+    then
+        o_hj  = sat_{o_bits}(rs(acc, o_shift))                  one beat on ``o``
+
+rs = round half up shift, sat = saturate to state_bits.  Each column needs
+only its own u_j, so the two passes run column by column and nothing wider
+than one column is buffered.  Cost per token (measured by the tests):
+``heads * d_v * (2 * d_k / lanes + 2 * PIPE + 2)`` cycles plus output
+back-pressure, independent of how many tokens came before.
+
+Pipeline of a pass (one word read per cycle, tag = row block):
+    read -> [A] S1 = decay -> [B] S2 (pass 2) / S1 -> [C] lane products summed -> [D] acc
+A pass waits for the pipeline to drain before the per-column step (u or o).
+
+Ports: ``start`` (strobe, when not ``busy``) runs one token over the vectors
+``k``, ``q``, ``alpha``, ``v``, ``beta`` that must stay stable while ``busy``;
+``o`` streams the H*d_v outputs in (h, j) order; ``clear`` makes the state
+read as zero (a new sequence), taking effect for the next ``start``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from amaranth import Array, Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.kda_state import StateMemory
+from moekda.formats import Formats
+
+PIPE = 4  # stages A..D after the read
+
+
+@dataclass(frozen=True)
+class DeltaShifts:
+    """The calibrated fractional-bit positions (QKDA.f_k, f_v, f_s, o_shift)."""
+    f_k: int
+    f_v: int
+    f_s: int
+    o_shift: int
+
+    @classmethod
+    def of(cls, qkda) -> "DeltaShifts":
+        return cls(int(qkda.f_k), int(qkda.f_v), int(qkda.f_s), int(qkda.o_shift))
+
+
+def round_shift(x, s: int):
+    """Round half up arithmetic right shift, as moekda.numerics.round_shift."""
+    return x if s == 0 else (x + (1 << (s - 1))) >> s
+
+
+def saturate(x, bits: int):
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return Mux(x > hi, hi, Mux(x < lo, lo, x))
+
+
+class DeltaRule(wiring.Component):
+    def __init__(self, fm: Formats, heads: int, d_k: int, d_v: int, lanes: int, shifts: DeltaShifts):
+        if shifts.f_s < shifts.f_v:
+            raise ValueError(f"delta rule: f_s = {shifts.f_s} < f_v = {shifts.f_v} (v << (f_s - f_v) needs f_s >= f_v)")
+        if min(shifts.f_k, shifts.o_shift) < 0:
+            raise ValueError("delta rule: shifts must be non-negative")
+        self.fm, self.heads, self.d_k, self.d_v, self.lanes, self.shifts = fm, heads, d_k, d_v, lanes, shifts
+        self.blocks = d_k // lanes
+        a = fm.act_bits
+        super().__init__({
+            "start": In(1),
+            "busy": Out(1),
+            "clear": In(1),
+            "k": In(data.ArrayLayout(signed(a), heads * d_k)),
+            "q": In(data.ArrayLayout(signed(a), heads * d_k)),
+            "alpha": In(data.ArrayLayout(unsigned(fm.alpha_frac), heads * d_k)),
+            "v": In(data.ArrayLayout(signed(a), heads * d_v)),
+            "beta": In(data.ArrayLayout(unsigned(fm.unit_frac + 1), heads)),
+            "o": Out(stream.Signature(signed(fm.o_bits))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        fm, sh = self.fm, self.shifts
+        H, dk, dv, P, nb = self.heads, self.d_k, self.d_v, self.lanes, self.blocks
+        sb = fm.state_bits
+        m.submodules.mem = mem = StateMemory(H, dk, dv, P, sb)
+
+        # lane l of row block g = h*nb + b is row i = b*P + l of head h: flat index g*P + l
+        def lane_select(vec, g):
+            return [Array(vec[gg * P + l] for gg in range(H * nb))[g] for l in range(P)]
+
+        # ---- control: head h, column j, row block b, pass --------------------------
+        h = Signal(range(H))
+        j = Signal(range(dv))
+        b = Signal(range(nb))
+        pass2 = Signal()
+        issuing = Signal()
+        col_word = Signal(range(mem.words))     # first word of column (h, j)
+        inflight = Signal(range(PIPE + 2))      # reads whose result is not yet in acc
+        u = Signal(signed(sb))
+        acc = Signal(signed(sb + fm.act_bits + (dk - 1).bit_length() + 1))
+
+        # ---- datapath ----------------------------------------------------------------
+        # stage 0: the read, tagged with its row block and pass
+        rd_valid, rd_g, rd_pass2 = Signal(), Signal(range(H * nb)), Signal()
+        m.d.comb += [mem.rd_en.eq(issuing), mem.rd_addr.eq(col_word + b)]
+        m.d.sync += [rd_valid.eq(issuing), rd_g.eq(h * nb + b), rd_pass2.eq(pass2)]
+
+        # stage A: decay
+        a_valid, a_g, a_pass2, a_addr = Signal(), Signal(range(H * nb)), Signal(), Signal(range(mem.words))
+        a_s = [Signal(signed(sb), name=f"a_s{l}") for l in range(P)]
+        rd_addr_d = Signal(range(mem.words))
+        m.d.sync += rd_addr_d.eq(mem.rd_addr)
+        alpha_l = lane_select(self.alpha, rd_g)
+        m.d.sync += [a_valid.eq(rd_valid), a_g.eq(rd_g), a_pass2.eq(rd_pass2), a_addr.eq(rd_addr_d)]
+        for l in range(P):
+            m.d.sync += a_s[l].eq(round_shift(mem.rd_data[l] * alpha_l[l], fm.alpha_frac))
+
+        # stage B: the rank-1 write (pass 2) or pass-through (pass 1)
+        b_valid, b_g, b_pass2 = Signal(), Signal(range(H * nb)), Signal()
+        b_s = [Signal(signed(sb), name=f"b_s{l}") for l in range(P)]
+        k_a = lane_select(self.k, a_g)
+        m.d.sync += [b_valid.eq(a_valid), b_g.eq(a_g), b_pass2.eq(a_pass2)]
+        for l in range(P):
+            written = saturate(a_s[l] + round_shift(k_a[l] * u, sh.f_k), sb)
+            m.d.sync += b_s[l].eq(Mux(a_pass2, written, a_s[l]))
+        b_addr = Signal(range(mem.words))
+        m.d.sync += b_addr.eq(a_addr)
+        m.d.comb += [
+            mem.wr_en.eq(b_valid & b_pass2),
+            mem.wr_addr.eq(b_addr),
+            mem.wr_data.eq(Cat(*b_s)),
+        ]
+
+        # stage C: sum over the lanes of k_i * S1_i (pass 1) or q_i * S2_i (pass 2)
+        c_valid = Signal()
+        c_sum = Signal(signed(sb + fm.act_bits + (P - 1).bit_length()))
+        k_b, q_b = lane_select(self.k, b_g), lane_select(self.q, b_g)
+        m.d.sync += [c_valid.eq(b_valid),
+                     c_sum.eq(sum(Mux(b_pass2, q_b[l], k_b[l]) * b_s[l] for l in range(P)))]
+
+        # stage D: the column accumulator (cleared by the control between passes)
+        acc_clear = Signal()
+        with m.If(acc_clear):
+            m.d.sync += acc.eq(0)
+        with m.Elif(c_valid):
+            m.d.sync += acc.eq(acc + c_sum)
+
+        issued = issuing.as_unsigned()
+        retired = c_valid.as_unsigned()
+        m.d.sync += inflight.eq(inflight + issued - retired)
+        drained = (inflight == 0) & ~issuing
+
+        # per-column steps
+        kS = saturate(round_shift(acc, sh.f_k), sb)
+        v_j = Array(self.v[i] for i in range(H * dv))[h * dv + j]
+        beta_h = Array(self.beta[i] for i in range(H))[h]
+        diff = (v_j << (sh.f_s - sh.f_v)) - kS
+        u_next = saturate(round_shift(beta_h * diff, fm.unit_frac), sb)
+        o_val = Signal(signed(fm.o_bits))
+
+        m.d.comb += self.o.payload.eq(o_val)
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.d.sync += [h.eq(0), j.eq(0), b.eq(0), col_word.eq(0), pass2.eq(0), acc.eq(0)]
+                    m.next = "ISSUE"
+            with m.State("ISSUE"):
+                m.d.comb += [self.busy.eq(1), issuing.eq(1)]
+                m.d.sync += b.eq(b + 1)
+                with m.If(b == nb - 1):
+                    m.d.sync += b.eq(0)
+                    m.next = "DRAIN"
+            with m.State("DRAIN"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(drained):
+                    with m.If(~pass2):
+                        m.d.sync += [u.eq(u_next), pass2.eq(1)]
+                        m.d.comb += acc_clear.eq(1)
+                        m.next = "ISSUE"
+                    with m.Else():
+                        m.d.sync += o_val.eq(saturate(round_shift(acc, sh.o_shift), fm.o_bits))
+                        m.next = "OUT"
+            with m.State("OUT"):
+                m.d.comb += [self.busy.eq(1), self.o.valid.eq(1)]
+                with m.If(self.o.ready):
+                    m.d.comb += acc_clear.eq(1)
+                    m.d.sync += [pass2.eq(0), col_word.eq(col_word + nb)]
+                    m.next = "ISSUE"
+                    with m.If(j == dv - 1):
+                        m.d.sync += j.eq(0)
+                        with m.If(h == H - 1):
+                            m.next = "IDLE"
+                            # every word was rewritten by this token: the state is valid
+                            m.d.comb += mem.commit.eq(1)
+                        with m.Else():
+                            m.d.sync += h.eq(h + 1)
+                    with m.Else():
+                        m.d.sync += j.eq(j + 1)
+        m.d.comb += mem.clear.eq(self.clear)
+        return m
