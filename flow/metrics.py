@@ -44,8 +44,16 @@ def block_areas(stats: SynthStats) -> dict[str, tuple[float, int, float]]:
     return out
 
 
+def split_stats(paths: BuildPaths, liberty: Path, flatten: bool) -> SynthStats:
+    """The statistics that carry the block hierarchy: the run's own, or for a
+    flat run those of its hierarchical pass."""
+    return read_stats(paths.synth_stat_blocks_json if flatten else paths.synth_stat_json,
+                      liberty, paths.top)
+
+
 def compute(paths: BuildPaths, liberty: Path, cons: Constraints, config_name: str,
-            config_hash: str, activity: float, extra: dict | None = None) -> dict:
+            config_hash: str, activity: float, extra: dict | None = None,
+            flatten: bool = False) -> dict:
     stats = read_stats(paths.synth_stat_json, liberty, paths.top)
     m: dict = {"design__name": paths.top, "config__name": config_name, "config__hash": config_hash,
                "units": UNITS}
@@ -56,7 +64,8 @@ def compute(paths: BuildPaths, liberty: Path, cons: Constraints, config_name: st
     m["synth__design__instance__area__sequential"] = round(stats.sequential_area(), 3)
     m["synth__design__instance__count__sequential"] = sum(
         n for c, n in stats.flat_cells().items() if c in stats.sequential)
-    for block, (area, cells, _seq) in block_areas(stats).items():
+    m["synth__block_split__source"] = "hierarchical pass" if flatten else "this netlist"
+    for block, (area, cells, _seq) in block_areas(split_stats(paths, liberty, flatten)).items():
         m[f"synth__design__instance__area__block:{block}"] = round(area, 3)
         m[f"synth__design__instance__count__block:{block}"] = cells
 

@@ -62,6 +62,12 @@ class BuildPaths:
     @property
     def synth_stat_json(self) -> Path: return self.reports / "synth_stat.json"
     @property
+    def synth_blocks_script(self) -> Path: return self.synth_dir / f"{self.top}.synth_blocks.ys"
+    @property
+    def synth_stat_blocks(self) -> Path: return self.reports / "synth_stat_blocks.txt"
+    @property
+    def synth_stat_blocks_json(self) -> Path: return self.reports / "synth_stat_blocks.json"
+    @property
     def report_md(self) -> Path: return self.reports / "report.md"
 
     def report(self, name: str) -> Path:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flow.metrics import block_areas, read as read_metrics
+from flow.metrics import block_areas, read as read_metrics, split_stats
 from flow.orfs_reference import ORFS_NOTES, read_orfs_designs
 from flow.paths import BuildPaths
 from flow.sta import (IO_SHARE, REPORTS, TimingPath, block_of, parse_endpoints, parse_paths,
@@ -112,6 +112,7 @@ def _summary(m: dict) -> list[str]:
 
 
 def _area_section(stats: SynthStats, m: dict, reports: Path) -> list[str]:
+    """``stats`` carries the hierarchy (for a flat run: its hierarchical pass)."""
     blocks = block_areas(stats)
     total = stats.area() or 1.0
     rows = [[f"`{b}`", _fmt(a, 1), f"{100 * a / total:.1f} %", _fmt(c), _fmt(s, 1)]
@@ -123,6 +124,10 @@ def _area_section(stats: SynthStats, m: dict, reports: Path) -> list[str]:
              "module after its instance path, and synthesis keeps that hierarchy); `(top)` is "
              "the top module's own glue logic.  Cell area from the liberty file, before "
              "placement (no fill, taps or buffers added by place and route).", ""]
+    if m.get("flow__synth__flatten"):
+        lines += [f"**This run was synthesised flat** for timing (total {_fmt(m['synth__design__instance__area'], 1)}"
+                  " um²); the split below comes from a second, hierarchical pass of the same script "
+                  "(`synth_stat_blocks.txt`), so its total differs from the flat netlist's.", ""]
     lines += _table(["block", "area um²", "share", "cells", "sequential um²"], rows)
     lines += [f"![area by block]({AREA_PLOT})", ""]
     deeper = [(p, mod) for p, mod in stats.instances() if p.count("/") == 1]
@@ -233,7 +238,7 @@ def build_report(paths: BuildPaths, liberty: Path) -> Path:
              + ", ".join(f"{k.split('__')[1]} {v:.1f} s" for k, v in m.items()
                          if k.startswith("flow__") and k.endswith("__seconds")) + ".", ""]
     lines += _summary(m)
-    lines += _area_section(stats, m, paths.reports)
+    lines += _area_section(split_stats(paths, liberty, bool(m.get("flow__synth__flatten"))), m, paths.reports)
     lines += _cell_section(stats)
     lines += _timing_section(m, paths, registers)
     lines += _power_section(m)

@@ -16,7 +16,7 @@ from flow.paths import BuildPaths
 from flow.report import build_report
 from flow.sdc import write_sdc
 from flow.sta import DEFAULT_ACTIVITY, run_sta
-from flow.synth import SynthOptions, run_synth
+from flow.synth import SynthOptions, run_block_split, run_synth
 from flow.yosys_driver import yosys_command
 from moekda.config import Config
 from pdk.kit import Kit
@@ -55,13 +55,15 @@ def synth_and_sta(cfg: Config, kit: Kit, paths: BuildPaths, rtl: list[Path], opt
     sopts = SynthOptions(top=paths.top, period_ns=cons.period_ns, flatten=opts.flatten,
                          timeout_s=opts.synth_timeout_s)
     steps.run("synth", run_synth, rtl, kit, paths, sopts, on_pass)
+    if opts.flatten:
+        steps.run("synth_blocks", run_block_split, rtl, kit, paths, sopts, on_pass)
     steps.run("sta", run_sta, kit, paths, cons, opts.n_paths, opts.activity)
     seconds = dict(extra_seconds or {}, **steps.seconds)
     extra = {f"flow__{k}__seconds": round(v, 2) for k, v in seconds.items()}
     extra["flow__yosys__engine"] = yosys_command(paths.synth_script)[1]
     extra["flow__synth__flatten"] = opts.flatten
     m = steps.run("metrics", metrics_mod.compute, paths, kit.liberty, cons, cfg.name, cfg.hash(),
-                  opts.activity, extra)
+                  opts.activity, extra, opts.flatten)
     metrics_mod.write(m, paths.metrics)
     steps.run("report", build_report, paths, kit.liberty)
     return m

@@ -18,6 +18,7 @@ from moekda.cli import UserError
 from moekda.config import load_config
 
 STEPS = ("rtl", "synth", "sta", "metrics", "report")
+FLAT_STEPS = ("rtl", "synth", "synth_blocks", "sta", "metrics", "report")
 
 
 def configure(p):
@@ -34,22 +35,25 @@ def configure(p):
 class Progress:
     """'[2/5] synth ...' then the time; Yosys passes shown in place on a terminal."""
 
-    def __init__(self, out=None):
+    def __init__(self, steps: tuple[str, ...], out=None):
         out = out or sys.stdout
-        self.out, self.tty, self.t0 = out, out.isatty(), time.monotonic()
-        self.step_t0 = self.t0
+        self.steps, self.out, self.tty, self.t0 = steps, out, out.isatty(), time.monotonic()
+        self.step, self.step_t0 = "", self.t0
+
+    def _head(self, step: str) -> str:
+        return f"[{self.steps.index(step) + 1}/{len(self.steps)}] {step} ..."
 
     def start(self, step: str):
-        self.step_t0 = time.monotonic()
-        self._line(f"[{STEPS.index(step) + 1}/{len(STEPS)}] {step} ...", end="")
+        self.step, self.step_t0 = step, time.monotonic()
+        self._line(self._head(step), end="")
 
     def on_pass(self, name: str):
         if self.tty:
             dt = time.monotonic() - self.step_t0
-            self._line(f"\r\033[K[2/{len(STEPS)}] synth ... {dt:5.1f} s  {name[:60]}", end="")
+            self._line(f"\r\033[K{self._head(self.step)} {dt:5.1f} s  {name[:60]}", end="")
 
     def end(self, step: str, seconds: float):
-        prefix = f"\r\033[K[{STEPS.index(step) + 1}/{len(STEPS)}] {step} ..." if self.tty else ""
+        prefix = f"\r\033[K{self._head(step)}" if self.tty else ""
         self._line(f"{prefix} {seconds:.1f} s (total {time.monotonic() - self.t0:.1f} s)")
 
     def _line(self, text: str, end: str = "\n"):
@@ -127,7 +131,7 @@ def run(args) -> int:
     top, block = resolve_top(args.top)
     paths = BuildPaths.for_config(cfg, top, block=block).make_dirs()
 
-    progress = Progress()
+    progress = Progress(FLAT_STEPS if args.flatten else STEPS)
     steps = Steps(progress.start, progress.end)
     if args.verilog:
         rtl = [args.verilog.resolve()]

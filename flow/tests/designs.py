@@ -25,7 +25,8 @@ class Mac(Elaboratable):
 
 
 class TwoMacs(Elaboratable):
-    """Two MAC blocks and a little glue at the top."""
+    """Two MAC blocks and a little glue at the top.  The blocks see different
+    operands (a*b and b*~a) so that a flat synthesis cannot merge them."""
 
     def __init__(self, width: int = 8):
         self.a = Signal(signed(width))
@@ -36,7 +37,7 @@ class TwoMacs(Elaboratable):
         m = Module()
         m.submodules.mac_a = mac_a = Mac()
         m.submodules.mac_b = mac_b = Mac()
-        m.d.comb += [mac_a.a.eq(self.a), mac_a.b.eq(self.b), mac_b.a.eq(self.b), mac_b.b.eq(self.a)]
+        m.d.comb += [mac_a.a.eq(self.a), mac_a.b.eq(self.b), mac_b.a.eq(self.b), mac_b.b.eq(~self.a)]
         m.d.sync += self.y.eq(mac_a.acc ^ mac_b.acc)
         return m
 

@@ -76,3 +76,19 @@ def test_synth_then_report(capsys, build_root, verilog):
     page.unlink()
     assert main(["report", "-c", "tiny", "--top", "two_macs"]) == 0
     assert page.is_file()
+
+
+def test_flat_run_takes_the_block_split_from_a_hierarchical_pass(capsys, build_root, verilog):
+    import json
+    assert main(["synth", "-c", "tiny", "--verilog", str(verilog), "--top", "two_macs", "--flatten"]) == 0
+    out = capsys.readouterr().out
+    assert "[3/6] synth_blocks" in out
+    reports = build_root / "tiny" / "reports" / "two_macs"
+    m = json.loads((reports / "metrics.json").read_text())
+    assert m["flow__synth__flatten"] is True
+    assert m["synth__block_split__source"] == "hierarchical pass"
+    assert m["synth__design__instance__area__block:mac_a"] > 0
+    # the flat netlist is one module; the blocks come from the second pass's statistics
+    assert len(json.loads((reports / "synth_stat.json").read_text())["modules"]) == 1
+    assert len(json.loads((reports / "synth_stat_blocks.json").read_text())["modules"]) == 3
+    assert "synthesised flat" in (reports / "report.md").read_text()
