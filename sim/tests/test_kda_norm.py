@@ -1,0 +1,61 @@
+"""hw/kda_norm.py against sim.models.int_ops.int_normalize, bit for bit, with the
+q, k and o norms of a quantised layer sharing one unit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+
+from hw.kda_norm import Normalizer
+from moekda.config import load_config
+from moekda.formats import derived_widths, formats_for
+from sim.models.int_ops import int_normalize
+from sim.models.params import random_params
+from sim.models.quantize import quantize_layer
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_normalizer_matches_model(name):
+    cfg = load_config(name)
+    fm = formats_for(cfg)
+    qk = quantize_layer(random_params(cfg, 0), cfg).kda
+    n = cfg.model.head_dim
+    widths = derived_widths(cfg)
+    norms = [qk.q_norm, qk.k_norm, qk.o_norm]
+    dut = Normalizer(fm, n, fm.o_bits, widths["ss_onorm"], norms, fm.act_bits)
+    rng = np.random.default_rng(3)
+    a8, a16 = 1 << (fm.act_bits - 1), 1 << (fm.o_bits - 1)
+    cases = []
+    for r in range(8):
+        cases.append((0, rng.integers(-a8, a8, n)))
+        cases.append((1, rng.integers(-a8, a8, n) >> rng.integers(0, 7)))
+        cases.append((2, rng.integers(-a16, a16, n) >> rng.integers(0, 15)))
+    cases += [(2, np.zeros(n, np.int64)), (2, np.full(n, -a16)), (1, np.full(n, -a8)), (0, np.eye(1, n, 3)[0] * 5)]
+    cases = [(mode, x.astype(np.int64)) for mode, x in cases]
+    want = [list(int_normalize(x, norms[mode], fm, fm.act_bits)[0]) for mode, x in cases]
+    got = []
+
+    async def bench(ctx):
+        for mode, x in cases:
+            ctx.set(dut.mode, mode)
+            ctx.set(dut.start, 1)
+            await ctx.tick()
+            ctx.set(dut.start, 0)
+            out = {}
+            while True:
+                ctx.set(dut.rd_x, int(x[ctx.get(dut.rd_idx)]))
+                if ctx.get(dut.wr_en):
+                    out[ctx.get(dut.wr_idx)] = ctx.get(dut.wr_y)
+                busy = ctx.get(dut.busy)
+                await ctx.tick()
+                if not busy:
+                    break
+            got.append([out.get(i) for i in range(n)])
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert len(got) == len(cases)
+    for (mode, x), g, w in zip(cases, got, want):
+        assert g == w, (mode, list(x))
