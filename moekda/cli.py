@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("moekda.cmd_config", "show, validate and describe configs"),
     "synth": ("moekda.cmd_synth", "Yosys + OpenSTA to Nangate45: area, timing, power, report.md"),
     "report": ("moekda.cmd_report", "rebuild report.md from an earlier synth's reports"),
+    "pnr": ("moekda.cmd_pnr", "OpenROAD place and route on Nangate45 (--check: static checks without OpenROAD)"),
 }
 
 

@@ -68,12 +68,24 @@ class FormatsConfig:
 
 
 @dataclass(frozen=True)
+class PnrConfig:
+    """Floorplan and placement knobs of `moekda pnr` (OpenROAD); ORFS's names in the docs."""
+    core_utilization: float = _field(0.5, 0.1, 0.9, doc="cell area / core area at floorplan (ORFS CORE_UTILIZATION/100)")
+    aspect_ratio: float = _field(1.0, 0.25, 4.0, doc="core height / width (CORE_ASPECT_RATIO)")
+    core_margin_um: float = _field(2.0, 0.0, 100.0, doc="space between core and die edge in um (CORE_MARGIN)")
+    place_density: float = _field(0.6, 0.15, 0.95, doc="global placement target density (PLACE_DENSITY)")
+    tapcell_distance_um: float = _field(120.0, 10.0, 500.0, doc="well-tap spacing along a row in um")
+
+
+@dataclass(frozen=True)
 class Config:
     name: str
     model: ModelConfig
     hw: HwConfig
     formats: FormatsConfig
     source: str = ""  # the file it came from, for messages
+    # optional: tiny/small TOMLs may omit [pnr] and get the defaults
+    pnr: PnrConfig = field(default_factory=PnrConfig)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -90,7 +102,7 @@ class Config:
         return 1000.0 / self.hw.clock_period_ns
 
 
-SECTIONS = {"model": ModelConfig, "hw": HwConfig, "formats": FormatsConfig}
+SECTIONS = {"model": ModelConfig, "hw": HwConfig, "formats": FormatsConfig, "pnr": PnrConfig}
 
 
 def _check_value(section: str, f: dataclasses.Field, value):
@@ -145,6 +157,11 @@ def _check_relations(cfg: Config):
         raise ConfigError(f"hw.weight_port_bytes = {hw.weight_port_bytes}: must be a power of two (1 to 256)")
     if m.head_dim % hw.state_lanes:
         raise ConfigError(f"hw.state_lanes = {hw.state_lanes}: must divide model.head_dim ({m.head_dim})")
+    # global placement cannot spread cells thinner than they sit in the core
+    if cfg.pnr.place_density < round(cfg.pnr.core_utilization + 0.05, 9):
+        raise ConfigError(
+            f"pnr.place_density = {cfg.pnr.place_density}: allowed range is pnr.core_utilization + 0.05 "
+            f"({cfg.pnr.core_utilization + 0.05:g}) to 0.95")
 
 
 def config_from_dict(raw: dict, source: str = "<dict>") -> Config:

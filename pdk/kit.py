@@ -69,6 +69,46 @@ class Platform:
     io_delay_fraction: float = 0.2   # input/output delay as a fraction of the period
     routing_layers: tuple[str, ...] = field(default=tuple(f"metal{i}" for i in range(1, 11)))
 
+    # ---- place and route (ORFS flow/platforms/nangate45: make_tracks.tcl,
+    # grid_strategy-M1-M4-M7.tcl, setRC.tcl, fastroute.tcl, tapcell.tcl) ----
+    # routing tracks: (layer, x_offset, x_pitch, y_offset, y_pitch) in um
+    tracks: tuple[tuple[str, float, float, float, float], ...] = (
+        ("metal1", 0.095, 0.19, 0.07, 0.14), ("metal2", 0.095, 0.19, 0.07, 0.14),
+        ("metal3", 0.095, 0.19, 0.07, 0.14), ("metal4", 0.095, 0.28, 0.07, 0.28),
+        ("metal5", 0.095, 0.28, 0.07, 0.28), ("metal6", 0.095, 0.28, 0.07, 0.28),
+        ("metal7", 0.095, 0.8, 0.07, 0.8), ("metal8", 0.095, 0.8, 0.07, 0.8),
+        ("metal9", 0.095, 1.6, 0.07, 1.6), ("metal10", 0.095, 1.6, 0.07, 1.6))
+    power_net: str = "VDD"
+    ground_net: str = "VSS"
+    # metal1 rails on the cell rows' power pins (followpins: the pitch is the row pair)
+    pdn_rail: tuple[str, float, float] = ("metal1", 0.17, 2.4)  # layer, width um, pitch um
+    # straps: (layer, width um, pitch um, offset um); metal4 is vertical, metal7 horizontal
+    pdn_straps: tuple[tuple[str, float, float, float], ...] = (
+        ("metal4", 0.48, 56.0, 2.0), ("metal7", 1.40, 30.0, 2.0))
+    pdn_connects: tuple[tuple[str, str], ...] = (("metal1", "metal4"), ("metal4", "metal7"))
+    # per-layer wire R (kOhm/um) and C (pF/um) in liberty units, for estimate_parasitics
+    layer_rc: tuple[tuple[str, float, float], ...] = (
+        ("metal2", 3.69946e-03, 8.31598e-02), ("metal3", 3.59251e-03, 1.04578e-01),
+        ("metal4", 1.47169e-03, 1.16865e-01), ("metal5", 1.48720e-03, 1.10884e-01),
+        ("metal6", 1.49718e-03, 1.06865e-01), ("metal7", 2.16176e-04, 1.15007e-01),
+        ("metal8", 1.88720e-04, 9.22290e-02), ("metal9", 3.77464e-05, 1.19876e-01),
+        ("metal10", 3.54210e-05, 1.18534e-01))
+    # global-route capacity kept free per layer: lower layers are crowded by cell pins
+    grt_layer_adjustments: tuple[tuple[str, float], ...] = (
+        ("metal2", 0.8), ("metal3", 0.7), ("metal4-metal10", 0.25))
+    min_clock_routing_layer: str = "metal4"
+    hold_buffer: str = "BUF_X1"
+    # FreePDK45 GDS numbers: metalN on 11+2(N-1), viaN on 12+2(N-1), datatype 0;
+    # the cell outline on 235 (ORFS FreePDK45.lyt's LEF/DEF layer map)
+    gds_outline_layer: tuple[int, int] = (235, 0)
+
+    def gds_layer(self, lef_layer: str) -> tuple[int, int]:
+        """The GDS (layer, datatype) of a metal or via layer of the LEF."""
+        for kind, base in (("metal", 11), ("via", 12)):
+            if lef_layer.startswith(kind) and lef_layer[len(kind):].isdigit():
+                return (base + 2 * (int(lef_layer[len(kind):]) - 1), 0)
+        raise KeyError(f"{lef_layer}: not a metal or via layer of Nangate45")
+
     def dont_use_for(self, kit: Kit) -> tuple[str, ...]:
         return (kit.tapcell,) + self.dont_use
 

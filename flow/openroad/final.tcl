@@ -1,0 +1,22 @@
+# 6 final: parasitics of the routed wires (SPEF), post-route STA and power,
+# the final reports and metrics, and the outputs: ODB, DEF, netlist, SDC.
+source [file join [file dirname [info script]] common.tcl]
+load_design fill
+set_propagated_clock [all_clocks]
+
+# The kit has no OpenRCX rules file: extract with the LEF's per-layer R and C.
+# An OpenROAD without -lef_rc falls back to the global-route estimate.
+if {[catch {extract_parasitics -lef_rc} message]} {
+  puts "moekda: extract_parasitics -lef_rc failed ($message); using the global-route estimate"
+  estimate_parasitics -global_routing -spef_file $::cfg(FINAL_SPEF)
+} else {
+  write_spef $::cfg(FINAL_SPEF)
+}
+read_spef $::cfg(FINAL_SPEF)
+
+report_stage 6_finish finish {report_clock_skew report_power}
+
+write_db $::cfg(FINAL_ODB)
+write_def $::cfg(FINAL_DEF)
+write_verilog $::cfg(FINAL_NETLIST)
+write_sdc $::cfg(FINAL_SDC)

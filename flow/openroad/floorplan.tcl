@@ -1,0 +1,30 @@
+# 2_1 floorplan: netlist and constraints in, core and die sized from the
+# config's utilisation and aspect ratio, rows on the Nangate45 site, tracks.
+source [file join [file dirname [info script]] common.tcl]
+
+read_lef $::cfg(TECH_LEF)
+read_lef $::cfg(CELL_LEF)
+foreach lib $::cfg(LIB_FILES) {
+  read_liberty $lib
+}
+read_verilog $::cfg(NETLIST)
+link_design $::cfg(DESIGN_NAME)
+read_sdc $::cfg(SDC_FILE)
+set_platform_parasitics
+set_dont_use $::cfg(DONT_USE_CELLS)
+
+# -utilization is in percent (CORE_UTILIZATION); the driver converts the config's fraction
+initialize_floorplan \
+  -utilization $::cfg(CORE_UTILIZATION) \
+  -aspect_ratio $::cfg(CORE_ASPECT_RATIO) \
+  -core_space $::cfg(CORE_MARGIN) \
+  -site $::cfg(PLACE_SITE)
+
+# initialize_floorplan leaves no tracks; the pitches and offsets are the platform's
+foreach track $::cfg(TRACKS) {
+  lassign $track layer x_offset x_pitch y_offset y_pitch
+  make_tracks $layer -x_offset $x_offset -x_pitch $x_pitch -y_offset $y_offset -y_pitch $y_pitch
+}
+
+report_stage 2_floorplan floorplan
+save_design floorplan

@@ -1,0 +1,332 @@
+"""`moekda pnr`: OpenROAD place and route of the synthesised netlist on Nangate45.
+
+The stage scripts live in flow/openroad/, one per ORFS stage, and hold no
+numbers: every value they read comes from ``build/<config>/pnr/config.tcl``,
+which this module writes from the config (floorplan knobs), pdk/kit.py (kit
+files, site, layers, power grid, cells) and the build paths.  Each stage runs
+as its own ``openroad -exit -no_init`` process, reads the previous stage's
+ODB and writes its own, with its log in ``build/<config>/logs/pnr_<stage>.log``.
+
+After the last stage the post-route metrics (ORFS names: finish__timing__setup__ws,
+finish__design__instance__area, route__drc_errors, finish__power__total, ...)
+are merged into reports/metrics.json, and flow/gds.py merges the DEF with the
+kit's cell GDS and draws a picture of the layout.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from flow.paths import BuildPaths
+from moekda.cli import UserError
+from moekda.config import Config
+from pdk.kit import PLATFORM, Kit, Platform
+
+SCRIPT_DIR = Path(__file__).resolve().parent / "openroad"
+CONFIG_ENV = "MOEKDA_PNR_CONFIG"   # names config.tcl for common.tcl
+
+OPENROAD_HELP = (
+    "OpenROAD is not installed: `make pnr` needs the `openroad` binary on PATH, or OPENROAD=/path/to/openroad. "
+    "Get it as a prebuilt release package (https://github.com/Precision-Innovations/OpenROAD/releases, "
+    "Debian/Ubuntu .deb) or run inside the OpenROAD-flow-scripts container image "
+    "(docker pull openroad/orfs, then `make pnr` there). "
+    "Synthesis area, timing and power reports are still available: `make synth` and `make report`.")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str       # the moekda name: flow/openroad/<name>.tcl, logs/pnr_<name>.log
+    step: str       # ORFS's step number, the prefix of the ODB it writes
+    title: str      # for progress lines
+
+    @property
+    def script(self) -> Path:
+        return SCRIPT_DIR / f"{self.name}.tcl"
+
+
+# In run order; each script loads the ODB of the one before (load_design <previous>).
+STAGES: tuple[Stage, ...] = (
+    Stage("floorplan", "2_1", "floorplan, rows and tracks"),
+    Stage("tapcell", "2_2", "well taps"),
+    Stage("pdn", "2_3", "power grid"),
+    Stage("pins", "3_2", "pin placement"),
+    Stage("global_place", "3_3", "global placement"),
+    Stage("resize", "3_4", "repair_design"),
+    Stage("detail_place", "3_5", "detailed placement"),
+    Stage("cts", "4_1", "clock tree synthesis and repair_timing"),
+    Stage("global_route", "5_1", "global routing"),
+    Stage("detail_route", "5_2", "detailed routing"),
+    Stage("fill", "5_3", "fill cells"),
+    Stage("final", "6", "parasitics, post-route STA, power, outputs"),
+)
+
+
+def stage_named(name: str) -> Stage:
+    for stage in STAGES:
+        if stage.name == name:
+            return stage
+    raise KeyError(f"{name}: no such pnr stage ({', '.join(s.name for s in STAGES)})")
+
+
+@dataclass(frozen=True)
+class PnrPaths:
+    """Every file of a place-and-route run, under build/<config>/pnr/."""
+    build: BuildPaths
+
+    @property
+    def root(self) -> Path: return self.build.pnr_dir
+    @property
+    def reports(self) -> Path: return self.root / "reports"
+    @property
+    def config_tcl(self) -> Path: return self.root / "config.tcl"
+    def odb(self, stage: Stage) -> Path: return self.root / f"{stage.step}_{stage.name}.odb"
+    def log(self, stage: Stage) -> Path: return self.build.log(f"pnr_{stage.name}")
+    @property
+    def final_odb(self) -> Path: return self.root / f"{self.build.top}.odb"
+    @property
+    def final_def(self) -> Path: return self.root / f"{self.build.top}.def"
+    @property
+    def final_netlist(self) -> Path: return self.root / f"{self.build.top}.v"
+    @property
+    def final_spef(self) -> Path: return self.root / f"{self.build.top}.spef"
+    @property
+    def final_sdc(self) -> Path: return self.root / f"{self.build.top}.sdc"
+    @property
+    def gds(self) -> Path: return self.root / f"{self.build.top}.gds"
+    @property
+    def png(self) -> Path: return self.root / f"{self.build.top}.png"
+    @property
+    def drc_report(self) -> Path: return self.reports / "5_route_drc.rpt"
+
+    def make_dirs(self) -> "PnrPaths":
+        for d in (self.root, self.reports, self.build.logs):
+            d.mkdir(parents=True, exist_ok=True)
+        return self
+
+
+# ---- the settings the stage scripts read -------------------------------------------
+
+def pnr_settings(cfg: Config, kit: Kit, paths: PnrPaths, netlist: Path, sdc: Path,
+                 platform: Platform = PLATFORM) -> dict[str, object]:
+    """Every ::cfg(...) value of the stage scripts; the only place their numbers come from."""
+    pnr = cfg.pnr
+    settings: dict[str, object] = {
+        "DESIGN_NAME": paths.build.top,
+        "TECH_LEF": kit.tech_lef,
+        "CELL_LEF": kit.cell_lef,
+        "LIB_FILES": (kit.liberty,),
+        "NETLIST": netlist,
+        "SDC_FILE": sdc,
+        "REPORTS_DIR": paths.reports,
+        # floorplan (initialize_floorplan takes percent, the config a fraction)
+        "CORE_UTILIZATION": round(pnr.core_utilization * 100, 6),
+        "CORE_ASPECT_RATIO": pnr.aspect_ratio,
+        "CORE_MARGIN": pnr.core_margin_um,
+        "PLACE_SITE": platform.site,
+        "TRACKS": platform.tracks,
+        # cells
+        "TAPCELL": kit.tapcell,
+        "TAPCELL_DISTANCE": pnr.tapcell_distance_um,
+        "DONT_USE_CELLS": platform.dont_use_for(kit),
+        "FILL_CELLS": platform.fill_cells,
+        "TIE_HI": platform.tie_hi,
+        "TIE_LO": platform.tie_lo,
+        "CTS_BUFFER": platform.cts_buffer,
+        # power grid
+        "POWER_NET": platform.power_net,
+        "GROUND_NET": platform.ground_net,
+        "PDN_RAIL": platform.pdn_rail,
+        "PDN_STRAPS": platform.pdn_straps,
+        "PDN_CONNECTS": platform.pdn_connects,
+        "PDN_PIN_LAYER": platform.pdn_straps[-1][0],   # the top straps are the block's supply pins
+        # pins, placement, parasitics, routing
+        "PIN_LAYER_H": platform.pin_layer_h,
+        "PIN_LAYER_V": platform.pin_layer_v,
+        "PLACE_DENSITY": pnr.place_density,
+        "LAYER_RC": platform.layer_rc,
+        "WIRE_RC_SIGNAL_LAYER": platform.wire_rc_signal_layer,
+        "WIRE_RC_CLOCK_LAYER": platform.wire_rc_clock_layer,
+        "GRT_ADJUSTMENTS": platform.grt_layer_adjustments,
+        "MIN_ROUTING_LAYER": platform.min_routing_layer,
+        "MAX_ROUTING_LAYER": platform.max_routing_layer,
+        "MIN_CLOCK_ROUTING_LAYER": platform.min_clock_routing_layer,
+        # outputs
+        "FINAL_ODB": paths.final_odb,
+        "FINAL_DEF": paths.final_def,
+        "FINAL_NETLIST": paths.final_netlist,
+        "FINAL_SPEF": paths.final_spef,
+        "FINAL_SDC": paths.final_sdc,
+    }
+    for stage in STAGES:
+        settings[f"ODB,{stage.name}"] = paths.odb(stage)
+    return settings
+
+
+_TCL_BARE = re.compile(r"^[A-Za-z0-9_./:+\-]+$")
+
+
+def tcl_word(value) -> str:
+    """One Tcl word for a Python value: numbers as they are, strings braced, sequences as [list ...]."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{value!r}: not a finite number")
+        return repr(value) if isinstance(value, float) else str(value)
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str):
+        if _TCL_BARE.match(value):
+            return value
+        if "{" in value or "}" in value or "\\" in value:
+            raise ValueError(f"{value!r}: braces and backslashes cannot be passed to the Tcl scripts")
+        return "{" + value + "}"
+    if isinstance(value, (tuple, list)):
+        return "[list " + " ".join(tcl_word(v) for v in value) + "]" if value else "{}"
+    raise TypeError(f"{value!r}: no Tcl form for {type(value).__name__}")
+
+
+def config_tcl_text(settings: dict[str, object]) -> str:
+    lines = ["# generated by flow/pnr.py from the config and pdk/kit.py; do not edit",
+             "# read by flow/openroad/common.tcl as ::cfg(NAME)"]
+    for name, value in settings.items():
+        lines.append(f"set ::cfg({name}) {tcl_word(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def write_config_tcl(settings: dict[str, object], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(config_tcl_text(settings))
+    return path
+
+
+# ---- running OpenROAD --------------------------------------------------------------
+
+def find_openroad(env: dict[str, str] | None = None) -> str:
+    """The openroad binary: $OPENROAD if set, else `openroad` on PATH; else a UserError saying how to get it."""
+    env = os.environ if env is None else env
+    named = env.get("OPENROAD")
+    if named:
+        found = shutil.which(named, path=env.get("PATH"))
+        if not found:
+            raise UserError(f"OPENROAD={named}: no such executable. " + OPENROAD_HELP)
+        return found
+    found = shutil.which("openroad", path=env.get("PATH"))
+    if not found:
+        raise UserError(OPENROAD_HELP)
+    return found
+
+
+def run_stage(openroad: str, stage: Stage, paths: PnrPaths, threads: int) -> float:
+    """Run one stage; raise UserError naming its log if OpenROAD fails. Returns seconds."""
+    env = dict(os.environ, **{CONFIG_ENV: str(paths.config_tcl)})
+    log = paths.log(stage)
+    t0 = time.monotonic()
+    with log.open("w") as out:
+        proc = subprocess.run([openroad, "-exit", "-no_init", "-threads", str(threads), str(stage.script)],
+                              stdout=out, stderr=subprocess.STDOUT, env=env, cwd=paths.root)
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+        raise UserError(f"pnr stage {stage.name} failed (exit {proc.returncode}); see {log}: "
+                        + " | ".join(tail))
+    return time.monotonic() - t0
+
+
+# ---- reading the results -------------------------------------------------------------
+
+_INF = 1e20   # OpenSTA reports an unconstrained slack as about 1e30
+
+
+def read_metrics_file(path: Path) -> dict[str, float | int | None]:
+    """A stage's `name value` lines; an infinite slack (nothing constrained) becomes None."""
+    metrics: dict[str, float | int | None] = {}
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        name, value = line.split(None, 1)
+        number = float(value)
+        if not math.isfinite(number) or abs(number) >= _INF:
+            metrics[name] = None
+        elif number.is_integer() and name.endswith("__count"):
+            metrics[name] = int(number)
+        else:
+            metrics[name] = number
+    return metrics
+
+
+_DRT_VIOLATIONS = re.compile(r"Number of violations\s*=\s*(\d+)")
+
+
+def count_drc_violations(drc_report: Path, route_log: Path) -> int | None:
+    """Routing DRC violations left: one `violation type:` entry each in the detailed router's
+    report; if the router wrote no report, its last `Number of violations = N` log line."""
+    if drc_report.is_file():
+        return sum(1 for line in drc_report.read_text(errors="replace").splitlines()
+                   if line.strip().lower().startswith("violation type:"))
+    if route_log.is_file():
+        counts = _DRT_VIOLATIONS.findall(route_log.read_text(errors="replace"))
+        if counts:
+            return int(counts[-1])
+    return None
+
+
+def merge_metrics(metrics_json: Path, new: dict[str, object]) -> dict[str, object]:
+    """Add the place-and-route metrics to reports/metrics.json, keeping what synthesis wrote."""
+    merged: dict[str, object] = {}
+    if metrics_json.is_file():
+        merged = json.loads(metrics_json.read_text())
+    merged.update(new)
+    metrics_json.parent.mkdir(parents=True, exist_ok=True)
+    metrics_json.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+    return merged
+
+
+def collect_metrics(paths: PnrPaths) -> dict[str, object]:
+    """Every stage's metrics file, plus the DRC count and the time each stage took."""
+    metrics: dict[str, object] = {}
+    for path in sorted(paths.reports.glob("*.metrics")):
+        metrics.update(read_metrics_file(path))
+    drc = count_drc_violations(paths.drc_report, paths.log(stage_named("detail_route")))
+    if drc is not None:
+        metrics["route__drc_errors"] = drc
+    return metrics
+
+
+# ---- the whole run -----------------------------------------------------------------
+
+def check_inputs(netlist: Path, sdc: Path):
+    for what, path in (("netlist", netlist), ("constraints", sdc)):
+        if not path.is_file():
+            raise UserError(f"pnr: no {what} at {path}; run `make synth` (moekda synth) first")
+
+
+def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: int = 2,
+            stages: Iterable[Stage] = STAGES,
+            progress: Callable[[str], None] = print) -> dict[str, object]:
+    check_inputs(build.netlist, build.sdc)
+    paths = PnrPaths(build).make_dirs()
+    write_config_tcl(pnr_settings(cfg, kit, paths, build.netlist, build.sdc), paths.config_tcl)
+    stages = tuple(stages)
+    runtimes: dict[str, object] = {}
+    for i, stage in enumerate(stages, 1):
+        progress(f"pnr [{i}/{len(stages)}] {stage.name}: {stage.title} ...")
+        seconds = run_stage(openroad, stage, paths, threads)
+        runtimes[f"pnr__{stage.name}__runtime__s"] = round(seconds, 1)
+        progress(f"pnr [{i}/{len(stages)}] {stage.name}: done in {seconds:.1f} s (log {paths.log(stage)})")
+    metrics = collect_metrics(paths)
+    metrics.update(runtimes)
+    if paths.final_def.is_file():
+        from flow.gds import def_to_gds, gds_to_png  # needs klayout, only now
+        def_to_gds(paths.final_def, kit, paths.gds)
+        gds_to_png(paths.gds, paths.png, kit)
+        progress(f"pnr: GDS {paths.gds}, picture {paths.png}")
+    merge_metrics(build.metrics, metrics)
+    return metrics

@@ -1,0 +1,271 @@
+"""The OpenROAD stage scripts, checked without OpenROAD (issue 8, item 4).
+
+Every stage is sourced by tclsh with stand-ins for OpenROAD's commands
+(flow/openroad/check.py): unknown commands, undeclared options, unset
+variables and reads of files nobody wrote fail.  The recorded calls are then
+checked against the config and the kit.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flow.openroad.check import CheckError, check_kit_names, read_lef_names, run_stub_stages
+from flow.openroad.commands import COMMANDS
+from flow.paths import BuildPaths
+from flow.pnr import STAGES, PnrPaths, pnr_settings, stage_named, tcl_word, write_config_tcl
+from moekda.config import config_from_dict, load_config
+from pdk.kit import PLATFORM, find_kit
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "openroad"
+
+pytestmark = pytest.mark.skipif(shutil.which("tclsh") is None, reason="tclsh not installed (apt-get install tcl)")
+
+
+@pytest.fixture(scope="module")
+def kit():
+    return find_kit()
+
+
+def _setup(tmp: Path, cfg, kit, **overrides):
+    build = BuildPaths(root=tmp / "build" / cfg.name, top="layer")
+    paths = PnrPaths(build).make_dirs()
+    netlist, sdc = tmp / "layer.netlist.v", tmp / "layer.sdc"
+    netlist.write_text("module layer(); endmodule\n")
+    sdc.write_text("")
+    settings = pnr_settings(cfg, kit, paths, netlist, sdc)
+    settings.update(overrides)
+    write_config_tcl(settings, paths.config_tcl)
+    return paths, settings
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory, kit):
+    tmp = tmp_path_factory.mktemp("pnr_tiny")
+    cfg = load_config("tiny")
+    paths, settings = _setup(tmp, cfg, kit)
+    return cfg, paths, settings, {r.stage.name: r for r in run_stub_stages(paths.config_tcl, tmp / "stubs")}
+
+
+def _first(run, name):
+    calls = run.named(name)
+    assert calls, f"stage {run.stage.name} never calls {name}"
+    return calls[0]
+
+
+def _index(run, name):
+    return [c.name for c in run.calls].index(name)
+
+
+# ---- the stages run, in order, each reading what the one before wrote ----------------
+
+def test_every_stage_sources_with_openroad_stand_ins(tiny_runs):
+    _, _, _, runs = tiny_runs
+    assert list(runs) == [s.name for s in STAGES]
+    for run in runs.values():
+        assert run.calls, run.stage.name
+        assert {c.name for c in run.calls} <= set(COMMANDS)
+
+
+def test_each_stage_reads_the_previous_database_and_writes_its_own(tiny_runs):
+    _, paths, _, runs = tiny_runs
+    names = [s.name for s in STAGES]
+    for before, stage in zip(names, names[1:]):
+        assert _first(runs[stage], "read_db").positionals == [str(paths.odb(stage_named(before)))]
+    for stage in names[:-1]:
+        assert str(paths.odb(stage_named(stage))) in runs[stage].written
+    assert not runs["floorplan"].named("read_db")
+
+
+def test_final_stage_writes_every_output(tiny_runs):
+    _, paths, _, runs = tiny_runs
+    written = set(runs["final"].written)
+    for out in (paths.final_odb, paths.final_def, paths.final_netlist, paths.final_spef, paths.final_sdc):
+        assert str(out) in written, out
+    # the STA of the final stage runs on the SPEF it wrote
+    assert _first(runs["final"], "read_spef").positionals == [str(paths.final_spef)]
+    assert _index(runs["final"], "read_spef") < _index(runs["final"], "report_checks")
+
+
+def test_reports_and_metrics_of_each_reporting_stage(tiny_runs):
+    _, paths, _, runs = tiny_runs
+    for stage, report in (("floorplan", "2_floorplan"), ("global_place", "3_global_place"),
+                          ("detail_place", "3_detailed_place"), ("cts", "4_cts"),
+                          ("global_route", "5_global_route"), ("final", "6_finish")):
+        assert str(paths.reports / f"{report}.rpt") in runs[stage].written
+        assert (paths.reports / f"{report}.metrics").is_file()
+    assert _first(runs["detail_route"], "detailed_route").options["-output_drc"] == str(paths.drc_report)
+    assert runs["final"].named("report_power") and runs["cts"].named("report_clock_skew")
+
+
+# ---- the config and the platform reach the commands ------------------------------------
+
+def test_floorplan_from_the_config_in_openroads_units(tiny_runs):
+    cfg, _, _, runs = tiny_runs
+    init = _first(runs["floorplan"], "initialize_floorplan")
+    # initialize_floorplan -utilization is in percent; the config holds a fraction
+    assert float(init.options["-utilization"]) == pytest.approx(cfg.pnr.core_utilization * 100)
+    assert float(init.options["-aspect_ratio"]) == cfg.pnr.aspect_ratio
+    assert float(init.options["-core_space"]) == cfg.pnr.core_margin_um
+    assert init.options["-site"] == "FreePDK45_38x28_10R_NP_162NW_34O"
+    tracks = {c.positionals[0]: c.options for c in runs["floorplan"].named("make_tracks")}
+    assert sorted(tracks) == sorted(f"metal{i}" for i in range(1, 11))
+    assert float(tracks["metal4"]["-x_pitch"]) == 0.28 and float(tracks["metal1"]["-y_pitch"]) == 0.14
+
+
+def test_a_different_config_changes_the_commands(tmp_path, kit):
+    raw = {"name": "custom", "model": {}, "hw": {}, "formats": {},
+           "pnr": {"core_utilization": 0.3, "aspect_ratio": 2.0, "core_margin_um": 5.0,
+                   "place_density": 0.45, "tapcell_distance_um": 60.0}}
+    cfg = config_from_dict(raw)
+    paths, _ = _setup(tmp_path, cfg, kit)
+    runs = {r.stage.name: r for r in run_stub_stages(paths.config_tcl, tmp_path / "stubs")}
+    init = _first(runs["floorplan"], "initialize_floorplan").options
+    assert (float(init["-utilization"]), float(init["-aspect_ratio"]), float(init["-core_space"])) == (30.0, 2.0, 5.0)
+    assert float(_first(runs["global_place"], "global_placement").options["-density"]) == 0.45
+    assert float(_first(runs["tapcell"], "tapcell").options["-distance"]) == 60.0
+
+
+def test_tapcell_uses_the_kits_tap_cell(tiny_runs, kit):
+    _, _, _, runs = tiny_runs
+    tap = _first(runs["tapcell"], "tapcell").options
+    assert tap["-tapcell_master"] == tap["-endcap_master"] == kit.tapcell == "WELLTAP_X1"
+    for run in runs.values():
+        if run.stage.name != "floorplan":
+            assert kit.tapcell in _first(run, "set_dont_use").positionals[0].split()
+
+
+def test_power_grid_as_orfs_nangate45(tiny_runs):
+    _, _, _, runs = tiny_runs
+    stripes = {c.options["-layer"]: c.options for c in runs["pdn"].named("add_pdn_stripe")}
+    assert set(stripes) == {"metal1", "metal4", "metal7"}
+    assert "-followpins" in stripes["metal1"] and "-followpins" not in stripes["metal4"]
+    assert (float(stripes["metal4"]["-width"]), float(stripes["metal4"]["-pitch"])) == (0.48, 56.0)
+    assert (float(stripes["metal7"]["-width"]), float(stripes["metal7"]["-pitch"])) == (1.40, 30.0)
+    assert sorted(c.options["-layers"] for c in runs["pdn"].named("add_pdn_connect")) == \
+        ["metal1 metal4", "metal4 metal7"]
+    assert _index(runs["pdn"], "global_connect") < _index(runs["pdn"], "pdngen")
+
+
+def test_wire_rc_is_set_before_every_repair_and_estimate(tiny_runs):
+    # the project lead's measurement: repair_design fails unless set_wire_rc comes first
+    _, _, _, runs = tiny_runs
+    for run in runs.values():
+        names = [c.name for c in run.calls]
+        wire_rc = [c.options for c in run.named("set_wire_rc")]
+        assert {"-signal": "1", "-layer": "metal3"} in wire_rc and {"-clock": "1", "-layer": "metal5"} in wire_rc
+        for user in ("repair_design", "repair_timing", "estimate_parasitics", "global_placement"):
+            if user in names:
+                assert names.index("set_wire_rc") < names.index(user), (run.stage.name, user)
+    assert runs["resize"].named("repair_design")
+    assert [c.options for c in runs["cts"].named("repair_timing")] == [{"-setup": "1"}, {"-hold": "1"}]
+
+
+def test_clock_is_propagated_after_cts(tiny_runs):
+    _, _, _, runs = tiny_runs
+    cts = runs["cts"]
+    assert _index(cts, "clock_tree_synthesis") < _index(cts, "set_propagated_clock") < _index(cts, "repair_timing")
+    for stage in ("global_route", "detail_route", "final"):
+        assert runs[stage].named("set_propagated_clock"), stage
+    for stage in ("floorplan", "global_place", "resize", "detail_place"):
+        assert not runs[stage].named("set_propagated_clock"), stage
+
+
+def test_routing_layers_and_fill(tiny_runs):
+    _, _, _, runs = tiny_runs
+    layers = _first(runs["global_route"], "set_routing_layers").options
+    assert layers == {"-signal": "metal2-metal10", "-clock": "metal4-metal10"}
+    drt = _first(runs["detail_route"], "detailed_route").options
+    assert (drt["-bottom_routing_layer"], drt["-top_routing_layer"]) == ("metal2", "metal10")
+    assert _first(runs["fill"], "filler_placement").positionals[0].split() == list(PLATFORM.fill_cells)
+
+
+# ---- the kit has every name the scripts use ------------------------------------------------
+
+def test_every_site_layer_and_cell_exists_in_the_kit(tiny_runs, kit):
+    _, _, _, runs = tiny_runs
+    used = check_kit_names(list(runs.values()), kit.tech_lef, kit.cell_lef)
+    assert used["sites"] == {PLATFORM.site}
+    assert {"metal1", "metal4", "metal7", "metal10"} <= used["layers"]
+    assert {kit.tapcell, PLATFORM.cts_buffer, *PLATFORM.fill_cells} <= used["cells"]
+    assert used["lib_pins"] == {PLATFORM.tie_hi, PLATFORM.tie_lo}
+
+
+def test_lef_reader_sees_the_kit(kit):
+    lef = read_lef_names(kit.tech_lef, kit.cell_lef)
+    assert {f"metal{i}" for i in range(1, 11)} <= lef.layers and "via1" in lef.layers
+    assert lef.sites == {PLATFORM.site}
+    assert lef.macro_pins["NAND2_X1"] == {"A1", "A2", "ZN", "VDD", "VSS"}
+    assert "TAPCELL_X1" not in lef.macro_pins     # ORFS's name for the tap cell: not this kit's
+
+
+def test_orfs_tap_cell_name_fails_the_kit_check(tmp_path, kit):
+    # the trap the project lead measured: ORFS's LEF calls the tap cell TAPCELL_X1
+    paths, _ = _setup(tmp_path, load_config("tiny"), kit, TAPCELL="TAPCELL_X1")
+    runs = run_stub_stages(paths.config_tcl, tmp_path / "stubs")
+    with pytest.raises(CheckError, match="cell TAPCELL_X1"):
+        check_kit_names(runs, kit.tech_lef, kit.cell_lef)
+
+
+def test_unknown_site_and_layer_fail_the_kit_check(tmp_path, kit):
+    paths, _ = _setup(tmp_path, load_config("tiny"), kit, PLACE_SITE="CoreSite", WIRE_RC_SIGNAL_LAYER="met3")
+    runs = run_stub_stages(paths.config_tcl, tmp_path / "stubs")
+    with pytest.raises(CheckError, match="layer met3.*site CoreSite"):
+        check_kit_names(runs, kit.tech_lef, kit.cell_lef)
+
+
+# ---- the check itself fails on broken scripts ---------------------------------------------
+
+def _broken_copy(tmp: Path, script: str, old: str, new: str) -> Path:
+    copy = tmp / "scripts"
+    shutil.copytree(SCRIPTS, copy, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    path = copy / script
+    text = path.read_text()
+    assert old in text, (script, old)
+    path.write_text(text.replace(old, new, 1))
+    return copy
+
+
+@pytest.mark.parametrize("script, old, new, error", [
+    ("global_place.tcl", "global_placement -density", "global_placement -densty", "unknown option -densty"),
+    ("cts.tcl", "repair_clock_inverters", "repair_clock_inverter", "unknown command: repair_clock_inverter"),
+    ("pdn.tcl", "$::cfg(PDN_PIN_LAYER)", "$::cfg(PDN_PIN_LAYERS)", "no such element in array"),
+    ("floorplan.tcl", "read_lef $::cfg(CELL_LEF)", "read_lef $::cfg(CELL_LEF).missing", "no such file"),
+    ("fill.tcl", "load_design detail_route", "load_design final", "no earlier stage writes it"),
+    ("resize.tcl", "repair_tie_fanout [get_lib_pins", "repair_tie_fanout -separation [get_lib_pins",
+     "repair_tie_fanout: 0 arguments"),
+])
+def test_the_check_fails_on_a_broken_script(tmp_path, kit, script, old, new, error):
+    paths, _ = _setup(tmp_path, load_config("tiny"), kit)
+    scripts = _broken_copy(tmp_path, script, old, new)
+    with pytest.raises(CheckError, match=error):
+        run_stub_stages(paths.config_tcl, tmp_path / "stubs", script_dir=scripts)
+
+
+# ---- config.tcl carries the values exactly ------------------------------------------------
+
+def test_config_tcl_round_trips_through_tclsh(tmp_path, kit):
+    paths, settings = _setup(tmp_path, load_config("tiny"), kit, DESIGN_NAME="odd name/with space")
+    probe = tmp_path / "probe.tcl"
+    probe.write_text(f"source {{{paths.config_tcl}}}\n"
+                     "foreach name [lsort [array names ::cfg]] { puts \"$name\\t[llength $::cfg($name)]\\t$::cfg($name)\" }\n")
+    out = subprocess.run(["tclsh", str(probe)], capture_output=True, text=True, check=True).stdout
+    seen = {}
+    for line in out.splitlines():
+        name, length, value = line.split("\t")
+        seen[name] = (int(length), value)
+    assert set(seen) == set(settings)
+    assert seen["DESIGN_NAME"] == (3, "odd name/with space")
+    assert seen["CORE_UTILIZATION"] == (1, "50.0")
+    assert seen["TRACKS"][0] == 10 and seen["PDN_RAIL"] == (3, "metal1 0.17 2.4")
+    assert seen["TECH_LEF"] == (1, str(kit.tech_lef))
+
+
+def test_tcl_word_refuses_what_tcl_would_misread():
+    assert tcl_word(0.5) == "0.5" and tcl_word(("a", 1)) == "[list a 1]" and tcl_word(()) == "{}"
+    for bad in ("a{b", "c}d", "back\\slash", float("nan")):
+        with pytest.raises(ValueError):
+            tcl_word(bad)

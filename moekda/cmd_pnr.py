@@ -1,0 +1,79 @@
+"""`moekda pnr`: OpenROAD place and route (flow/pnr.py); `--check` checks the scripts without OpenROAD."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from moekda.config import load_config
+
+
+def configure(p):
+    p.add_argument("--top", default="layer", help="the synthesised top module to place and route (default: layer)")
+    p.add_argument("--check", action="store_true",
+                   help="do not run OpenROAD: check the stage scripts with tclsh stand-ins, the kit names "
+                        "they use, and the constraints with OpenSTA")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                   help="OpenROAD threads (default: all cores)")
+
+
+def run(args) -> int:
+    from flow.paths import BuildPaths
+    from pdk.kit import KitError, find_kit
+    from moekda.cli import UserError
+
+    cfg = load_config(args.config)
+    build = BuildPaths.for_config(cfg, top=args.top)
+    if args.check:
+        return _check(cfg, build)
+    from flow.pnr import find_openroad, run_pnr
+    openroad = find_openroad()      # first: without OpenROAD, stop before touching anything
+    try:
+        kit = find_kit(("liberty", "tech_lef", "cell_lef", "gds"))
+    except KitError as e:
+        raise UserError(str(e)) from None
+    if args.threads < 1:
+        raise UserError(f"--threads {args.threads}: allowed range is 1 or more")
+    metrics = run_pnr(cfg, build, kit, openroad, threads=args.threads)
+    for name in ("finish__design__instance__area", "finish__timing__setup__ws", "finish__timing__hold__ws",
+                 "finish__power__total", "route__drc_errors"):
+        print(f"{name:36} {metrics.get(name)}")
+    print(f"metrics merged into {build.metrics}")
+    return 0
+
+
+def _check(cfg, build) -> int:
+    """The static checks of flow/openroad/check.py on this config's settings."""
+    from flow.openroad.check import check_kit_names, check_sdc_with_sta, run_stub_stages
+    from flow.pnr import PnrPaths, pnr_settings, write_config_tcl
+    from pdk.kit import KitError, find_kit
+    from moekda.cli import UserError
+
+    try:
+        kit = find_kit()
+    except KitError as e:
+        raise UserError(str(e)) from None
+    have_synth = build.netlist.is_file() and build.sdc.is_file()
+    with tempfile.TemporaryDirectory(prefix="moekda-pnr-check-") as tmp:
+        tmp = Path(tmp)
+        # the check writes nothing under build/: its own copy of the pnr directory tree
+        paths = PnrPaths(type(build)(root=tmp / "build", top=build.top)).make_dirs()
+        netlist, sdc = build.netlist, build.sdc
+        if not have_synth:
+            # stand-in files so the scripts' reads resolve; the SDC check below is skipped
+            netlist, sdc = tmp / "netlist.v", tmp / "constraints.sdc"
+            netlist.write_text(f"module {build.top}(); endmodule\n")
+            sdc.write_text("")
+        write_config_tcl(pnr_settings(cfg, kit, paths, netlist, sdc), paths.config_tcl)
+        runs = run_stub_stages(paths.config_tcl, tmp / "stubs")
+        print(f"stage scripts: {len(runs)} stages sourced by tclsh with OpenROAD stand-ins, "
+              f"{sum(len(r.calls) for r in runs)} commands, every option declared by OpenROAD: ok")
+        used = check_kit_names(runs, kit.tech_lef, kit.cell_lef)
+        print(f"kit names: {len(used['layers'])} layers, {len(used['sites'])} site, {len(used['cells'])} cells, "
+              f"{len(used['lib_pins'])} tie pins found in {kit.tech_lef.name} and {kit.cell_lef.name}: ok")
+        if have_synth:
+            check_sdc_with_sta(kit.liberty, build.netlist, build.top, build.sdc, tmp)
+            print(f"constraints: {build.sdc} loads on {build.netlist.name} in OpenSTA without warnings: ok")
+        else:
+            print(f"constraints: skipped, no synthesis output at {build.netlist} (run `make synth`)")
+    return 0
