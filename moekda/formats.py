@@ -40,7 +40,9 @@ class Formats:
     unit_frac: int = 8       # beta and output gate: sigmoid as U0.8, values 0..256 (9 bits, 256 = 1.0)
     score_frac: int = 15     # router score: sigmoid as U0.15, values 0..2**15 (16 bits)
     alpha_frac: int = 16     # decay alpha = exp(g): U0.16, values 1..2**16-1 (16 bits)
+    qkv_bits: int = 16      # SiLU table outputs q, k, v (before the L2 norms / into the state): signed
     o_bits: int = 16         # KDA read o = S^T q, requantised by a static shift before its RMSNorm
+    resid_bits: int = 16     # residual stream x, h, y (layer input and output): signed
     router_bias_bits: int = 19  # selection bias in score units (U0.15 scale), signed: |bias| < 8
     wn_frac: int = 12        # normalised routing weight w / sum(w): U0.12, values 0..2**12
     rs_frac: int = 8         # routed_scaling as unsigned fixed point U.8
@@ -75,7 +77,7 @@ def derived_widths(cfg: Config) -> dict[str, int]:
     d, dk, K, k = m.d_model, m.head_dim, m.conv_kernel, m.top_k
     return {
         # sum of squares of int8 (RMSNorm over d, L2 norm over dk), of o_bits (o norm over dv)
-        "ss_rmsnorm": 2 * (a - 1) + clog2(d + 1) + 1,
+        "ss_rmsnorm": 2 * (fm.resid_bits - 1) + clog2(d + 1) + 1,
         "ss_l2norm": 2 * (a - 1) + clog2(dk + 1) + 1,
         "ss_onorm": 2 * (fm.o_bits - 1) + clog2(dk + 1) + 1,
         "conv_acc": prod + clog2(K) + 1,
@@ -94,4 +96,5 @@ def derived_widths(cfg: Config) -> dict[str, int]:
         "moe_combine_acc": a + fm.wn_frac + int(np.ceil(np.log2(m.routed_scaling + 1))) + 1
         + clog2(k + m.n_shared + 1),
         "swiglu_prod": prod + 1,
+        "residual_acc": fm.resid_bits + fm.mult_bits + 2,
     }

@@ -4,7 +4,7 @@ Per token, on the int8 normalised input xn (d,):
 
   a_{q,k,v} = engine(W_{q,k,v} xn)                        int8
   c         = requantize(conv(history, a))                table code (lut_in_bits)
-  q, k, v   = SiLU table(c)                               int8 (v at 2**-f_v)
+  q, k, v   = SiLU table(c)                               qkv_bits signed (v at 2**-f_v)
   q, k      = L2 normalise per head -> int8 at 2**-f_q, 2**-f_k (rsqrt, per-head multiplier)
   z         = engine(W_f_up' engine(W_f_down xn) + bias)  table code;  alpha = table(z), U0.alpha_frac
   beta      = table(engine(W_b xn))                       U0.unit_frac
@@ -51,7 +51,7 @@ class IntKDAState:
 
 def int_delta_rule(q: QKDA, fm: Formats, S, qn, kn, v, alpha, beta, trace=None):
     """The state update and read of all heads. S (H, dk, dv); qn, kn, alpha (H, dk);
-    v (H, dv) int8 at 2**-f_v; beta (H,). Returns (S, o16 (H, dv))."""
+    v (H, dv) qkv_bits at 2**-f_v; beta (H,). Returns (S, o16 (H, dv))."""
     sb = fm.state_bits
     S1 = round_shift(S * alpha[:, :, None], fm.alpha_frac)             # |alpha| < 1: no overflow
     kS = saturate(round_shift(np.einsum("hk,hkv->hv", kn, S1), q.f_k), sb)

@@ -2,7 +2,8 @@
 
     xn = RMSNorm(x);  h = x (+) KDA(xn);  hn = RMSNorm(h);  y = h (+) MoE(hn)
 
-(+) is the two-scale residual add.  All tensors int8 except the KDA state.
+(+) is the two-scale residual add.  The residual stream x, h, y is resid_bits (16)
+wide, every other activation int8, the KDA state state_bits.
 """
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from sim.models.qparams import QLayer
 
 
 def int_layer_step(qp: QLayer, cfg: Config, state: IntKDAState, x, trace=None):
-    """One int8 token (d,) through the layer. Returns (state, y int8)."""
+    """One token x (d,) (resid_bits) through the layer. Returns (state, y (resid_bits))."""
     fm = formats_for(cfg)
     t = trace if trace is not None else {}
-    x = check_width(np.asarray(x, dtype=np.int64), fm.act_bits, "layer input")
+    x = check_width(np.asarray(x, dtype=np.int64), fm.resid_bits, "layer input")
     t["x"] = x
     t["xn_unit"] = int_rmsnorm(x, qp.attn_norm, fm)
     state, kda_out = int_kda_step(qp.kda, cfg, fm, state, t["xn_unit"], t)
@@ -32,8 +33,8 @@ def int_layer_step(qp: QLayer, cfg: Config, state: IntKDAState, x, trace=None):
 
 
 def int_run_layer(qp: QLayer, cfg: Config, xs, resets=None, traces: list | None = None):
-    """Run int8 tokens xs (T, d); resets[t] true clears the KDA state (and conv history)
-    before token t. Returns ys (T, d) int8."""
+    """Run tokens xs (T, d) (resid_bits); resets[t] true clears the KDA state (and conv history)
+    before token t. Returns ys (T, d)."""
     state = IntKDAState.zeros(cfg)
     xs = np.asarray(xs, dtype=np.int64)
     ys = np.zeros_like(xs)
@@ -48,9 +49,9 @@ def int_run_layer(qp: QLayer, cfg: Config, xs, resets=None, traces: list | None 
 
 
 def quantize_input(x, qp: QLayer, cfg: Config):
-    """Float layer input -> int8 at the calibrated input scale (the host's job; here for tests)."""
+    """Float layer input -> resid_bits integers at the calibrated input scale (the host's job)."""
     fm = formats_for(cfg)
-    lo, hi = -(1 << (fm.act_bits - 1)), (1 << (fm.act_bits - 1)) - 1
+    lo, hi = -(1 << (fm.resid_bits - 1)), (1 << (fm.resid_bits - 1)) - 1
     return np.clip(np.floor(np.asarray(x) / qp.scales["x"] + 0.5), lo, hi).astype(np.int64)
 
 

@@ -6,7 +6,7 @@
   w_i    = s[idx_i];  tot = sum_i w_i
   wn_i   = floor((w_i << wn_frac) / max(tot, 1))                restoring divider, U0.wn_frac
   wt_i   = rs(wn_i * rs, rs_frac)                               routed_scaling applied, U.wn_frac
-  e(x)   = engine(W_down engine_mul(SiLU table(engine(W_gate x)) * engine(W_up x)))   int8, common scale
+  e(x)   = engine(W_down requantize(SiLU table(engine(W_gate x)) * engine(W_up x)))   int8, common scale
   acc    = sum_i wt_i * e_idx_i(hn) + sum_j (e_shared_j(hn) << wn_frac)
   out    = requantize(acc, comb_m, comb_s)                      int8
 """
@@ -40,7 +40,7 @@ def int_expert(bank: QExperts, e: int, q: QMoE, fm: Formats, hn, trace=None):
     gate = requantize(bank.gate_w[e] @ hn, int(bank.gate_m[e]), int(bank.gate_s[e]), fm.lut_in_bits)
     act = int_lut(q.silu, gate)
     up = requantize(bank.up_w[e] @ hn, int(bank.up_m[e]), int(bank.up_s[e]), fm.act_bits)
-    hid = requantize(act * up, q.mul_m, q.mul_s, fm.act_bits)
+    hid = requantize(act * up, int(bank.mul_m[e]), int(bank.mul_s[e]), fm.act_bits)
     out = requantize(bank.down_w[e] @ hid, int(bank.down_m[e]), int(bank.down_s[e]), fm.act_bits)
     if trace is not None:
         trace.append({"gate": gate, "act": act, "up": up, "hid": hid, "out": out})

@@ -63,11 +63,12 @@ def int_normalize(x, norm: QNorm, fm: Formats, out_bits: int):
 
 
 def int_rmsnorm(x, norm: QNorm, fm: Formats):
-    """RMSNorm of one int8 token (the weight is folded into the next projection): int8 out."""
+    """RMSNorm of one resid_bits token (the weight is folded into the next projection): int8 out."""
     return int_normalize(np.asarray(x)[None, :], norm, fm, fm.act_bits)[0]
 
 
 def int_residual_add(a, b, res: QResidual, fm: Formats):
-    """Sum of two int8 tensors of different scales into a third scale: one rounding."""
+    """Residual stream (resid_bits) plus an int8 branch output, each at its own scale,
+    into the next residual scale: sat(round_shift(a*m_a + b*m_b, s)), one rounding."""
     acc = np.asarray(a, dtype=np.int64) * res.m_a + np.asarray(b, dtype=np.int64) * res.m_b
-    return saturate(round_shift(acc, res.s), fm.act_bits)
+    return saturate(round_shift(acc, res.s), fm.resid_bits)

@@ -76,14 +76,18 @@ class QKDA:
 
 @dataclass
 class QExperts:
-    """A bank of SwiGLU experts (routed or shared); per-expert (m, s) because every
-    expert matrix has its own weight scale, activations share one scale per bank."""
+    """A bank of SwiGLU experts (routed or shared).  Per-expert (m, s): every expert
+    matrix has its own weight scale and every expert its own up / hidden scales
+    (the SiLU table's input and output scales and the expert output scale are
+    common, so one table serves all experts and the outputs can be summed)."""
     gate_w: np.ndarray   # (n, d_ff, d)
     gate_m: np.ndarray   # (n,)
     gate_s: np.ndarray
     up_w: np.ndarray
     up_m: np.ndarray
     up_s: np.ndarray
+    mul_m: np.ndarray    # (n,) silu(gate) * up (16-bit product) -> int8 hidden
+    mul_s: np.ndarray
     down_w: np.ndarray   # (n, d, d_ff)
     down_m: np.ndarray
     down_s: np.ndarray
@@ -95,8 +99,6 @@ class QMoE:
     score: QLut              # code -> sigmoid as U0.score_frac
     bias: np.ndarray         # (E,) selection bias in score units, router_bias_bits signed
     silu: QLut               # expert gate code -> int8 (shared by all experts)
-    mul_m: int               # silu(gate) * up (int16) -> int8
-    mul_s: int
     routed: QExperts
     shared: QExperts
     rs: int                  # routed_scaling as U.rs_frac

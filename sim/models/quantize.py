@@ -30,6 +30,8 @@ from sim.models.qparams import QExperts, QKDA, QLayer, QLinear, QLut, QMoE, QNor
 SIGMOID_CLIP = 12.0
 # z = A (f + dt_bias) outside [Z_LO, Z_HI]: alpha is within half an LSB of its limit.
 Z_LO, Z_HI = -18.0, 12.0
+# headroom of the 16-bit residual stream over the calibrated max|x|: unseen tokens must not saturate
+RESID_HEADROOM = 1.5
 
 
 def _qmax(bits: int) -> int:
@@ -44,11 +46,31 @@ def quant_weight(w, fm: Formats):
                    _qmax(fm.weight_bits)).astype(np.int64), scale
 
 
-def act_scale(values, bits: int = 8, clip: float | None = None) -> float:
-    amax = float(np.max(np.abs(values))) if np.size(values) else 0.0
+def act_scale(values, bits: int = 8, clip: float | None = None, headroom: float | None = None) -> float:
+    """Symmetric scale of an activation tensor: the clipping level that minimises the
+    quantisation MSE over the calibration values (a grid from 25 % to 100 % of
+    max|x|; clipping the rare tail buys resolution for the bulk), or, with
+    ``headroom``, max|x| * headroom (the 16-bit residual stream has bits to spare
+    and must not saturate on unseen tokens)."""
+    v = np.abs(np.asarray(values, dtype=np.float64)).ravel()
+    amax = float(v.max()) if v.size else 0.0
     if clip is not None:
         amax = min(amax, clip)
-    return max(amax, 1e-6) / _qmax(bits)
+    amax = max(amax, 1e-6)
+    qm = _qmax(bits)
+    if headroom is not None:
+        return amax * headroom / qm
+    if bits > 8:  # wide tensors: resolution to spare, clipping would only add error
+        return amax / qm
+    if v.size > 200_000:  # a fixed subsample keeps calibration fast and deterministic
+        v = v[np.linspace(0, v.size - 1, 200_000).astype(np.int64)]
+    best, best_err = amax / qm, np.inf
+    for r in np.linspace(0.25, 1.0, 31):
+        s = amax * r / qm
+        err = np.mean((np.minimum(np.floor(v / s + 0.5), qm) * s - v) ** 2)
+        if err < best_err:
+            best, best_err = s, err
+    return best
 
 
 def pow2_frac_bits(amax: float, bits: int) -> int:
@@ -107,7 +129,7 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None) -> QLayer:
     A8, LB = fm.act_bits, fm.lut_in_bits
     sc: dict[str, float] = {}
 
-    sc["x"] = act_scale(tr["x"])
+    sc["x"] = act_scale(tr["x"], fm.resid_bits, headroom=RESID_HEADROOM)
     sc["xn_unit"] = act_scale(tr["xn_unit"])
     # ss of int8 x is sum(x_int^2) = d * mean(x^2) / s_x^2, so eps moves into integer units likewise
     attn_norm = _norm(m.norm_eps * d / sc["x"] ** 2, math.sqrt(d) / sc["xn_unit"], fm)
@@ -120,10 +142,14 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None) -> QLayer:
         kda[f"{n}_proj"], _ = _linear(getattr(p, f"w_{n}") * wn, sc["xn_unit"], sc[f"a_{n}"], fm, A8)
         sc[f"c_{n}"] = act_scale(tr[f"c_{n}"], LB)
         kda[f"conv_{n}"], _ = _linear(getattr(p, f"conv_{n}"), sc[f"a_{n}"], sc[f"c_{n}"], fm, LB)
-    f_v = pow2_frac_bits(float(np.max(np.abs(tr["v"]))), A8)
-    sc["q_s"], sc["k_s"], sc["v"] = act_scale(tr["q_s"]), act_scale(tr["k_s"]), 2.0 ** -f_v
+    # q, k: any scale (L2-normalised next); v: a power of two, at most the state's
+    QB = fm.qkv_bits
+    s_amax = max(float(np.max(np.abs(tr["S"]))), 2.0 * float(np.max(np.abs(tr["v"]))))
+    f_s = pow2_frac_bits(s_amax, fm.state_bits)
+    f_v = min(pow2_frac_bits(float(np.max(np.abs(tr["v"]))), QB), f_s)
+    sc["q_s"], sc["k_s"], sc["v"] = act_scale(tr["q_s"], QB), act_scale(tr["k_s"], QB), 2.0 ** -f_v
     for n, key in (("q", "q_s"), ("k", "k_s"), ("v", "v")):
-        kda[f"silu_{n}"] = QLut(build_lut(fl.silu, LB, sc[f"c_{n}"], sc[key], -_qmax(A8) - 1, _qmax(A8)), LB)
+        kda[f"silu_{n}"] = QLut(build_lut(fl.silu, LB, sc[f"c_{n}"], sc[key], -_qmax(QB) - 1, _qmax(QB)), LB)
     f_q = pow2_frac_bits(float(np.max(np.abs(tr["q"]))), A8)
     f_k = pow2_frac_bits(float(np.max(np.abs(tr["k"]))), A8)
     sc["q"], sc["k"] = 2.0 ** -f_q, 2.0 ** -f_k
@@ -151,11 +177,7 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None) -> QLayer:
     kda["beta"] = QLut(build_lut(fl.sigmoid, LB, sc["b_logit"], 2.0 ** -fm.unit_frac, 0, 1 << fm.unit_frac), LB)
     sc["beta"] = sc["gate"] = 2.0 ** -fm.unit_frac
 
-    # state: the largest of S, S'^T k and beta*(v - S'^T k) must fit state_bits
-    s_amax = max(float(np.max(np.abs(tr["S"]))), 2.0 * float(np.max(np.abs(tr["v"]))))
-    f_s = pow2_frac_bits(s_amax, fm.state_bits)
-    if f_s < f_v:
-        raise ValueError(f"state format 2**-{f_s} coarser than v's 2**-{f_v}: raise formats.state_bits")
+    # state: the largest of S, S'^T k and beta*(v - S'^T k) must fit state_bits (f_s above)
     sc["S"] = 2.0 ** -f_s
     # o = S^T q_unit at 2**-(f_q + f_s); the float o carries d_k**-0.5 on top
     o_unit_amax = float(np.max(np.abs(tr["o"]))) * math.sqrt(dk)
@@ -176,7 +198,7 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None) -> QLayer:
     kda["o_proj"], _ = _linear(p.w_o * np.tile(p.o_norm_w, H)[None, :], sc["on"], sc["kda_out"], fm, A8)
     qkda = QKDA(**kda, f_q=f_q, f_k=f_k, f_v=f_v, f_s=f_s, o_shift=o_shift)
 
-    sc["h"] = act_scale(tr["h"])
+    sc["h"] = act_scale(tr["h"], fm.resid_bits, headroom=RESID_HEADROOM)
     (ma, mb), rs_ = shared_shift_multipliers([sc["x"] / sc["h"], sc["kda_out"] / sc["h"]], fm.mult_bits)
     res1 = QResidual(ma, mb, rs_)
     sc["hn_unit"] = act_scale(tr["hn_unit"])
@@ -184,7 +206,7 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None) -> QLayer:
 
     qmoe, sc_moe = _quantize_moe(params, cfg, fm, tr, sc["hn_unit"])
     sc.update(sc_moe)
-    sc["y"] = act_scale(tr["y"])
+    sc["y"] = act_scale(tr["y"], fm.resid_bits, headroom=RESID_HEADROOM)
     (ma, mb), rs_ = shared_shift_multipliers([sc["h"] / sc["y"], sc["moe_out"] / sc["y"]], fm.mult_bits)
     res2 = QResidual(ma, mb, rs_)
     return QLayer(attn_norm=attn_norm, kda=qkda, res1=res1, mlp_norm=mlp_norm, moe=qmoe, res2=res2, scales=sc)
@@ -209,21 +231,24 @@ def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float
     routed = _experts_dense(p.w_gate, p.w_up, p.w_down, hn)
     shared = _experts_dense(p.sh_gate, p.sh_up, p.sh_down, hn)
     both = [np.concatenate([r.reshape(-1), s.reshape(-1)]) for r, s in zip(routed, shared)]
-    s_gate = act_scale(both[0], LB)
-    s_up, s_act, s_hid, s_e = (act_scale(v) for v in both[1:])
-    sc.update(e_gate=s_gate, e_up=s_up, e_act=s_act, e_hid=s_hid, e_out=s_e)
+    s_gate, s_act, s_e = act_scale(both[0], LB), act_scale(both[2]), act_scale(both[4])
+    sc.update(e_gate=s_gate, e_act=s_act, e_out=s_e)
     silu = QLut(build_lut(fl.silu, LB, s_gate, s_act, -_qmax(A8) - 1, _qmax(A8)), LB)
-    mul_m, mul_s = _mult(s_act * s_up / s_hid, fm)
 
-    def bank(wg, wu, wd):
-        cols = {k: [] for k in ("gate_w", "gate_m", "gate_s", "up_w", "up_m", "up_s", "down_w", "down_m", "down_s")}
+    def bank(wg, wu, wd, dense):
+        cols = {k: [] for k in ("gate_w", "gate_m", "gate_s", "up_w", "up_m", "up_s", "mul_m", "mul_s",
+                                "down_w", "down_m", "down_s")}
         for e in range(wg.shape[0]):
+            s_up, s_hid = act_scale(dense[1][e]), act_scale(dense[3][e])   # this expert's own ranges
             for name, w, s_in, s_out, bits in (("gate", wg[e] * wn, s_hn, s_gate, LB), ("up", wu[e] * wn, s_hn, s_up, A8),
                                                ("down", wd[e], s_hid, s_e, A8)):
                 lin, _ = _linear(w, s_in, s_out, fm, bits)
                 cols[f"{name}_w"].append(lin.w)
                 cols[f"{name}_m"].append(lin.m)
                 cols[f"{name}_s"].append(lin.s)
+            mm, ms = _mult(s_act * s_up / s_hid, fm)
+            cols["mul_m"].append(mm)
+            cols["mul_s"].append(ms)
         if wg.shape[0] == 0:
             return QExperts(**{k: np.zeros((0,), np.int64) for k in cols})
         return QExperts(**{k: np.array(v, dtype=np.int64) for k, v in cols.items()})
@@ -231,7 +256,7 @@ def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float
     rs = int(round(m.routed_scaling * (1 << fm.rs_frac)))
     sc["moe_out"] = act_scale(tr["moe_out"])
     comb_m, comb_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["moe_out"], fm)
-    q = QMoE(router=router, score=score, bias=bias, silu=silu, mul_m=mul_m, mul_s=mul_s,
-             routed=bank(p.w_gate, p.w_up, p.w_down), shared=bank(p.sh_gate, p.sh_up, p.sh_down),
+    q = QMoE(router=router, score=score, bias=bias, silu=silu,
+             routed=bank(p.w_gate, p.w_up, p.w_down, routed), shared=bank(p.sh_gate, p.sh_up, p.sh_down, shared),
              rs=rs, comb_m=comb_m, comb_s=comb_s)
     return q, sc
