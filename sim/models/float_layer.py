@@ -16,7 +16,7 @@ output-norm weight is folded into W_o, so ``zo`` is (o / rms(o)) * gate.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -186,14 +186,19 @@ def swiglu(w_gate, w_up, w_down, x, trace=None, prefix=""):
     return w_down @ hid
 
 
-def moe_step(p: MoEParams, cfg: Config, hn, trace=None):
-    """MoE on the normalised input hn (d,). Returns (out (d,), (idx, weights))."""
+def moe_step(p: MoEParams, cfg: Config, hn, trace=None, select=None):
+    """MoE on the normalised input hn (d,). Returns (out (d,), (idx, weights)).
+    ``select`` forces the chosen experts (weights still from the scores): the accuracy
+    report uses it to separate routing flips from arithmetic error."""
     m = cfg.model
     t = trace if trace is not None else {}
     t["r_logit"] = p.w_router @ hn
     scores = sigmoid(t["r_logit"])
     t["score"] = scores
     idx, w = moe_route(scores, p.router_bias, m.top_k, m.routed_scaling)
+    if select is not None:
+        idx = np.asarray(select)
+        w = scores[idx] / (scores[idx].sum() + 1e-20) * m.routed_scaling
     t["idx"], t["w"] = idx, w
     routed = sum(wi * swiglu(p.w_gate[e], p.w_up[e], p.w_down[e], hn) for e, wi in zip(idx, w))
     shared = sum(swiglu(p.sh_gate[j], p.sh_up[j], p.sh_down[j], hn) for j in range(m.n_shared))
@@ -202,8 +207,8 @@ def moe_step(p: MoEParams, cfg: Config, hn, trace=None):
     return out, (idx, w)
 
 
-def layer_step(p: LayerParams, cfg: Config, state: KDAState, x, trace=None):
-    """One token through the whole layer. Returns (state, y (d,))."""
+def layer_step(p: LayerParams, cfg: Config, state: KDAState, x, trace=None, select=None):
+    """One token through the whole layer. Returns (state, y (d,)). ``select``: see moe_step."""
     eps = cfg.model.norm_eps
     t = trace if trace is not None else {}
     t["x"] = x
@@ -212,26 +217,23 @@ def layer_step(p: LayerParams, cfg: Config, state: KDAState, x, trace=None):
     h = x + kda_out
     t["h"] = h
     t["hn_unit"] = rms_unit(h, eps)
-    moe_out, _ = moe_step(p.moe, cfg, t["hn_unit"] * p.mlp_norm_w, t)
+    moe_out, _ = moe_step(p.moe, cfg, t["hn_unit"] * p.mlp_norm_w, t, select)
     y = h + moe_out
     t["y"] = y
     return state, y
 
 
-def run_layer(p: LayerParams, cfg: Config, xs, resets=None, traces: list | None = None):
+def run_layer(p: LayerParams, cfg: Config, xs, resets=None, traces: list | None = None, selects=None):
     """Run a token sequence xs (T, d). ``resets[t]`` true zeroes the KDA state before token t.
-    Appends one trace dict per token to ``traces`` if given. Returns ys (T, d)."""
+    Appends one trace dict per token to ``traces`` if given. ``selects[t]`` forces token t's
+    experts (see moe_step). Returns ys (T, d)."""
     state = KDAState.zeros(cfg)
     ys = np.zeros_like(xs, dtype=np.float64)
     for t_i, x in enumerate(xs):
         if resets is not None and resets[t_i]:
             state = KDAState.zeros(cfg)
         tr = {} if traces is not None else None
-        state, ys[t_i] = layer_step(p, cfg, state, x, tr)
+        state, ys[t_i] = layer_step(p, cfg, state, x, tr, None if selects is None else selects[t_i])
         if traces is not None:
             traces.append(tr)
     return ys
-
-
-def with_state(state: KDAState, **changes) -> KDAState:
-    return replace(state, **changes)

@@ -32,6 +32,7 @@ SIGMOID_CLIP = 12.0
 Z_LO, Z_HI = -18.0, 12.0
 # headroom of the 16-bit residual stream over the calibrated max|x|: unseen tokens must not saturate
 RESID_HEADROOM = 1.5
+MSE_BRANCH_OUT = False
 
 
 def _qmax(bits: int) -> int:
@@ -46,12 +47,14 @@ def quant_weight(w, fm: Formats):
                    _qmax(fm.weight_bits)).astype(np.int64), scale
 
 
-def act_scale(values, bits: int = 8, clip: float | None = None, headroom: float | None = None) -> float:
+def act_scale(values, bits: int = 8, clip: float | None = None, headroom: float | None = None,
+              mse: bool = True) -> float:
     """Symmetric scale of an activation tensor: the clipping level that minimises the
     quantisation MSE over the calibration values (a grid from 25 % to 100 % of
     max|x|; clipping the rare tail buys resolution for the bulk), or, with
     ``headroom``, max|x| * headroom (the 16-bit residual stream has bits to spare
-    and must not saturate on unseen tokens)."""
+    and must not saturate on unseen tokens).  ``mse=False``: plain max|x|, for the
+    branch outputs added into the residual, whose rare large values matter."""
     v = np.abs(np.asarray(values, dtype=np.float64)).ravel()
     amax = float(v.max()) if v.size else 0.0
     if clip is not None:
@@ -60,7 +63,7 @@ def act_scale(values, bits: int = 8, clip: float | None = None, headroom: float 
     qm = _qmax(bits)
     if headroom is not None:
         return amax * headroom / qm
-    if bits > 8:  # wide tensors: resolution to spare, clipping would only add error
+    if bits > 8 or not mse:  # wide tensors: resolution to spare, clipping would only add error
         return amax / qm
     if v.size > 200_000:  # a fixed subsample keeps calibration fast and deterministic
         v = v[np.linspace(0, v.size - 1, 200_000).astype(np.int64)]
@@ -194,7 +197,7 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None) -> QLayer:
     sc["g_logit"] = act_scale(tr["g_logit"], LB, SIGMOID_CLIP)
     kda["g_up"], _ = _linear(p.w_g_up, sc["gd"], sc["g_logit"], fm, LB)
     kda["gate"] = QLut(build_lut(fl.sigmoid, LB, sc["g_logit"], 2.0 ** -fm.unit_frac, 0, 1 << fm.unit_frac), LB)
-    sc["kda_out"] = act_scale(tr["kda_out"])
+    sc["kda_out"] = act_scale(tr["kda_out"], mse=MSE_BRANCH_OUT)
     kda["o_proj"], _ = _linear(p.w_o * np.tile(p.o_norm_w, H)[None, :], sc["on"], sc["kda_out"], fm, A8)
     qkda = QKDA(**kda, f_q=f_q, f_k=f_k, f_v=f_v, f_s=f_s, o_shift=o_shift)
 
@@ -231,7 +234,7 @@ def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float
     routed = _experts_dense(p.w_gate, p.w_up, p.w_down, hn)
     shared = _experts_dense(p.sh_gate, p.sh_up, p.sh_down, hn)
     both = [np.concatenate([r.reshape(-1), s.reshape(-1)]) for r, s in zip(routed, shared)]
-    s_gate, s_act, s_e = act_scale(both[0], LB), act_scale(both[2]), act_scale(both[4])
+    s_gate, s_act, s_e = act_scale(both[0], LB), act_scale(both[2]), act_scale(both[4], mse=MSE_BRANCH_OUT)
     sc.update(e_gate=s_gate, e_act=s_act, e_out=s_e)
     silu = QLut(build_lut(fl.silu, LB, s_gate, s_act, -_qmax(A8) - 1, _qmax(A8)), LB)
 
@@ -254,7 +257,7 @@ def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float
         return QExperts(**{k: np.array(v, dtype=np.int64) for k, v in cols.items()})
 
     rs = int(round(m.routed_scaling * (1 << fm.rs_frac)))
-    sc["moe_out"] = act_scale(tr["moe_out"])
+    sc["moe_out"] = act_scale(tr["moe_out"], mse=MSE_BRANCH_OUT)
     comb_m, comb_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["moe_out"], fm)
     q = QMoE(router=router, score=score, bias=bias, silu=silu,
              routed=bank(p.w_gate, p.w_up, p.w_down, routed), shared=bank(p.sh_gate, p.sh_up, p.sh_down, shared),
