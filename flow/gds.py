@@ -31,7 +31,8 @@ def lef_layers(tech_lef: Path) -> list[str]:
     names = []
     for line in tech_lef.read_text(errors="replace").splitlines():
         words = line.split()
-        if len(words) >= 2 and words[0] == "LAYER" and words[1].startswith(("metal", "via")):
+        # a layer definition starts a line; `LAYER x ;` inside VIA and MACRO blocks is a reference
+        if line.startswith("LAYER ") and len(words) == 2 and words[1].startswith(("metal", "via")):
             names.append(words[1])
     return names
 
@@ -89,8 +90,9 @@ def def_to_gds(def_path: Path, kit: Kit, gds_path: Path, platform: Platform = PL
     return gds_path
 
 
-def gds_to_png(gds_path: Path, png_path: Path, kit: Kit, width: int = 1600) -> Path:
-    """A picture of the whole layout, all hierarchy levels, with the kit's layer colours."""
+def gds_to_png(gds_path: Path, png_path: Path, kit: Kit, width: int = 1600,
+               platform: Platform = PLATFORM) -> Path:
+    """A picture of the die, all hierarchy levels, with the kit's layer colours."""
     _klayout_db()
     import klayout.lay as lay
     view = lay.LayoutView()
@@ -99,8 +101,13 @@ def gds_to_png(gds_path: Path, png_path: Path, kit: Kit, width: int = 1600) -> P
     if kit.klayout_layers and Path(kit.klayout_layers).is_file():
         view.load_layer_props(str(kit.klayout_layers), True)
     view.max_hier()
-    # frame the die (the top cell's box), whatever the view's own window size is
-    box = view.cellview(0).layout().top_cell().dbbox()
+    # frame the die outline (else everything), whatever the view's own window size is
+    layout = view.cellview(0).layout()
+    top = layout.top_cell()
+    outline = layout.find_layer(*platform.gds_outline_layer)
+    box = top.dbbox_per_layer(outline) if outline is not None else top.dbbox()
+    if box.empty():
+        box = top.dbbox()
     height = max(100, round(width * box.height() / box.width())) if box.width() > 0 else width
     png_path.parent.mkdir(parents=True, exist_ok=True)
     view.save_image_with_options(str(png_path), width, height, 0, 0, 0, box, False)

@@ -97,7 +97,6 @@ class Platform:
     grt_layer_adjustments: tuple[tuple[str, float], ...] = (
         ("metal2", 0.8), ("metal3", 0.7), ("metal4-metal10", 0.25))
     min_clock_routing_layer: str = "metal4"
-    hold_buffer: str = "BUF_X1"
     # FreePDK45 GDS numbers: metalN on 11+2(N-1), viaN on 12+2(N-1), datatype 0;
     # the cell outline on 235 (ORFS FreePDK45.lyt's LEF/DEF layer map)
     gds_outline_layer: tuple[int, int] = (235, 0)
