@@ -83,7 +83,7 @@ class DeltaRule(wiring.Component):
             "k": In(data.ArrayLayout(signed(a), heads * d_k)),
             "q": In(data.ArrayLayout(signed(a), heads * d_k)),
             "alpha": In(data.ArrayLayout(unsigned(fm.alpha_frac), heads * d_k)),
-            "v": In(data.ArrayLayout(signed(a), heads * d_v)),
+            "v": In(data.ArrayLayout(signed(fm.qkv_bits), heads * d_v)),
             "beta": In(data.ArrayLayout(unsigned(fm.unit_frac + 1), heads)),
             "o": Out(stream.Signature(signed(fm.o_bits))),
         })

@@ -18,11 +18,12 @@ from sim.models.int_kda import int_delta_rule
 
 def random_token(rng, fm, H, dk, extreme=False):
     a = 1 << (fm.act_bits - 1)
+    av = 1 << (fm.qkv_bits - 1)
     if extreme:   # saturating corners: full-scale vectors, alpha ~ 1, beta = 1
         k = rng.choice([-a, a - 1], (H, dk))
-        return dict(q=rng.choice([-a, a - 1], (H, dk)), k=k, v=rng.choice([-a, a - 1], (H, dk)),
+        return dict(q=rng.choice([-a, a - 1], (H, dk)), k=k, v=rng.choice([-av, av - 1], (H, dk)),
                     alpha=np.full((H, dk), (1 << fm.alpha_frac) - 1), beta=np.full(H, 1 << fm.unit_frac))
-    return dict(q=rng.integers(-a, a, (H, dk)), k=rng.integers(-a, a, (H, dk)), v=rng.integers(-a, a, (H, dk)),
+    return dict(q=rng.integers(-a, a, (H, dk)), k=rng.integers(-a, a, (H, dk)), v=rng.integers(-av, av, (H, dk)) >> rng.integers(0, 9),
                 alpha=rng.integers(1, 1 << fm.alpha_frac, (H, dk)), beta=rng.integers(0, (1 << fm.unit_frac) + 1, H))
 
 

@@ -8,7 +8,7 @@ from amaranth.sim import Simulator
 
 from hw.kda_norm import Normalizer
 from moekda.config import load_config
-from moekda.formats import derived_widths, formats_for
+from moekda.formats import clog2, formats_for
 from sim.models.int_ops import int_normalize
 from sim.models.params import random_params
 from sim.models.quantize import quantize_layer
@@ -20,15 +20,15 @@ def test_normalizer_matches_model(name):
     fm = formats_for(cfg)
     qk = quantize_layer(random_params(cfg, 0), cfg).kda
     n = cfg.model.head_dim
-    widths = derived_widths(cfg)
     norms = [qk.q_norm, qk.k_norm, qk.o_norm]
-    dut = Normalizer(fm, n, fm.o_bits, widths["ss_onorm"], norms, fm.act_bits)
+    in_bits = max(fm.qkv_bits, fm.o_bits)
+    dut = Normalizer(fm, n, in_bits, 2 * (in_bits - 1) + clog2(n + 1) + 1, norms, fm.act_bits)
     rng = np.random.default_rng(3)
-    a8, a16 = 1 << (fm.act_bits - 1), 1 << (fm.o_bits - 1)
+    a8, a16 = 1 << (fm.qkv_bits - 1), 1 << (fm.o_bits - 1)
     cases = []
     for r in range(8):
         cases.append((0, rng.integers(-a8, a8, n)))
-        cases.append((1, rng.integers(-a8, a8, n) >> rng.integers(0, 7)))
+        cases.append((1, rng.integers(-a8, a8, n) >> rng.integers(0, 15)))
         cases.append((2, rng.integers(-a16, a16, n) >> rng.integers(0, 15)))
     cases += [(2, np.zeros(n, np.int64)), (2, np.full(n, -a16)), (1, np.full(n, -a8)), (0, np.eye(1, n, 3)[0] * 5)]
     cases = [(mode, x.astype(np.int64)) for mode, x in cases]

@@ -1,0 +1,372 @@
+"""The KDA token mixer: one int8 token in, one int8 token out, constant work per token.
+
+Implements ``sim.models.int_kda.int_kda_step`` bit for bit (the RTL is
+generated from a config and the quantised parameters ``QKDA``: weights live
+in the external weight memory, read through ``wport``; the small constants -
+requantisation (m, s), the f_up bias, short-conv taps, the six tables and the
+norm constants - are baked in at elaboration).
+
+Ports
+-----
+``i``   stream, one beat per token: ``x`` (d_model int8, the normalised input
+        xn) and ``first`` (a new sequence starts here: the delta-rule state and
+        the short-convolution history are cleared before this token).
+``o``   stream, one beat per token: d_model int8.
+``wport`` weight port (hw/weight_port.py).
+``cycles`` free-running cycle counter; ``token_cycles`` the cycles the last
+        token took from its acceptance on ``i`` to its offer on ``o``;
+        ``tokens`` tokens completed.  For tests and reports.
+
+Schedule of one token (all phases in sequence; W = weight_port_bytes = lanes)
+--------------------------------------------------------------------------
+1. ACCEPT  latch x; one weight request for all KDA tensors, which the memory
+           map stores contiguously in the order used below.
+2. PROJ    the response beats drive the lane MAC directly, one beat per cycle
+           when the memory keeps up: q, k, v, f_down, g_down, b (input x),
+           f_up (input fd: waits for the f_down results), g_up (input gd).
+           Results are requantised (f_up after adding its bias) and routed:
+           q/k/v -> short conv -> requant -> SiLU table; b -> beta table;
+           f_up -> alpha table; g_up -> gate table; fd, gd -> registers.
+           ~ (3 H d_k + 2 r + H) ceil(d/W) + 2 H d_k ceil(r/W) cycles.
+3. NORM    L2 normalisation of q then k, head by head, on the shared
+           normaliser: 2 H (2 d_k + rsqrt latency + 4) cycles.
+4. DELTA   the state update and read (hw/kda_delta.py):
+           H d_v (2 d_k / state_lanes + 11) cycles.
+5. ONORM   RMSNorm of o per head on the same normaliser, times the gate.
+6. WO      W_o beats (input zo): d ceil(H d_v / W) cycles, then the output.
+No phase depends on the number of tokens seen: cycles per token are constant
+(the tests measure token 16 against token 4096).
+"""
+from __future__ import annotations
+
+import numpy as np
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.kda_delta import DeltaRule, DeltaShifts, round_shift, saturate
+from hw.kda_mac import LaneMac
+from hw.kda_norm import Normalizer
+from hw.lut import LookupTable
+from hw.memory_map import memory_map
+from hw.short_conv import ShortConv
+from hw.weight_port import MAX_BEATS, WeightPortSignature
+from moekda.formats import clog2, formats_for
+
+# the projections in weight-memory order: (op, memory-map tensor, QKDA field, input vector)
+OPS = [
+    ("q", "kda.w_q", "q_proj", "x"),
+    ("k", "kda.w_k", "k_proj", "x"),
+    ("v", "kda.w_v", "v_proj", "x"),
+    ("fd", "kda.w_f_down", "f_down", "x"),
+    ("gd", "kda.w_g_down", "g_down", "x"),
+    ("b", "kda.w_b", "b_proj", "x"),
+    ("fu", "kda.w_f_up", "f_up", "fd"),
+    ("gu", "kda.w_g_up", "g_up", "gd"),
+    ("o", "kda.w_o", "o_proj", "zo"),
+]
+OP = {name: n for n, (name, *_rest) in enumerate(OPS)}
+
+
+def token_layout(d_model: int, act_bits: int) -> data.StructLayout:
+    return data.StructLayout({"x": data.ArrayLayout(signed(act_bits), d_model), "first": 1})
+
+
+def kda_request(cfg) -> tuple[int, int]:
+    """(byte address, beats) of the one weight read per token."""
+    mm = memory_map(cfg)
+    addr, nbytes = mm.span([t for _, t, _, _ in OPS])
+    return addr, nbytes // cfg.hw.weight_port_bytes
+
+
+class KdaUnit(wiring.Component):
+    def __init__(self, cfg, qkda):
+        m_, hw = cfg.model, cfg.hw
+        self.cfg, self.q = cfg, qkda
+        self.fm = fm = formats_for(cfg)
+        self.d, self.H, self.dk, self.r = m_.d_model, m_.n_heads, m_.head_dim, m_.gate_rank
+        self.dv = self.dk
+        self.W = hw.weight_port_bytes
+        if hw.lanes != hw.weight_port_bytes:
+            raise ValueError(f"hw.lanes = {hw.lanes}: the KDA unit needs lanes == hw.weight_port_bytes "
+                             f"({hw.weight_port_bytes}), one port beat per MAC beat")
+        self.mm = memory_map(cfg)
+        self.req_addr, self.req_beats = kda_request(cfg)
+        if self.req_beats > MAX_BEATS:
+            raise ValueError(f"KDA weights need {self.req_beats} beats per token, more than one request carries")
+        a = fm.act_bits
+        super().__init__({
+            "i": In(stream.Signature(token_layout(self.d, a))),
+            "o": Out(stream.Signature(data.ArrayLayout(signed(a), self.d))),
+            "wport": Out(WeightPortSignature(self.W)),
+            "cycles": Out(32),
+            "token_cycles": Out(32),
+            "tokens": Out(32),
+        })
+
+    # -- helpers ------------------------------------------------------------------
+    def _groups(self, vec, bits):
+        """A vector cut into port-wide groups (the MAC's x per beat), zero-padded."""
+        W = self.W
+        out = []
+        for g in range(-(-len(vec) // W)):
+            lanes = [vec[g * W + l] if g * W + l < len(vec) else Const(0, signed(bits)) for l in range(W)]
+            out.append(Cat(*lanes))
+        return out
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg, q, fm = self.cfg, self.q, self.fm
+        d, H, dk, dv, r, W = self.d, self.H, self.dk, self.dv, self.r, self.W
+        a = fm.act_bits
+        hk, hv = H * dk, H * dv
+
+        # ---- registers holding the token's vectors ---------------------------------
+        def vec(name, n, shape):
+            return [Signal(shape, name=f"{name}{i}") for i in range(n)]
+        X = vec("x", d, signed(a))
+        FD, GD = vec("fd", r, signed(a)), vec("gd", r, signed(a))
+        QS, KS, V = vec("qs", hk, signed(fm.qkv_bits)), vec("ks", hk, signed(fm.qkv_bits)), vec("v", hv, signed(fm.qkv_bits))
+        QN, KN = vec("qn", hk, signed(a)), vec("kn", hk, signed(a))
+        ALPHA = vec("alpha", hk, unsigned(fm.alpha_frac))
+        BETA = vec("beta", H, unsigned(fm.unit_frac + 1))
+        GATE = vec("gate", hv, unsigned(fm.unit_frac + 1))
+        O16 = vec("o16_", hv, signed(fm.o_bits))
+        ZO = vec("zo", hv, signed(a))
+        OUT = vec("out", d, signed(a))
+
+        # ---- counters ------------------------------------------------------------
+        cycles = Signal(32)
+        token_start = Signal(32)
+        m.d.sync += cycles.eq(cycles + 1)
+        m.d.comb += self.cycles.eq(cycles)
+
+        # ---- weight request: one per token -----------------------------------------
+        req_pending = Signal()
+        m.d.comb += [self.wport.req.valid.eq(req_pending),
+                     self.wport.req.payload.addr.eq(self.req_addr),
+                     self.wport.req.payload.beats.eq(self.req_beats)]
+        with m.If(self.wport.req.valid & self.wport.req.ready):
+            m.d.sync += req_pending.eq(0)
+
+        # ---- the projection feeder: response beats + input groups -> MAC ----------------
+        regions = [self.mm[t] for _, t, _, _ in OPS]
+        lins = [getattr(q, f) for _, _, f, _ in OPS]
+        sources = {"x": self._groups(X, a), "fd": self._groups(FD, a), "gd": self._groups(GD, a),
+                   "zo": self._groups(ZO, a)}
+        n_ops = len(OPS)
+        f_op = Signal(range(n_ops + 1))
+        f_row = Signal(range(max(reg.rows for reg in regions)))
+        f_beat = Signal(range(max(reg.row_beats for reg in regions)))
+        feed_enable = Signal()          # set by the phase control below
+        pending = Signal(range(4 * (hk + hv + d + 2 * r + H) + 1))  # rows issued, not yet stored
+
+        rows_of = Array(Const(reg.rows - 1) for reg in regions)[f_op]
+        beats_of = Array(Const(reg.row_beats - 1) for reg in regions)[f_op]
+        x_group = Signal(W * a)
+        with m.Switch(f_op):
+            for n, (_, _, _, src) in enumerate(OPS):
+                with m.Case(n):
+                    m.d.comb += x_group.eq(Array(sources[src])[f_beat])
+
+        m.submodules.mac = mac = LaneMac(W, a, fm.acc_bits, tag_bits=len(f_op) + len(f_row))
+        beat_go = feed_enable & self.wport.resp.valid
+        m.d.comb += [
+            self.wport.resp.ready.eq(feed_enable),
+            mac.valid.eq(beat_go),
+            mac.w.eq(self.wport.resp.payload.data),
+            mac.x.eq(x_group),
+            mac.first.eq(f_beat == 0),
+            mac.last.eq(f_beat == beats_of),
+            mac.tag.eq(Cat(f_row, f_op)),
+        ]
+        row_issued = Signal()
+        m.d.comb += row_issued.eq(beat_go & (f_beat == beats_of))
+        with m.If(beat_go):
+            m.d.sync += f_beat.eq(f_beat + 1)
+            with m.If(f_beat == beats_of):
+                m.d.sync += [f_beat.eq(0), f_row.eq(f_row + 1)]
+                with m.If(f_row == rows_of):
+                    m.d.sync += [f_row.eq(0), f_op.eq(f_op + 1)]
+
+        # ---- requantisation of MAC results (bias for f_up) -----------------------------
+        res_row, res_op = mac.acc_tag[:len(f_row)], mac.acc_tag[len(f_row):]
+        fu = lins[OP["fu"]]
+        bias = Array(Const(int(v), signed(fm.acc_bits)) for v in fu.bias) if fu.bias is not None else None
+        r1_valid, r1_op, r1_row = Signal(), Signal.like(f_op), Signal.like(f_row)
+        r1_prod = Signal(signed(fm.acc_bits + 2 + fm.mult_bits))
+        acc_b = Signal(signed(fm.acc_bits + 1))
+        m.d.comb += acc_b.eq(mac.acc)
+        if bias is not None:
+            with m.If(res_op == OP["fu"]):
+                m.d.comb += acc_b.eq(mac.acc + bias[res_row])
+        mult = Array(Const(int(lin.m), unsigned(fm.mult_bits)) for lin in lins)[res_op]
+        m.d.sync += [r1_valid.eq(mac.acc_valid), r1_op.eq(res_op), r1_row.eq(res_row), r1_prod.eq(acc_b * mult)]
+        r2_valid, r2_op, r2_row = Signal(), Signal.like(f_op), Signal.like(f_row)
+        r2_y = Signal(signed(max(a, fm.lut_in_bits)))
+        m.d.sync += [r2_valid.eq(r1_valid), r2_op.eq(r1_op), r2_row.eq(r1_row)]
+        with m.Switch(r1_op):
+            for n, lin in enumerate(lins):
+                with m.Case(n):
+                    m.d.sync += r2_y.eq(saturate(round_shift(r1_prod, int(lin.s)), int(lin.out_bits)))
+
+        # ---- routing of requantised rows -----------------------------------------------
+        writes = []                       # one-bit signals: a row reached its final register
+        def store(buf, idx, value):
+            m.d.sync += Array(buf)[idx].eq(value)
+
+        direct = Signal()
+        m.d.comb += direct.eq(r2_valid & ((r2_op == OP["fd"]) | (r2_op == OP["gd"]) | (r2_op == OP["o"])))
+        with m.If(r2_valid):
+            with m.Switch(r2_op):
+                with m.Case(OP["fd"]):
+                    store(FD, r2_row, r2_y)
+                with m.Case(OP["gd"]):
+                    store(GD, r2_row, r2_y)
+                with m.Case(OP["o"]):
+                    store(OUT, r2_row, r2_y)
+        writes.append(direct)
+
+        # tables after the engine: beta, alpha, gate (one cycle each)
+        tables = {}
+        for name, qlut, dest, op in (("beta", q.beta, BETA, "b"), ("alpha", q.alpha, ALPHA, "fu"),
+                                     ("gate", q.gate, GATE, "gu")):
+            lut = LookupTable(qlut.table, int(qlut.in_bits))
+            m.submodules[f"lut_{name}"] = lut
+            hit = r2_valid & (r2_op == OP[op])
+            l_valid, l_row = Signal(name=f"{name}_valid"), Signal.like(f_row, name=f"{name}_row")
+            m.d.comb += [lut.addr.eq(r2_y), lut.en.eq(hit)]
+            m.d.sync += [l_valid.eq(hit), l_row.eq(r2_row)]
+            with m.If(l_valid):
+                store(dest, l_row, lut.data)
+            writes.append(l_valid)
+            tables[name] = lut
+
+        # short convolution of q, k, v (channels in that order), requant, SiLU
+        conv_w = [q.conv_q.w, q.conv_k.w, q.conv_v.w]
+        m.submodules.conv = conv = ShortConv(np.concatenate(conv_w, axis=0), a, fm.weight_bits)
+        is_qkv = (r2_op == OP["q"]) | (r2_op == OP["k"]) | (r2_op == OP["v"])
+        m.d.comb += [conv.i.valid.eq(r2_valid & is_qkv), conv.i.payload.eq(r2_y), conv.o.ready.eq(1)]
+        c_chan = Signal(range(hk + hk + hv))
+        with m.If(conv.o.valid):
+            m.d.sync += c_chan.eq(Mux(c_chan == hk + hk + hv - 1, 0, c_chan + 1))
+        c_sec = Signal(2)
+        c_idx = Signal(range(max(hk, hv)))
+        m.d.comb += [c_sec.eq(Mux(c_chan < hk, 0, Mux(c_chan < 2 * hk, 1, 2))),
+                     c_idx.eq(Mux(c_chan < hk, c_chan, Mux(c_chan < 2 * hk, c_chan - hk, c_chan - 2 * hk)))]
+        convs = [q.conv_q, q.conv_k, q.conv_v]
+        cr1_valid, cr1_sec, cr1_idx = Signal(), Signal(2), Signal.like(c_idx)
+        cr1_prod = Signal(signed(conv.acc_bits + fm.mult_bits + 1))
+        m.d.sync += [cr1_valid.eq(conv.o.valid), cr1_sec.eq(c_sec), cr1_idx.eq(c_idx),
+                     cr1_prod.eq(conv.o.payload * Array(Const(int(c.m), unsigned(fm.mult_bits)) for c in convs)[c_sec])]
+        cr2_valid, cr2_sec, cr2_idx = Signal(), Signal(2), Signal.like(c_idx)
+        cr2_code = Signal(signed(fm.lut_in_bits))
+        m.d.sync += [cr2_valid.eq(cr1_valid), cr2_sec.eq(cr1_sec), cr2_idx.eq(cr1_idx)]
+        with m.Switch(cr1_sec):
+            for n, c in enumerate(convs):
+                with m.Case(n):
+                    m.d.sync += cr2_code.eq(saturate(round_shift(cr1_prod, int(c.s)), int(c.out_bits)))
+        s_valid, s_sec, s_idx = Signal(), Signal(2), Signal.like(c_idx)
+        m.d.sync += [s_valid.eq(cr2_valid), s_sec.eq(cr2_sec), s_idx.eq(cr2_idx)]
+        silu = []
+        for n, (name, qlut) in enumerate((("q", q.silu_q), ("k", q.silu_k), ("v", q.silu_v))):
+            lut = LookupTable(qlut.table, int(qlut.in_bits))
+            m.submodules[f"lut_silu_{name}"] = lut
+            m.d.comb += [lut.addr.eq(cr2_code), lut.en.eq(cr2_valid & (cr2_sec == n))]
+            silu.append(lut)
+        with m.If(s_valid):
+            with m.Switch(s_sec):
+                for n, buf in enumerate((QS, KS, V)):
+                    with m.Case(n):
+                        store(buf, s_idx, silu[n].data)
+        writes.append(s_valid)
+
+        n_writes = sum(w.as_unsigned() for w in writes)
+        m.d.sync += pending.eq(pending + row_issued - n_writes)
+        drained = pending == 0           # (registered: rows issued this cycle are not in it yet)
+
+        # ---- the shared normaliser: q, k (L2) and o (RMS) ----------------------------------
+        shifts = DeltaShifts.of(q)
+        nbits = max(fm.qkv_bits, fm.o_bits)
+        m.submodules.norm = norm = Normalizer(fm, dk, nbits, 2 * (nbits - 1) + clog2(dk + 1) + 1,
+                                              [q.q_norm, q.k_norm, q.o_norm], a)
+        nh = Signal(range(H))
+        base = nh * dk
+        m.d.comb += norm.rd_x.eq(Mux(norm.mode == 0, Array(QS)[base + norm.rd_idx],
+                                 Mux(norm.mode == 1, Array(KS)[base + norm.rd_idx],
+                                     Array(O16)[base + norm.rd_idx])))
+        wi = base + norm.wr_idx
+        gated = round_shift(norm.wr_y * Array(GATE)[wi], fm.unit_frac)
+        with m.If(norm.wr_en):
+            with m.Switch(norm.mode):
+                with m.Case(0):
+                    store(QN, wi, norm.wr_y)
+                with m.Case(1):
+                    store(KN, wi, norm.wr_y)
+                with m.Case(2):
+                    store(ZO, wi, gated)
+
+        # ---- the delta rule ----------------------------------------------------------------
+        m.submodules.delta = delta = DeltaRule(fm, H, dk, dv, cfg.hw.state_lanes, shifts)
+        m.d.comb += [delta.k.eq(Cat(*KN)), delta.q.eq(Cat(*QN)), delta.alpha.eq(Cat(*ALPHA)),
+                     delta.v.eq(Cat(*V)), delta.beta.eq(Cat(*BETA)), delta.o.ready.eq(1)]
+        o_idx = Signal(range(hv + 1))
+        with m.If(delta.o.valid):
+            store(O16, o_idx, delta.o.payload)
+            m.d.sync += o_idx.eq(o_idx + 1)
+
+        # ---- phase control -------------------------------------------------------------------
+        m.d.comb += self.o.payload.eq(Cat(*OUT))
+        tokens = Signal(32)
+        m.d.comb += self.tokens.eq(tokens)
+        token_cycles = Signal(32)
+        m.d.comb += self.token_cycles.eq(token_cycles)
+        with m.FSM():
+            with m.State("ACCEPT"):
+                m.d.comb += self.i.ready.eq(1)
+                with m.If(self.i.valid):
+                    for n in range(d):
+                        m.d.sync += X[n].eq(self.i.payload.x[n])
+                    m.d.sync += [req_pending.eq(1), f_op.eq(0), f_row.eq(0), f_beat.eq(0),
+                                 token_start.eq(cycles)]
+                    with m.If(self.i.payload.first):
+                        m.d.comb += [delta.clear.eq(1), conv.restart.eq(1)]
+                    m.next = "PROJ"
+            with m.State("PROJ"):
+                # f_up reads fd: hold its first beat until every earlier row is stored
+                wait_fd = (f_op == OP["fu"]) & (f_row == 0) & (f_beat == 0) & ~drained
+                m.d.comb += feed_enable.eq((f_op < OP["o"]) & ~wait_fd)
+                with m.If((f_op == OP["o"]) & drained):
+                    m.d.sync += [nh.eq(0), norm.mode.eq(0)]
+                    m.next = "NORM_START"
+            with m.State("NORM_START"):
+                m.d.comb += norm.start.eq(1)
+                m.next = "NORM_WAIT"
+            with m.State("NORM_WAIT"):
+                with m.If(~norm.busy):
+                    m.next = "NORM_START"
+                    m.d.sync += nh.eq(nh + 1)
+                    with m.If(nh == H - 1):
+                        m.d.sync += [nh.eq(0), norm.mode.eq(norm.mode + 1)]
+                        with m.If(norm.mode == 1):
+                            m.d.sync += o_idx.eq(0)
+                            m.next = "DELTA_START"
+                        with m.If(norm.mode == 2):
+                            m.next = "WO"
+            with m.State("DELTA_START"):
+                m.d.comb += delta.start.eq(1)
+                m.next = "DELTA"
+            with m.State("DELTA"):
+                with m.If(~delta.busy & (o_idx == hv)):
+                    m.next = "NORM_START"          # norm.mode is 2: the o norm
+            with m.State("WO"):
+                m.d.comb += feed_enable.eq(f_op == OP["o"])
+                with m.If((f_op == n_ops) & drained):
+                    m.d.sync += token_cycles.eq(cycles - token_start + 1)
+                    m.next = "OUTPUT"
+            with m.State("OUTPUT"):
+                m.d.comb += self.o.valid.eq(1)
+                with m.If(self.o.ready):
+                    m.d.sync += tokens.eq(tokens + 1)
+                    m.next = "ACCEPT"
+        return m

@@ -1,0 +1,148 @@
+"""cocotb bench of the KDA unit (hw/kda.py) against the integer model, bit for bit.
+
+The case - config, quantised parameters, weight image, input tokens, where
+sequences start, expected outputs - is rebuilt here from the environment
+(KDA_CONFIG, KDA_SEED, KDA_TOKENS, KDA_FIRST, KDA_STALL) by ``kda_case``, the
+same function the pytest runner used to generate the RTL, so the two sides
+share one source.  Inputs are realistic: residual-stream tokens through the
+integer model's attention RMSNorm.
+
+Checks: every output token equals the model's; stalls on the input stream,
+the weight port (both directions) and back-pressure on the output when
+KDA_STALL=1; the unit's ``token_cycles`` counter per token is written to
+KDA_CYCLES_OUT (one number per line) for the constant-cost check.
+"""
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from hw.memory_map import build_image, memory_map
+from hw.kda import OPS
+from moekda.config import load_config
+from moekda.formats import formats_for
+from sim.models.int_kda import IntKDAState, int_kda_step
+from sim.models.int_layer import quantize_input
+from sim.models.int_ops import int_rmsnorm
+from sim.models.params import random_inputs, random_params
+from sim.models.quantize import quantize_layer
+
+
+@dataclass
+class KdaCase:
+    cfg: object
+    qkda: object
+    image: bytes
+    xn: np.ndarray      # (T, d) int8 unit inputs
+    first: np.ndarray   # (T,) bool: a sequence starts at this token
+    want: np.ndarray    # (T, d) int8 model outputs
+
+
+@lru_cache(maxsize=4)
+def quantised(config: str, seed: int):
+    cfg = load_config(config)
+    return cfg, quantize_layer(random_params(cfg, seed), cfg)
+
+
+def kda_case(config: str, seed: int, tokens: int, first=(0,)) -> KdaCase:
+    cfg, qp = quantised(config, seed)
+    fm = formats_for(cfg)
+    x = quantize_input(random_inputs(cfg, tokens, seed=seed + 1), qp, cfg)
+    xn = np.array([int_rmsnorm(t, qp.attn_norm, fm) for t in x], dtype=np.int64)
+    starts = np.zeros(tokens, bool)
+    starts[[f for f in first if f < tokens]] = True
+    starts[0] = True
+    want = np.zeros_like(xn)
+    state = IntKDAState.zeros(cfg)
+    for t in range(tokens):
+        if starts[t]:
+            state = IntKDAState.zeros(cfg)
+        state, want[t] = int_kda_step(qp.kda, cfg, fm, state, xn[t])
+    mm = memory_map(cfg)
+    tensors = {name: np.zeros((reg.rows, reg.cols), np.int64) for name, reg in mm.regions.items()}
+    for _, region, field, _ in OPS:
+        tensors[region] = getattr(qp.kda, field).w
+    return KdaCase(cfg, qp.kda, build_image(cfg, tensors, mm), xn, starts, want)
+
+
+def case_from_env() -> KdaCase:
+    first = [int(f) for f in os.environ.get("KDA_FIRST", "0").split(",") if f]
+    return kda_case(os.environ["KDA_CONFIG"], int(os.environ.get("KDA_SEED", "0")),
+                    int(os.environ["KDA_TOKENS"]), first)
+
+
+def pack(values, bits: int) -> int:
+    out = 0
+    for n, v in enumerate(values):
+        out |= (int(v) & ((1 << bits) - 1)) << (n * bits)
+    return out
+
+
+def unpack(word: int, n: int, bits: int) -> list[int]:
+    vals = [(word >> (i * bits)) & ((1 << bits) - 1) for i in range(n)]
+    return [v - (1 << bits) if v >> (bits - 1) else v for v in vals]
+
+
+try:
+    import cocotb
+    from cocotb.clock import Clock
+    from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
+
+    from sim.cocotb.weight_memory import WeightMemory
+except ImportError:        # imported by pytest for kda_case only
+    cocotb = None
+
+if cocotb is not None:
+    @cocotb.test()
+    async def kda_matches_model(dut):
+        case = case_from_env()
+        cfg = case.cfg
+        stall = os.environ.get("KDA_STALL", "1") == "1"
+        rng = random.Random(int(os.environ.get("KDA_SEED", "0")))
+        d, a = cfg.model.d_model, formats_for(cfg).act_bits
+        T = len(case.xn)
+
+        cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+        dut.rst.value = 1
+        dut.i__valid.value = 0
+        dut.o__ready.value = 0
+        mem = WeightMemory(dut, case.image, cfg.hw.weight_port_bytes, cfg.hw.weight_port_latency,
+                           req_stall=0.2 if stall else 0.0, resp_stall=0.15 if stall else 0.0,
+                           seed=rng.randrange(1 << 30)).start()
+        for _ in range(3):
+            await RisingEdge(dut.clk)
+        await FallingEdge(dut.clk)
+        dut.rst.value = 0
+
+        sent = got = 0
+        offering = False
+        cycles = []
+        while got < T:
+            await FallingEdge(dut.clk)
+            if not offering and sent < T and (not stall or rng.random() < 0.7):
+                dut.i__payload.value = pack(case.xn[sent], a) | (int(case.first[sent]) << (d * a))
+                offering = True
+            dut.i__valid.value = int(offering)
+            ready = not stall or rng.random() < 0.6
+            dut.o__ready.value = int(ready)
+            await ReadOnly()
+            if offering and int(dut.i__ready.value):
+                offering = False
+                sent += 1
+            if ready and int(dut.o__valid.value):
+                out = unpack(int(dut.o__payload.value), d, a)
+                want = [int(v) for v in case.want[got]]
+                assert out == want, f"token {got}: RTL {out} != model {want}"
+                cycles.append(int(dut.token_cycles.value))
+                got += 1
+        assert mem.idle(), "weight requests left unanswered"
+        path = os.environ.get("KDA_CYCLES_OUT")
+        if path:
+            with open(path, "w") as f:
+                f.write("\n".join(map(str, cycles)) + "\n")
+        dut._log.info(f"{T} tokens bit-exact; token_cycles first {cycles[:3]} last {cycles[-3:]}; "
+                      f"weight bytes {mem.counters.bytes}")
