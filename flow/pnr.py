@@ -246,19 +246,19 @@ _INF = 1e20   # OpenSTA reports an unconstrained slack as about 1e30
 
 
 def read_metrics_file(path: Path) -> dict[str, float | int | None]:
-    """A stage's `name value` lines; an infinite slack (nothing constrained) becomes None."""
+    """A stage's `name value` lines: integers stay integers; an infinite slack (nothing
+    constrained) becomes None."""
     metrics: dict[str, float | int | None] = {}
     for line in path.read_text().splitlines():
         if not line.strip():
             continue
         name, value = line.split(None, 1)
-        number = float(value)
-        if not math.isfinite(number) or abs(number) >= _INF:
-            metrics[name] = None
-        elif number.is_integer() and name.endswith("__count"):
-            metrics[name] = int(number)
-        else:
-            metrics[name] = number
+        try:
+            metrics[name] = int(value)      # counts and flags: Tcl writes integers without a point
+            continue
+        except ValueError:
+            number = float(value)
+        metrics[name] = None if not math.isfinite(number) or abs(number) >= _INF else number
     return metrics
 
 

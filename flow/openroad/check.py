@@ -63,10 +63,13 @@ def stub_tcl(commands: dict[str, Command] = COMMANDS) -> str:
             f"proc {name} {{args}} {{ return [stub_call {name} {_tcl_list(cmd.keys)} {_tcl_list(cmd.flags)} "
             f"{pmin} {pmax} {{{cmd.reads or ''}}} {_tcl_list(cmd.writes)} {{{cmd.returns}}} $args] }}")
     # odb objects: `ord::get_db_block` returns "block"; its methods return the other fakes
-    fakes = {"block": {"getDbUnitsPerMicron": "2000", "getInsts": "inst", "getCoreArea": "rect",
+    # (one logic cell and one fill cell: the metrics must count only the first)
+    fakes = {"block": {"getDbUnitsPerMicron": "2000", "getInsts": "{inst fill_inst}", "getCoreArea": "rect",
                        "getDieArea": "rect"},
              "inst": {"getMaster": "master"},
-             "master": {"isFiller": "0", "getWidth": "380", "getHeight": "2800"},
+             "fill_inst": {"getMaster": "fill_master"},
+             "master": {"getName": "INV_X1", "getWidth": "380", "getHeight": "2800"},
+             "fill_master": {"getName": "FILLCELL_X4", "getWidth": "1520", "getHeight": "2800"},
              "rect": {"dx": "20000", "dy": "20000"}}
     for obj, methods in fakes.items():
         assert set(methods) <= ODB_METHODS, set(methods) - ODB_METHODS

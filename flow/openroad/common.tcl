@@ -83,5 +83,5 @@ proc report_stage {name metric_stage {extra {}}} {
   report_design_area
   log_end
   write_metrics [report_file $name.metrics] \
-    [dict merge [timing_power_metrics $metric_stage] [physical_metrics $metric_stage]]
+    [dict merge [timing_power_metrics $metric_stage] [physical_metrics $metric_stage $::cfg(FILL_CELLS)]]
 }

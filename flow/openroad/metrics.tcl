@@ -28,15 +28,16 @@ proc timing_power_metrics {stage} {
 }
 
 # Cell area and count from the placed database (OpenROAD only).  Fill cells
-# are not design: they are left out of area and count, as in ORFS.
-proc physical_metrics {stage} {
+# are not design: they are left out of area and count, as in ORFS.  They are
+# known by name: the kit's LEF gives them CLASS CORE, not CORE SPACER.
+proc physical_metrics {stage fill_cells} {
   set block [ord::get_db_block]
   set dbu [$block getDbUnitsPerMicron]
   set area 0.0
   set count 0
   foreach inst [$block getInsts] {
     set master [$inst getMaster]
-    if {[$master isFiller]} {
+    if {[lsearch -exact $fill_cells [$master getName]] >= 0} {
       continue
     }
     incr count

@@ -3,7 +3,7 @@ order with a log each, reading their results, merging metrics.json.
 
 The end-to-end test puts a stand-in `openroad` on PATH: it runs each real
 stage script under tclsh with the recording stand-ins of check.py (the fake
-odb block holds one 0.19 x 1.4 um cell), and plays the two things only
+odb block holds one 0.19 x 1.4 um cell and a fill cell), and plays the two things only
 OpenROAD makes here: the detailed router's DRC report and the final DEF.
 """
 from __future__ import annotations
@@ -132,9 +132,11 @@ def test_make_pnr_without_openroad_stops_at_once(tmp_path, monkeypatch, capsys):
 def test_metrics_file_values_and_unconstrained_slack(tmp_path):
     path = tmp_path / "6_finish.metrics"
     path.write_text("finish__timing__setup__ws -0.125\nfinish__timing__hold__ws 1e+30\n"
-                    "finish__design__instance__count 4821.0\nfinish__power__total 0.0123\n")
+                    "finish__design__instance__count 4821\nfinish__power__total 0.0123\nfinish__x 2.0\n")
     assert read_metrics_file(path) == {"finish__timing__setup__ws": -0.125, "finish__timing__hold__ws": None,
-                                       "finish__design__instance__count": 4821, "finish__power__total": 0.0123}
+                                       "finish__design__instance__count": 4821, "finish__power__total": 0.0123,
+                                       "finish__x": 2.0}
+    assert isinstance(read_metrics_file(path)["finish__x"], float)
 
 
 def test_drc_count_from_report_then_log(tmp_path):
@@ -181,10 +183,11 @@ def test_every_stage_runs_in_order_and_metrics_are_merged(synthesised):
     merged = json.loads(build.metrics.read_text())
     assert merged["synth__design__instance__area__stdcell"] == 123.0
     assert merged["route__drc_errors"] == 2
-    # the stand-in block: one 380 x 2800 dbu cell at 2000 dbu/um
+    # the stand-in block: one 380 x 2800 dbu cell at 2000 dbu/um, and a fill cell that does not count
     assert merged["finish__design__instance__area"] == pytest.approx(0.19 * 1.4)
     assert merged["finish__design__instance__count"] == 1
     assert merged["finish__timing__setup__ws"] == 0.0 and "finish__power__total" in merged
+    assert merged["finish__parasitics__extracted"] == 1
     assert all(f"pnr__{s.name}__runtime__s" in merged for s in STAGES)
     assert metrics["route__drc_errors"] == 2
     assert paths.gds.stat().st_size > 0 and paths.png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
