@@ -300,6 +300,39 @@ def collect_metrics(paths: PnrPaths) -> dict[str, object]:
     return metrics
 
 
+# ---- the report page's section -----------------------------------------------------------
+
+SUMMARY_ROWS = (   # metric, label, unit, scale
+    ("finish__design__instance__count", "cells (without fill)", "", 1),
+    ("finish__design__instance__area", "cell area", "um2", 1),
+    ("finish__design__core__area", "core area", "um2", 1),
+    ("finish__design__instance__utilization", "utilisation", "%", 100),
+    ("finish__timing__setup__ws", "worst setup slack", "ns", 1),
+    ("finish__timing__setup__tns", "total negative setup slack", "ns", 1),
+    ("finish__timing__hold__ws", "worst hold slack", "ns", 1),
+    ("finish__power__total", "total power", "mW", 1000),
+    ("route__drc_errors", "routing DRC violations", "", 1),
+    ("finish__parasitics__extracted", "parasitics extracted from the routes (1) or estimated (0)", "", 1),
+)
+
+
+def summary_markdown(metrics: dict[str, object], paths: PnrPaths) -> str:
+    """The place-and-route section of the report page (reports/pnr.md), from the merged metrics."""
+    lines = ["## Place and route (OpenROAD, Nangate45)", "",
+             "Post-route values; every stage's report is in `pnr/reports/`, its log in `logs/pnr_<stage>.log`.",
+             "", "| | value |", "|---|---|"]
+    for name, label, unit, scale in SUMMARY_ROWS:
+        value = metrics.get(name)
+        shown = "n/a" if value is None else (f"{value * scale:.4g}" if isinstance(value, float) else str(value))
+        lines.append(f"| {label} | {shown}{' ' + unit if unit and value is not None else ''} |")
+    outputs = [p for p in (paths.final_odb, paths.final_def, paths.final_netlist, paths.final_spef, paths.gds)
+               if p.is_file()]
+    lines += ["", "Outputs: " + ", ".join(f"`{p.relative_to(paths.build.root)}`" for p in outputs) + "."]
+    if paths.png.is_file():
+        lines += ["", f"![layout]({os.path.relpath(paths.png, paths.build.reports)})"]
+    return "\n".join(lines) + "\n"
+
+
 # ---- the whole run -----------------------------------------------------------------
 
 def check_inputs(netlist: Path, sdc: Path):
@@ -328,5 +361,8 @@ def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: in
         def_to_gds(paths.final_def, kit, paths.gds)
         gds_to_png(paths.gds, paths.png, kit)
         progress(f"pnr: GDS {paths.gds}, picture {paths.png}")
-    merge_metrics(build.metrics, metrics)
+    merged = merge_metrics(build.metrics, metrics)
+    summary = build.reports / "pnr.md"
+    summary.write_text(summary_markdown(merged, paths))
+    progress(f"pnr: metrics merged into {build.metrics}; report section {summary}")
     return metrics

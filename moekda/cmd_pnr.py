@@ -38,7 +38,6 @@ def run(args) -> int:
     for name in ("finish__design__instance__area", "finish__timing__setup__ws", "finish__timing__hold__ws",
                  "finish__power__total", "route__drc_errors"):
         print(f"{name:36} {metrics.get(name)}")
-    print(f"metrics merged into {build.metrics}")
     return 0
 
 

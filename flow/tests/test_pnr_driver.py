@@ -191,6 +191,9 @@ def test_every_stage_runs_in_order_and_metrics_are_merged(synthesised):
     assert all(f"pnr__{s.name}__runtime__s" in merged for s in STAGES)
     assert metrics["route__drc_errors"] == 2
     assert paths.gds.stat().st_size > 0 and paths.png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (build.reports / "pnr.md").read_text()
+    assert "| routing DRC violations | 2 |" in page and "| cells (without fill) | 1 |" in page
+    assert "![layout](../pnr/layer.png)" in page and "`pnr/layer.gds`" in page
 
 
 def test_a_failing_stage_names_its_log(synthesised, monkeypatch):
