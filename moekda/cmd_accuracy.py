@@ -1,0 +1,60 @@
+"""`moekda accuracy`: error of the integer layer model against the float model.
+
+Quantises the seeded random layer (calibrated on other sequences), runs both
+models on an evaluation sequence and prints the per-token error table; writes
+build/<cfg>/reports/accuracy.json (summary, formats, per-token cosines) and
+accuracy.md.  ``--check`` exits 1 when the target (cosine >= --min-cos at every
+token of the routing-matched layer output) is missed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from moekda.cli import UserError
+from moekda.config import load_config
+from moekda.formats import formats_for
+
+TARGET_TENSOR = "y_matched"
+
+
+def configure(p):
+    p.add_argument("-n", "--tokens", type=int, default=256, help="evaluation sequence length (default 256)")
+    p.add_argument("--param-seed", type=int, default=0, help="seed of the random layer parameters")
+    p.add_argument("--eval-seed", type=int, default=1, help="seed of the evaluation sequence")
+    p.add_argument("--min-cos", type=float, default=0.99, help="target cosine at every token (default 0.99)")
+    p.add_argument("--check", action="store_true", help=f"exit 1 if {TARGET_TENSOR} misses --min-cos at any token")
+    p.add_argument("-o", "--out", default=None, help="report directory (default build/<cfg>/reports)")
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from flow.paths import BuildPaths
+    from sim.models.accuracy import evaluate, markdown_table
+
+    if not 1 <= args.tokens <= 100_000:
+        raise UserError(f"--tokens = {args.tokens}: allowed range is 1 to 100000")
+    if not 0.0 < args.min_cos <= 1.0:
+        raise UserError(f"--min-cos = {args.min_cos}: allowed range is (0, 1]")
+    cfg = load_config(args.config)
+    res = evaluate(cfg, n_tokens=args.tokens, param_seed=args.param_seed, eval_seed=args.eval_seed)
+    s = res["summary"]
+    table = markdown_table({cfg.name: s})
+    print(table)
+    out = Path(args.out) if args.out else BuildPaths.for_config(cfg).reports
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = (f"moekda accuracy -c {args.config} -n {args.tokens} --param-seed {args.param_seed} "
+           f"--eval-seed {args.eval_seed}")
+    payload = {"config": cfg.name, "config_hash": cfg.hash(), "command": cmd, "summary": s,
+               "formats": dataclasses.asdict(formats_for(cfg)),
+               "calibrated": {k: int(getattr(res["qparams"].kda, k)) for k in ("f_q", "f_k", "f_v", "f_s", "o_shift")},
+               "per_token_cos": {k: [round(float(c), 6) for c in v["cos"]] for k, v in res["per_token"].items()},
+               "routing_flip_tokens": [int(i) for i in res["flips"].nonzero()[0]]}
+    (out / "accuracy.json").write_text(json.dumps(payload, indent=1))
+    (out / "accuracy.md").write_text(f"# Integer vs float accuracy: {cfg.name}\n\nCommand: `{cmd}`\n\n{table}\n")
+    ok = s[TARGET_TENSOR]["cos_min"] >= args.min_cos
+    print(f"\n{TARGET_TENSOR}: min cosine {s[TARGET_TENSOR]['cos_min']:.4f} "
+          f"({'meets' if ok else 'MISSES'} {args.min_cos}); plain y min {s['y']['cos_min']:.4f} "
+          f"with {s['routing_flips']} routing flips; wrote {out / 'accuracy.json'}")
+    return 1 if (args.check and not ok) else 0
