@@ -88,11 +88,18 @@ def synth_script(rtl: list[Path], kit: Kit, paths: BuildPaths, opts: SynthOption
     return "\n".join(lines + [""])
 
 
+def _write_abc_constraints(paths: BuildPaths) -> None:
+    """Written only when it changes: the flat run and its block-split pass share it."""
+    text = abc_constraints()
+    if not paths.abc_constr.is_file() or paths.abc_constr.read_text() != text:
+        paths.abc_constr.write_text(text)
+
+
 def run_synth(rtl: list[Path], kit: Kit, paths: BuildPaths, opts: SynthOptions,
               on_pass: Callable[[str], None] | None = None) -> float:
     """Write the scripts, run Yosys; returns wall seconds. Raises FlowError."""
     paths.make_dirs()
-    paths.abc_constr.write_text(abc_constraints())
+    _write_abc_constraints(paths)
     paths.synth_script.write_text(synth_script(rtl, kit, paths, opts))
     return run_yosys(paths.synth_script, paths.log("synth"), opts.timeout_s, on_pass)
 
@@ -100,7 +107,7 @@ def run_synth(rtl: list[Path], kit: Kit, paths: BuildPaths, opts: SynthOptions,
 def run_block_split(rtl: list[Path], kit: Kit, paths: BuildPaths, opts: SynthOptions,
                     on_pass: Callable[[str], None] | None = None) -> float:
     """For a flat run: the same synthesis with hierarchy kept, for area per block only."""
-    paths.abc_constr.write_text(abc_constraints())
+    _write_abc_constraints(paths)
     paths.synth_blocks_script.write_text(synth_script(rtl, kit, paths, opts, block_split=True))
     return run_yosys(paths.synth_blocks_script, paths.log("synth_blocks"), opts.timeout_s, on_pass)
 

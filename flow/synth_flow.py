@@ -7,6 +7,7 @@ and writes its own log under build/<cfg>/logs/.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -16,7 +17,7 @@ from flow.paths import BuildPaths
 from flow.report import build_report
 from flow.sdc import write_sdc
 from flow.sta import DEFAULT_ACTIVITY, run_sta
-from flow.synth import SynthOptions, run_block_split, run_synth
+from flow.synth import SynthOptions, abc_constraints, run_block_split, run_synth
 from flow.yosys_driver import yosys_command
 from moekda.config import Config
 from pdk.kit import Kit
@@ -46,6 +47,21 @@ class Steps:
         return out
 
 
+def _synthesise(rtl, kit, paths, sopts: SynthOptions, on_pass) -> None:
+    """Yosys; for a flat run, the hierarchical block-split pass runs at the same
+    time in a second process (Yosys is single-threaded; the flow targets 2 cores)."""
+    if not sopts.flatten:
+        run_synth(rtl, kit, paths, sopts, on_pass)
+        return
+    paths.abc_constr.write_text(abc_constraints())  # before either process reads it
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        split = pool.submit(run_block_split, rtl, kit, paths, sopts)
+        try:
+            run_synth(rtl, kit, paths, sopts, on_pass)
+        finally:
+            split.result()  # waits; re-raises the split pass's FlowError, if any
+
+
 def synth_and_sta(cfg: Config, kit: Kit, paths: BuildPaths, rtl: list[Path], opts: FlowOptions,
                   steps: Steps, on_pass: Callable[[str], None] | None = None,
                   extra_seconds: dict[str, float] | None = None) -> dict:
@@ -54,9 +70,7 @@ def synth_and_sta(cfg: Config, kit: Kit, paths: BuildPaths, rtl: list[Path], opt
     cons = write_sdc(cfg, paths.sdc, opts.clock_port)
     sopts = SynthOptions(top=paths.top, period_ns=cons.period_ns, flatten=opts.flatten,
                          timeout_s=opts.synth_timeout_s)
-    steps.run("synth", run_synth, rtl, kit, paths, sopts, on_pass)
-    if opts.flatten:
-        steps.run("synth_blocks", run_block_split, rtl, kit, paths, sopts, on_pass)
+    steps.run("synth", _synthesise, rtl, kit, paths, sopts, on_pass)
     steps.run("sta", run_sta, kit, paths, cons, opts.n_paths, opts.activity)
     seconds = dict(extra_seconds or {}, **steps.seconds)
     extra = {f"flow__{k}__seconds": round(v, 2) for k, v in seconds.items()}

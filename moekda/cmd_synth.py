@@ -18,7 +18,6 @@ from moekda.cli import UserError
 from moekda.config import load_config
 
 STEPS = ("rtl", "synth", "sta", "metrics", "report")
-FLAT_STEPS = ("rtl", "synth", "synth_blocks", "sta", "metrics", "report")
 
 
 def configure(p):
@@ -28,7 +27,8 @@ def configure(p):
     p.add_argument("--activity", type=float, default=None,
                    help="switching activity per clock cycle for report_power (default 0.1)")
     p.add_argument("--flatten", action="store_true",
-                   help="flatten before mapping (better timing; per-block area is then lost)")
+                   help="synthesise flat (ABC optimises across blocks); the per-block area split "
+                        "then comes from a hierarchical pass run alongside")
     p.add_argument("--timeout", type=float, default=3600.0, help="Yosys time limit in seconds")
 
 
@@ -131,7 +131,7 @@ def run(args) -> int:
     top, block = resolve_top(args.top)
     paths = BuildPaths.for_config(cfg, top, block=block).make_dirs()
 
-    progress = Progress(FLAT_STEPS if args.flatten else STEPS)
+    progress = Progress(STEPS)
     steps = Steps(progress.start, progress.end)
     if args.verilog:
         rtl = [args.verilog.resolve()]

@@ -81,8 +81,7 @@ def test_synth_then_report(capsys, build_root, verilog):
 def test_flat_run_takes_the_block_split_from_a_hierarchical_pass(capsys, build_root, verilog):
     import json
     assert main(["synth", "-c", "tiny", "--verilog", str(verilog), "--top", "two_macs", "--flatten"]) == 0
-    out = capsys.readouterr().out
-    assert "[3/6] synth_blocks" in out
+    capsys.readouterr()
     reports = build_root / "tiny" / "reports" / "two_macs"
     m = json.loads((reports / "metrics.json").read_text())
     assert m["flow__synth__flatten"] is True
