@@ -82,7 +82,9 @@ class PnrPaths:
     build: BuildPaths
 
     @property
-    def root(self) -> Path: return self.build.pnr_dir
+    def root(self) -> Path:
+        # a block run (a top other than the chip's) gets its own directory, as its reports do
+        return self.build.pnr_dir / self.build.top if self.build.block else self.build.pnr_dir
     @property
     def reports(self) -> Path: return self.root / "reports"
     @property

@@ -9,7 +9,8 @@ from moekda.config import load_config
 
 
 def configure(p):
-    p.add_argument("--top", default="layer", help="the synthesised top module to place and route (default: layer)")
+    p.add_argument("--top", default=None,
+                   help="the synthesised top to place and route (default: the chip top, as for `moekda synth`)")
     p.add_argument("--check", action="store_true",
                    help="do not run OpenROAD: check the stage scripts with tclsh stand-ins, the kit names "
                         "they use, and the constraints with OpenSTA")
@@ -22,12 +23,19 @@ def run(args) -> int:
     from pdk.kit import KitError, find_kit
     from moekda.cli import UserError
 
+    from moekda.cmd_synth import resolve_top
+
     cfg = load_config(args.config)
-    build = BuildPaths.for_config(cfg, top=args.top)
     if args.check:
-        return _check(cfg, build)
+        try:
+            top, block = resolve_top(args.top)
+        except UserError:
+            top, block = "layer", False     # no chip top known yet: the scripts do not depend on it
+        return _check(cfg, BuildPaths.for_config(cfg, top=top, block=block))
     from flow.pnr import find_openroad, run_pnr
-    openroad = find_openroad()      # first: without OpenROAD, stop before touching anything
+    openroad = find_openroad()      # first: without OpenROAD, stop before anything else
+    top, block = resolve_top(args.top)   # the same top and build layout as `moekda synth`
+    build = BuildPaths.for_config(cfg, top=top, block=block)
     try:
         kit = find_kit(("liberty", "tech_lef", "cell_lef", "gds"))
     except KitError as e:
@@ -56,7 +64,7 @@ def _check(cfg, build) -> int:
     with tempfile.TemporaryDirectory(prefix="moekda-pnr-check-") as tmp:
         tmp = Path(tmp)
         # the check writes nothing under build/: its own copy of the pnr directory tree
-        paths = PnrPaths(type(build)(root=tmp / "build", top=build.top)).make_dirs()
+        paths = PnrPaths(type(build)(root=tmp / "build", top=build.top, block=build.block)).make_dirs()
         netlist, sdc = build.netlist, build.sdc
         if not have_synth:
             # stand-in files so the scripts' reads resolve; the SDC check below is skipped

@@ -203,3 +203,18 @@ def test_a_failing_stage_names_its_log(synthesised, monkeypatch):
     with pytest.raises(UserError, match=r"pnr stage cts failed \(exit 1\); see .*pnr_cts.log: .*GPL-0301"):
         run_pnr(cfg, build, find_kit(), fake, progress=lines.append)
     assert lines[-1].startswith("pnr [8/12] cts")
+
+
+def test_a_block_run_gets_its_own_pnr_directory(tmp_path):
+    chip = PnrPaths(BuildPaths(root=tmp_path, top="layer"))
+    block = PnrPaths(BuildPaths(root=tmp_path, top="matvec", block=True))
+    assert chip.root == tmp_path / "pnr" and block.root == tmp_path / "pnr" / "matvec"
+    assert block.final_def == tmp_path / "pnr" / "matvec" / "matvec.def"
+
+
+def test_pnr_check_command_runs_without_openroad(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", os.pathsep.join([str(tmp_path), "/usr/bin", "/bin"]))
+    monkeypatch.delenv("OPENROAD", raising=False)
+    assert cli.main(["pnr", "-c", "tiny", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "12 stages sourced by tclsh" in out and "kit names:" in out and ": ok" in out
