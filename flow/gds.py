@@ -74,6 +74,8 @@ def read_def(def_path: Path, kit: Kit, platform: Platform = PLATFORM):
 
 
 def _def_units(def_path: Path) -> int:
+    if not def_path.is_file():
+        raise UserError(f"{def_path}: no DEF (the final stage writes it)")
     with def_path.open(errors="replace") as stream:
         for line in stream:
             words = line.replace(";", " ").split()

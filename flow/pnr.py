@@ -358,13 +358,18 @@ def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: in
         progress(f"pnr [{i}/{len(stages)}] {stage.name}: done in {seconds:.1f} s (log {paths.log(stage)})")
     metrics = collect_metrics(paths)
     metrics.update(runtimes)
-    if paths.final_def.is_file():
-        from flow.gds import def_to_gds, gds_to_png  # needs klayout, only now
+    merged = merge_metrics(build.metrics, metrics)   # first: a GDS problem must not lose them
+    gds_error = None
+    try:
+        from flow.gds import def_to_gds, gds_to_png
         def_to_gds(paths.final_def, kit, paths.gds)
         gds_to_png(paths.gds, paths.png, kit)
         progress(f"pnr: GDS {paths.gds}, picture {paths.png}")
-    merged = merge_metrics(build.metrics, metrics)
+    except UserError as e:
+        gds_error = e
     summary = build.reports / "pnr.md"
     summary.write_text(summary_markdown(merged, paths))
     progress(f"pnr: metrics merged into {build.metrics}; report section {summary}")
+    if gds_error is not None:
+        raise UserError(f"pnr: routed and reported, but no GDS: {gds_error}")
     return metrics

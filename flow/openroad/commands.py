@@ -57,7 +57,7 @@ COMMANDS: dict[str, Command] = {
     "set_dont_use": _c(positionals=(1, 1), source="src/rsz/src/Resizer.tcl"),
     # ---- floorplan (src/ifp/src/InitFloorplan.tcl) ----
     "initialize_floorplan": _c(keys="-utilization -aspect_ratio -core_space -die_area -core_area -site "
-                                    "-additional_sites -row_parity", flags="-flip_sites",
+                                    "-additional_sites -row_parity -flip_sites -gap",
                                source="src/ifp/src/InitFloorplan.tcl"),
     "make_tracks": _c(keys="-x_pitch -y_pitch -x_offset -y_offset", positionals=(0, 1),
                       source="src/ifp/src/InitFloorplan.tcl"),

@@ -218,3 +218,14 @@ def test_pnr_check_command_runs_without_openroad(tmp_path, monkeypatch, capsys):
     assert cli.main(["pnr", "-c", "tiny", "--check"]) == 0
     out = capsys.readouterr().out
     assert "12 stages sourced by tclsh" in out and "kit names:" in out and ": ok" in out
+
+
+def test_a_gds_problem_keeps_the_metrics(synthesised, tmp_path, monkeypatch):
+    pytest.importorskip("klayout.db", reason="KLayout Python module not installed (pip install klayout==0.30.12)")
+    cfg, build, fake = synthesised
+    (tmp_path / "bad.def").write_text(SMALL_DEF.replace("INV_X1", "NOT_IN_KIT_X1"))
+    monkeypatch.setenv("FAKE_DEF", str(tmp_path / "bad.def"))
+    with pytest.raises(UserError, match="routed and reported, but no GDS: .*NOT_IN_KIT_X1"):
+        run_pnr(cfg, build, find_kit(("liberty", "tech_lef", "cell_lef", "gds")), fake, progress=lambda _: None)
+    assert json.loads(build.metrics.read_text())["route__drc_errors"] == 2
+    assert "| routing DRC violations | 2 |" in (build.reports / "pnr.md").read_text()
