@@ -5,6 +5,7 @@ Built only from metrics.json and the raw reports next to it, so
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from flow.metrics import block_areas, read as read_metrics, split_stats
@@ -78,7 +79,9 @@ def _plot_slack(slacks: list[float], period: float, out: Path):
     neg = [s for s in slacks if s < 0]
     pos = [s for s in slacks if s >= 0]
     lo, hi = min(slacks + [0.0]), max(slacks + [0.0])
-    edges = [lo + (hi - lo) * i / bins for i in range(bins + 1)] if hi > lo else bins
+    width = (hi - lo) / bins or 0.01
+    first = math.floor(lo / width)  # bin edges on multiples of width: 0 is an edge
+    edges = [(first + i) * width for i in range(math.ceil(hi / width) - first + 1)]
     ax.hist([neg, pos], bins=edges, stacked=True, color=["#c44e52", "#55a868"],
             label=["violating", "met"])
     ax.axvline(0, color="k", lw=0.8)
@@ -94,6 +97,7 @@ def _plot_slack(slacks: list[float], period: float, out: Path):
 # ---------------------------------------------------------------- sections
 
 def _summary(m: dict) -> list[str]:
+    power_mw = m["power__total"] * 1e3 if m["power__total"] is not None else None
     rows = [
         ["clock period", f"{m['clock__period']:g} ns ({1000 / m['clock__period']:.0f} MHz)"],
         ["cell area", _fmt(m["synth__design__instance__area"], 1, " um²")],
@@ -105,8 +109,7 @@ def _summary(m: dict) -> list[str]:
         ["hold worst slack / TNS", f"{_fmt(m['timing__hold__ws'])} ns / {_fmt(m['timing__hold__tns'])} ns"],
         ["Fmax (register to register)", _fmt(m["fmax"], 1, " MHz")],
         ["Fmax allowed by IO paths", _fmt(m["fmax__io_limited"], 1, " MHz")],
-        ["power (activity " + _fmt(m["power__activity"], 2) + ")", _fmt(m["power__total"] * 1e3 if
-                                                                      m["power__total"] is not None else None, 3, " mW")],
+        [f"power (activity {m['power__activity']:g})", _fmt(power_mw, 3, " mW")],
     ]
     return ["## Summary", ""] + _table(["quantity", "value"], rows)
 
