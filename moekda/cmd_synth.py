@@ -60,29 +60,10 @@ class Progress:
         print(text, end=end, file=self.out, flush=True)
 
 
-def _write_rtl(cfg, paths, top: str) -> None:
-    try:
-        from hw import tops
-    except ImportError as e:
-        raise UserError(f"cannot generate RTL: hw.tops is not available ({e}); "
-                        "use --verilog FILE --top NAME") from None
-    if top not in tops.TOPS:
-        raise UserError(f"--top {top}: unknown top (known: {', '.join(sorted(tops.TOPS))})")
-    tops.write_verilog(cfg, top, paths.rtl)
-
-
-def chip_top() -> str | None:
-    """The chip top named by hw.tops, or None while hw.tops does not exist."""
-    try:
-        from hw import tops
-    except ImportError:
-        return None
-    return tops.DEFAULT_TOP
-
-
 def resolve_top(top: str | None) -> tuple[str, bool]:
     """(top, is a block run): the chip top owns build/<cfg>/reports/, any other
     top writes reports/<top>/ so the two never overwrite each other."""
+    from flow.rtl import chip_top
     chip = chip_top()
     if top is None and chip is None:
         raise UserError("no --top given and hw.tops is not available to name the chip top")
@@ -108,6 +89,7 @@ def summary_lines(m: dict) -> list[str]:
 def run(args) -> int:
     from flow.errors import FlowError
     from flow.paths import BuildPaths
+    from flow.rtl import write_rtl
     from flow.sta import DEFAULT_ACTIVITY
     from flow.synth_flow import FlowOptions, Steps, synth_and_sta
     from pdk.kit import KitError, find_kit
@@ -137,7 +119,7 @@ def run(args) -> int:
         rtl = [args.verilog.resolve()]
         steps.run("rtl", lambda: None)
     else:
-        steps.run("rtl", _write_rtl, cfg, paths, top)
+        steps.run("rtl", write_rtl, cfg, top, paths.rtl)
         rtl = [paths.rtl]
     opts = FlowOptions(n_paths=args.paths, activity=activity, flatten=args.flatten,
                        synth_timeout_s=args.timeout)

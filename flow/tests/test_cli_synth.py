@@ -91,3 +91,36 @@ def test_flat_run_takes_the_block_split_from_a_hierarchical_pass(capsys, build_r
     assert len(json.loads((reports / "synth_stat.json").read_text())["modules"]) == 1
     assert len(json.loads((reports / "synth_stat_blocks.json").read_text())["modules"]) == 3
     assert "synthesised flat" in (reports / "report.md").read_text()
+
+
+@pytest.fixture
+def fake_tops(monkeypatch):
+    """A stand-in hw.tops with the registry shape the hardware side provides
+    (name -> factory(cfg) -> (elaboratable, ports)), so the RTL step is tested
+    without depending on the real engine."""
+    import sys
+    import types
+
+    import hw
+    from flow.tests.designs import TwoMacs
+
+    def factory(cfg):
+        d = TwoMacs()
+        return d, [d.a, d.b, d.y]
+
+    fake = types.ModuleType("hw.tops")
+    fake.TOPS = {"matvec": factory}
+    monkeypatch.setitem(sys.modules, "hw.tops", fake)
+    monkeypatch.setattr(hw, "tops", fake, raising=False)
+    return fake
+
+
+def test_default_top_is_the_chip_top_of_the_registry(capsys, build_root, fake_tops):
+    assert main(["synth", "-c", "tiny", "--paths", "2"]) == 0
+    assert (build_root / "tiny" / "rtl" / "matvec.v").is_file()
+    assert (build_root / "tiny" / "reports" / "metrics.json").is_file()  # the chip top: no sub-directory
+    assert "design  matvec @ tiny" in capsys.readouterr().out
+
+
+def test_unknown_top_lists_the_known_ones(capsys, build_root, fake_tops):
+    _one_line_error(capsys, ["synth", "-c", "tiny", "--top", "nope"], "--top nope", "matvec")
