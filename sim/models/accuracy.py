@@ -9,7 +9,10 @@ Because top-k routing is discontinuous, a token whose top-k set differs
 between the two models (a "routing flip", always a near-tie in the float
 scores) can differ by a whole expert.  The report therefore also gives the
 float model re-run with the integer model's expert choice ("routing matched"),
-which isolates the arithmetic error from the flips.
+which isolates the arithmetic error from the flips, and the float model's own
+sensitivity: the number of flips of the float model against itself when its
+input is perturbed by a random relative error of 2**-b, for several b
+("float_perturbed_flips"): how precise the router's input must be for no flips.
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ from sim.models import float_layer as fl
 from sim.models.int_layer import int_run_layer, quantize_input
 from sim.models.params import random_inputs, random_params
 from sim.models.quantize import calibration_sequences, quantize_layer
+
+PERTURB_BITS = (5, 7, 9, 11)   # relative input perturbations of the float self-sensitivity runs
 
 # tensor compared -> (float trace name, integer trace name)
 COMPARED = {
@@ -57,6 +62,14 @@ def evaluate(cfg: Config, n_tokens: int = 256, param_seed: int = 0, eval_seed: i
     matched = []
     fl.run_layer(params, cfg, xs, traces=matched, selects=[t["idx"] for t in itr])
     flips = np.array([sorted(a["idx"].tolist()) != sorted(b["idx"].tolist()) for a, b in zip(ftr, itr)])
+    rng = np.random.default_rng(eval_seed + 12345)
+    noise = rng.uniform(-1, 1, xs.shape)
+    perturbed_flips = {}
+    for b in PERTURB_BITS:
+        ptr = []
+        fl.run_layer(params, cfg, xs * (1 + noise * 2.0 ** -b), traces=ptr)
+        perturbed_flips[b] = int(sum(sorted(a["idx"].tolist()) != sorted(c["idx"].tolist())
+                                     for a, c in zip(ftr, ptr)))
     per_token = {}
     for name, (fn, iname) in COMPARED.items():
         f = _stack(ftr, fn).reshape(n_tokens, -1)
@@ -76,6 +89,7 @@ def evaluate(cfg: Config, n_tokens: int = 256, param_seed: int = 0, eval_seed: i
                       "max_abs_err": float(v["max_abs"].max()), "ref_max_abs": float(v["ref_max_abs"].max())}
                for name, v in per_token.items()}
     summary["routing_flips"] = int(flips.sum())
+    summary["float_perturbed_flips"] = {f"2^-{b}": n for b, n in perturbed_flips.items()}
     summary["n_tokens"] = n_tokens
     return {"summary": summary, "per_token": per_token, "flips": flips, "qparams": qp}
 
@@ -92,4 +106,8 @@ def markdown_table(results: dict[str, dict]) -> str:
     flips = ", ".join(f"{c}: {s['routing_flips']}/{s['n_tokens']}" for c, s in results.items())
     rows.append("")
     rows.append(f"Routing flips (top-k set differs from the float model): {flips}.")
+    rows.append("")
+    rows.append("Flips of the float model against itself, input perturbed by a relative error of:")
+    for c, s in results.items():
+        rows.append(f"{c}: " + ", ".join(f"{k}: {n}" for k, n in s["float_perturbed_flips"].items()) + ".")
     return "\n".join(rows)

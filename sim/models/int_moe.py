@@ -6,7 +6,7 @@
   w_i    = s[idx_i];  tot = sum_i w_i
   wn_i   = floor((w_i << wn_frac) / max(tot, 1))                restoring divider, U0.wn_frac
   wt_i   = rs(wn_i * rs, rs_frac)                               routed_scaling applied, U.wn_frac
-  e(x)   = engine(W_down requantize(SiLU table(engine(W_gate x)) * engine(W_up x)))   int8, common scale
+  e(x)   = expert, see int_expert                               int8, common scale
   acc    = sum_i wt_i * e_idx_i(hn) + sum_j (e_shared_j(hn) << wn_frac)
   out    = requantize(acc, comb_m, comb_s)                      int8
 """
@@ -16,7 +16,7 @@ import numpy as np
 
 from moekda.config import Config
 from moekda.formats import Formats, derived_widths
-from moekda.numerics import requantize, round_shift, udiv_floor
+from moekda.numerics import bit_length, requantize, round_shift, saturate, udiv_floor
 from sim.models.int_ops import check_width, int_linear, int_lut
 from sim.models.qparams import QExperts, QMoE
 
@@ -36,14 +36,33 @@ def int_route(q: QMoE, cfg: Config, fm: Formats, score):
 
 
 def int_expert(bank: QExperts, e: int, q: QMoE, fm: Formats, hn, trace=None):
-    """One SwiGLU expert of a bank on int8 hn: int8 out at the bank-common output scale."""
+    """One SwiGLU expert of a bank on int8 hn: int8 out at the bank-common output scale.
+
+      act  = SiLU table(engine(W_gate hn) -> code)         int8, bank-common scale
+      up   = engine(W_up hn)                               int8, this expert's scale
+      prod = act * up                                      15 bits signed
+      sh   = max(0, bit_length(max_i |prod_i|) - (act_bits - 1))       per token
+      hid  = sat8(round_shift(prod, sh))                   int8 at 2**sh * (act scale * up scale)
+      out  = requantize(W_down hid, down_m, down_s - sh)   int8
+
+    The hidden vector gets a per-token power-of-two exponent (block floating point):
+    the product of two activations is heavy-tailed, so any static int8 scale either
+    saturates rare tokens or leaves the bulk with 3-4 bits; the exponent costs a
+    max-abs reduction and a leading-one detector over d_ff values, and folds into the
+    down projection's shift.
+    """
     gate = requantize(bank.gate_w[e] @ hn, int(bank.gate_m[e]), int(bank.gate_s[e]), fm.lut_in_bits)
     act = int_lut(q.silu, gate)
     up = requantize(bank.up_w[e] @ hn, int(bank.up_m[e]), int(bank.up_s[e]), fm.act_bits)
-    hid = requantize(act * up, int(bank.mul_m[e]), int(bank.mul_s[e]), fm.act_bits)
-    out = requantize(bank.down_w[e] @ hid, int(bank.down_m[e]), int(bank.down_s[e]), fm.act_bits)
+    prod = act * up
+    sh = max(0, int(bit_length(np.max(np.abs(prod)))) - (fm.act_bits - 1))
+    hid = saturate(round_shift(prod, sh), fm.act_bits)
+    down_s = int(bank.down_s[e]) - sh
+    if down_s < 1:
+        raise OverflowError("int_expert: down-projection shift below 1")
+    out = requantize(bank.down_w[e] @ hid, int(bank.down_m[e]), down_s, fm.act_bits)
     if trace is not None:
-        trace.append({"gate": gate, "act": act, "up": up, "hid": hid, "out": out})
+        trace.append({"gate": gate, "act": act, "up": up, "hid": hid, "hid_shift": np.int64(sh), "out": out})
     return out
 
 

@@ -86,10 +86,8 @@ class QExperts:
     up_w: np.ndarray
     up_m: np.ndarray
     up_s: np.ndarray
-    mul_m: np.ndarray    # (n,) silu(gate) * up (16-bit product) -> int8 hidden
-    mul_s: np.ndarray
     down_w: np.ndarray   # (n, d, d_ff)
-    down_m: np.ndarray
+    down_m: np.ndarray   # for the hidden at the product's scale; the per-token exponent is subtracted
     down_s: np.ndarray
 
 

@@ -33,6 +33,9 @@ Z_LO, Z_HI = -18.0, 12.0
 # headroom of the 16-bit residual stream over the calibrated max|x|: unseen tokens must not saturate
 RESID_HEADROOM = 1.5
 MSE_BRANCH_OUT = False
+# SiLU is linear for large inputs, so a saturated code is a large error: its code
+# range gets headroom over the calibrated max (unseen tokens reach past it)
+SILU_HEADROOM = 1.25
 
 
 def _qmax(bits: int) -> int:
@@ -234,24 +237,21 @@ def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float
     routed = _experts_dense(p.w_gate, p.w_up, p.w_down, hn)
     shared = _experts_dense(p.sh_gate, p.sh_up, p.sh_down, hn)
     both = [np.concatenate([r.reshape(-1), s.reshape(-1)]) for r, s in zip(routed, shared)]
-    s_gate, s_act, s_e = act_scale(both[0], LB), act_scale(both[2]), act_scale(both[4], mse=MSE_BRANCH_OUT)
+    s_gate, s_act, s_e = act_scale(both[0], LB, headroom=SILU_HEADROOM), act_scale(both[2]), act_scale(both[4], mse=MSE_BRANCH_OUT)
     sc.update(e_gate=s_gate, e_act=s_act, e_out=s_e)
     silu = QLut(build_lut(fl.silu, LB, s_gate, s_act, -_qmax(A8) - 1, _qmax(A8)), LB)
 
     def bank(wg, wu, wd, dense):
-        cols = {k: [] for k in ("gate_w", "gate_m", "gate_s", "up_w", "up_m", "up_s", "mul_m", "mul_s",
-                                "down_w", "down_m", "down_s")}
+        cols = {k: [] for k in ("gate_w", "gate_m", "gate_s", "up_w", "up_m", "up_s", "down_w", "down_m", "down_s")}
         for e in range(wg.shape[0]):
-            s_up, s_hid = act_scale(dense[1][e]), act_scale(dense[3][e])   # this expert's own ranges
+            s_up = act_scale(dense[1][e], mse=False)     # this expert's own range, never saturating
+            s_prod = s_act * s_up                           # the hidden at exponent 0 (int_expert)
             for name, w, s_in, s_out, bits in (("gate", wg[e] * wn, s_hn, s_gate, LB), ("up", wu[e] * wn, s_hn, s_up, A8),
-                                               ("down", wd[e], s_hid, s_e, A8)):
+                                               ("down", wd[e], s_prod, s_e, A8)):
                 lin, _ = _linear(w, s_in, s_out, fm, bits)
                 cols[f"{name}_w"].append(lin.w)
                 cols[f"{name}_m"].append(lin.m)
                 cols[f"{name}_s"].append(lin.s)
-            mm, ms = _mult(s_act * s_up / s_hid, fm)
-            cols["mul_m"].append(mm)
-            cols["mul_s"].append(ms)
         if wg.shape[0] == 0:
             return QExperts(**{k: np.zeros((0,), np.int64) for k in cols})
         return QExperts(**{k: np.array(v, dtype=np.int64) for k, v in cols.items()})

@@ -13,7 +13,7 @@ Layout of a vectors directory (all .npz, integer arrays unless noted):
                state after each token, and the KDA intermediates
   moe.npz      hn (T, d) input, moe_out (T, d) expected, idx (T, top_k) experts in
                selection order, w (T, top_k) their weights, and the expert tensors
-               ("expert.<gate|act|up|hid|out>" (T, top_k + n_shared, .): the chosen
+               ("expert.<gate|act|up|hid|hid_shift|out>" (T, top_k + n_shared, .): the chosen
                experts in selection order, then the shared ones)
 
 The input sequence is random residual-stream-like data with corner tokens
@@ -38,7 +38,7 @@ from sim.models.quantize import calibration_sequences, quantize_layer
 KDA_TENSORS = ("a_q", "a_k", "a_v", "c_q", "c_k", "c_v", "q_s", "k_s", "v", "q", "k", "fd", "z", "alpha",
                "b_logit", "beta", "S_decayed", "kS", "u", "o_acc", "o16", "S", "on", "gd", "g_logit", "gate", "zo")
 MOE_TENSORS = ("r_logit", "score", "moe_acc")
-EXPERT_TENSORS = ("gate", "act", "up", "hid", "out")
+EXPERT_TENSORS = ("gate", "act", "up", "hid", "hid_shift", "out")
 
 
 def vector_inputs(cfg: Config, qp: QLayer, n_tokens: int, seed: int):
