@@ -178,3 +178,19 @@ def build_image(cfg, tensors: Mapping[str, np.ndarray], mmap: MemoryMap | None =
         block[:, :reg.cols] = w.astype(np.int64) & 0xFF
         image[reg.addr:reg.end] = block.reshape(-1)
     return image.tobytes()
+
+
+def qlayer_tensors(q) -> dict[str, np.ndarray]:
+    """Every region's int8 matrix from the quantised layer (sim.models.qparams.QLayer):
+    the input of ``build_image``."""
+    out = {"moe.router": q.moe.router.w}
+    for bank, prefix in ((q.moe.routed, "moe.expert"), (q.moe.shared, "moe.shared")):
+        for e in range(bank.gate_w.shape[0]):
+            out[f"{prefix}{e}.gate"] = bank.gate_w[e]
+            out[f"{prefix}{e}.up"] = bank.up_w[e]
+            out[f"{prefix}{e}.down"] = bank.down_w[e]
+    kda = q.kda
+    out.update({"kda.w_q": kda.q_proj.w, "kda.w_k": kda.k_proj.w, "kda.w_v": kda.v_proj.w,
+                "kda.w_f_down": kda.f_down.w, "kda.w_g_down": kda.g_down.w, "kda.w_b": kda.b_proj.w,
+                "kda.w_f_up": kda.f_up.w, "kda.w_g_up": kda.g_up.w, "kda.w_o": kda.o_proj.w})
+    return out

@@ -71,6 +71,15 @@ class WeightMemory:
         self._task = cocotb.start_soon(self._run())
         return self
 
+    def stop(self):
+        """Forget everything in flight (the design was reset) and stop answering."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self._pending.clear()
+        self.req_ready.value = 0
+        self.resp_valid.value = 0
+
     def idle(self) -> bool:
         return not self._pending
 

@@ -1,0 +1,115 @@
+"""Lane multiply-accumulate and requantiser of the MoE unit (interim engine).
+
+The contract is the engine model of sim/models/matvec.py: a beat carries
+``lanes`` int8 weights and activations and ``first``/``last`` framing; the
+accumulator restarts on ``first`` and one result leaves after ``last``; the
+result is ``requantize(acc, mult, shift, out_bits)`` of moekda.numerics.
+It stays here until the shared engine (hw/matvec.py, H2) lands; the MoE unit
+only needs: one beat per cycle in, a tag travelling with each row, and a
+fixed latency out (no back-pressure: the MoE's result pipeline never stalls).
+
+Pipeline: products | adder tree | accumulate | acc*mult | round-shift |
+saturate; ``RESULT_LATENCY`` cycles from the last beat of a row to ``y``.
+"""
+from __future__ import annotations
+
+from amaranth.hdl import Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+
+def round_shift_value(value, shift, max_shift: int):
+    """(value + 2**(shift-1)) >> shift, shift a runtime value; shift 0 = identity
+    (moekda.numerics.round_shift)."""
+    half = (Const(1, max_shift + 1) << shift) >> 1
+    return (value + half) >> shift
+
+
+def saturate(m, value, bits: int, out: Signal):
+    """out = clamp(value, -2**(bits-1), 2**(bits-1)-1) (comb)."""
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    with m.If(value < lo):
+        m.d.comb += out.eq(lo)
+    with m.Elif(value > hi):
+        m.d.comb += out.eq(hi)
+    with m.Else():
+        m.d.comb += out.eq(value)
+
+
+class LaneMacRequant(wiring.Component):
+    """Beats in (valid, w, x, first, last, mult, shift, sat8, tag); per row out
+    (y_valid, y, y_tag).  ``sat8`` chooses the output range: act_bits (1) or
+    ``code_bits`` (0, a table code); both are signed."""
+
+    RESULT_LATENCY = 6
+
+    def __init__(self, lanes: int, acc_bits: int, mult_bits: int, max_shift: int, tag_layout,
+                 act_bits: int = 8, code_bits: int = 8):
+        self.lanes, self.acc_bits, self.mult_bits, self.max_shift = lanes, acc_bits, mult_bits, max_shift
+        self.act_bits, self.code_bits = act_bits, code_bits
+        vec = data.ArrayLayout(signed(8), lanes)
+        self.out_bits = max(act_bits, code_bits)
+        super().__init__({
+            "valid": In(1), "w": In(vec), "x": In(vec), "first": In(1), "last": In(1),
+            "mult": In(unsigned(mult_bits)), "shift": In(range(max_shift + 1)), "act_out": In(1),
+            "tag": In(tag_layout),
+            "y_valid": Out(1), "y": Out(signed(self.out_bits)), "y_tag": Out(tag_layout),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        L = self.lanes
+        tag_shape = self.tag.shape()
+
+        def stage(name, shape, value):
+            reg = Signal(shape, name=name)
+            m.d.sync += reg.eq(value)
+            return reg
+
+        # the row framing, mult/shift and tag travel down the pipeline with each beat
+        class Ctl:
+            pass
+
+        def carry(prefix, src):
+            c = Ctl()
+            c.valid = stage(f"{prefix}_valid", 1, src.valid)
+            c.first = stage(f"{prefix}_first", 1, src.first)
+            c.last = stage(f"{prefix}_last", 1, src.last)
+            c.mult = stage(f"{prefix}_mult", unsigned(self.mult_bits), src.mult)
+            c.shift = stage(f"{prefix}_shift", range(self.max_shift + 1), src.shift)
+            c.act_out = stage(f"{prefix}_act_out", 1, src.act_out)
+            c.tag = stage(f"{prefix}_tag", tag_shape, src.tag)
+            return c
+
+        # 1: lane products
+        p_ctl = carry("p", self)
+        prods = [stage(f"p_prod{i}", signed(16), self.w[i] * self.x[i]) for i in range(L)]
+        # 2: adder tree (a row's beat sum)
+        t_ctl = carry("t", p_ctl)
+        t_sum = stage("t_sum", signed(16 + max(1, (L - 1).bit_length())), sum(prods))
+        # 3: accumulate, wrapping at acc_bits like the model's register
+        acc = Signal(signed(self.acc_bits))
+        with m.If(t_ctl.valid & t_ctl.first):
+            m.d.sync += acc.eq(t_sum)
+        with m.Elif(t_ctl.valid):
+            m.d.sync += acc.eq(acc + t_sum)
+        a_ctl = carry("a", t_ctl)
+        a_done = Signal()
+        m.d.comb += a_done.eq(a_ctl.valid & a_ctl.last)
+        # 4: acc * mult
+        q_ctl = carry("q", a_ctl)
+        q_done = stage("q_done", 1, a_done)
+        q_prod = stage("q_prod", signed(self.acc_bits + self.mult_bits + 1), acc * a_ctl.mult)
+        # 5: round half up and shift
+        r_ctl = carry("r", q_ctl)
+        r_done = stage("r_done", 1, q_done)
+        r_val = stage("r_val", signed(len(q_prod)), round_shift_value(q_prod, q_ctl.shift, self.max_shift))
+        # 6: saturate to the row's output range
+        y_act = Signal(signed(self.act_bits))
+        y_code = Signal(signed(self.code_bits))
+        saturate(m, r_val, self.act_bits, y_act)
+        saturate(m, r_val, self.code_bits, y_code)
+        m.d.sync += [self.y_valid.eq(r_done), self.y_tag.eq(r_ctl.tag),
+                     self.y.eq(Mux(r_ctl.act_out, y_act, y_code))]
+        return m
+

@@ -1,0 +1,151 @@
+"""cocotb bench of the MoE unit (hw/moe.py): tokens in, tokens out, bit-exact.
+
+Reads the case written by sim/cocotb/tb_moe_case.py (path in MOE_CASE), fills
+the weight memory (sim/cocotb/weight_memory.py: latency, random stalls),
+drives tokens with random gaps, takes outputs with random back-pressure, and
+compares every output with the integer model.  If ``reset_after`` > 0 a
+first pass is cut by a reset in the middle of a token, then the whole
+sequence runs from the start (state after reset must not matter).  Writes
+the counters to MOE_RESULT (json) for the pytest side.
+
+Every signal is driven after the falling edge and handshakes are sampled in
+the ReadOnly phase of that step (see weight_memory.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import cocotb
+import numpy as np
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
+
+from weight_memory import WeightMemory
+
+
+def pack(vec) -> int:
+    return sum((int(v) & 0xFF) << (8 * i) for i, v in enumerate(vec))
+
+
+def unpack(word: int, n: int, bits: int) -> list[int]:
+    mask, sign = (1 << bits) - 1, 1 << (bits - 1)
+    return [(((word >> (bits * i)) & mask) ^ sign) - sign for i in range(n)]
+
+
+class TokenSource:
+    def __init__(self, dut, tokens, stall, rng):
+        self.dut, self.tokens, self.stall, self.rng = dut, tokens, stall, rng
+        self.sent = 0
+
+    async def run(self):
+        dut = self.dut
+        offered = False
+        while self.sent < len(self.tokens):
+            await FallingEdge(dut.clk)
+            if not offered and self.rng.random() >= self.stall:
+                dut.tokens__payload.value = pack(self.tokens[self.sent])
+                offered = True
+            dut.tokens__valid.value = int(offered)
+            await ReadOnly()
+            if offered and int(dut.tokens__ready.value):
+                self.sent += 1
+                offered = False
+        await FallingEdge(dut.clk)
+        dut.tokens__valid.value = 0
+
+
+class TokenSink:
+    def __init__(self, dut, d, bits, stall, rng):
+        self.dut, self.d, self.bits, self.stall, self.rng = dut, d, bits, stall, rng
+        self.got: list[list[int]] = []
+        self.cycle_of: list[int] = []
+
+    async def run(self, n, cycle_ref):
+        dut = self.dut
+        while len(self.got) < n:
+            await FallingEdge(dut.clk)
+            take = self.rng.random() >= self.stall
+            dut.out__ready.value = int(take)
+            await ReadOnly()
+            if take and int(dut.out__valid.value):
+                if not dut.out__payload.value.is_resolvable:
+                    raise AssertionError(f"output token has X/Z bits: {dut.out__payload.value}")
+                self.got.append(unpack(int(dut.out__payload.value), self.d, self.bits))
+                self.cycle_of.append(cycle_ref())
+        await FallingEdge(dut.clk)
+        dut.out__ready.value = 0
+
+
+async def reset(dut, cycles=4):
+    await FallingEdge(dut.clk)
+    dut.rst.value = 1
+    dut.tokens__valid.value = 0
+    dut.out__ready.value = 0
+    await ClockCycles(dut.clk, cycles)
+    await FallingEdge(dut.clk)
+    dut.rst.value = 0
+
+
+@cocotb.test()
+async def moe_tokens_bit_exact(dut):
+    case = np.load(os.environ["MOE_CASE"])
+    meta = json.loads(str(case["meta"]))
+    tokens, expected = case["tokens"], case["expected"]
+    d, pb = meta["d"], meta["port_bytes"]
+    rng = random.Random(meta["seed"])
+    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+    cycle = [0]
+
+    async def count():
+        while True:
+            await FallingEdge(dut.clk)
+            cycle[0] += 1
+    cocotb.start_soon(count())
+
+    def new_memory(seed):
+        return WeightMemory(dut, case["image"].tobytes(), pb, meta["latency"], prefix="wport",
+                            req_stall=meta["req_stall"], resp_stall=meta["resp_stall"], seed=seed).start()
+
+    await reset(dut)
+    if meta["reset_after"]:
+        # first pass: some tokens, then a reset while a token is in flight
+        mem = new_memory(meta["seed"] + 1)
+        src = TokenSource(dut, tokens[:meta["reset_after"] + 1], meta["in_stall"], rng)
+        sink = TokenSink(dut, d, meta["out_bits"], meta["out_stall"], rng)
+        src_task = cocotb.start_soon(src.run())
+        await sink.run(meta["reset_after"], lambda: cycle[0])
+        await ClockCycles(dut.clk, rng.randrange(5, 60))
+        src_task.cancel()
+        mem.stop()
+        await reset(dut)
+        for i, (got, want) in enumerate(zip(sink.got, expected)):
+            assert got == [int(v) for v in want], f"first pass token {i}: got {got}, model {[int(v) for v in want]}"
+
+    mem = new_memory(meta["seed"] + 2)
+    c0 = cycle[0]
+    src = TokenSource(dut, tokens, meta["in_stall"], rng)
+    sink = TokenSink(dut, d, meta["out_bits"], meta["out_stall"], rng)
+    cocotb.start_soon(src.run())
+    await sink.run(len(tokens), lambda: cycle[0])
+    cycles = cycle[0] - c0
+    for i, (got, want) in enumerate(zip(sink.got, expected)):
+        assert got == [int(v) for v in want], \
+            f"token {i}: got {got}, model {[int(v) for v in want]} (input {[int(v) for v in tokens[i]]})"
+
+    await ReadOnly()
+    hits = [int(getattr(dut, f"hits__{e}").value) for e in range(meta["E"])] if hasattr(dut, "hits__0") else None
+    result = {
+        "tokens": len(tokens),
+        "tokens_done": int(dut.tokens_done.value),
+        "weight_bytes": int(dut.weight_bytes.value),
+        "memory_bytes": mem.counters.bytes,
+        "requests": mem.counters.requests,
+        "hits": hits,
+        "cycles": cycles,
+        "dut_cycles": int(dut.cycles.value),
+        "out_cycles": sink.cycle_of,
+    }
+    with open(os.environ["MOE_RESULT"], "w") as fh:
+        json.dump(result, fh)

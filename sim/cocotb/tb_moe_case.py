@@ -1,0 +1,100 @@
+"""Test cases of the MoE unit: config, quantised parameters, tokens and the
+integer model's answers, written to one .npz the cocotb bench reads.
+
+Built by sim/tests/test_moe.py (pytest side), read by sim/cocotb/tb_moe.py
+(simulator side); the expected outputs come from sim.models.int_moe only.
+
+Tokens (the MoE input hn, int8): first the corner tokens (all zero -> equal
+router scores; all +127 / all -128 / alternating -> saturated engine
+outputs), then tokens taken from the integer layer model running on
+residual-stream-like inputs (the distribution the router really sees), then
+uniform random int8 vectors.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hw.memory_map import build_image, memory_map, qlayer_tensors
+from moekda.config import Config, config_from_dict, load_config
+from moekda.formats import formats_for
+from sim.models.int_layer import int_run_layer, quantize_input
+from sim.models.int_moe import int_moe_step
+from sim.models.params import random_inputs, random_params
+from sim.models.quantize import quantize_layer
+
+
+@dataclass
+class MoECase:
+    cfg: Config
+    qlayer: object
+    tokens: np.ndarray      # (T, d) int8
+    expected: np.ndarray    # (T, d) int8
+    idx: np.ndarray         # (T, k) chosen experts, rank order
+    choice: np.ndarray      # (T, E) router choice values (score + bias)
+    score: np.ndarray       # (T, E)
+    saturated: np.ndarray   # (T,) engine outputs of this token hit the int8 rails
+    image: bytes
+
+
+def make_config(base: str = "tiny", **model) -> Config:
+    raw = load_config(base).to_dict()
+    raw.pop("pnr", None)
+    raw["name"] = f"{base}_" + "_".join(f"{k}{v}" for k, v in sorted(model.items())) if model else base
+    raw["model"].update(model)
+    return config_from_dict(raw)
+
+
+def layer_hn(qlayer, cfg: Config, n: int, seed: int) -> np.ndarray:
+    """hn (the MoE input) of n tokens of the integer layer on realistic inputs."""
+    if n <= 0:
+        return np.zeros((0, cfg.model.d_model), dtype=np.int64)
+    xs = quantize_input(random_inputs(cfg, n, seed=seed), qlayer, cfg)
+    traces: list = []
+    int_run_layer(qlayer, cfg, xs, traces=traces)
+    return np.array([t["hn_unit"] for t in traces], dtype=np.int64)
+
+
+def build_case(cfg: Config, n_tokens: int, seed: int = 0, zero_bias: bool = False) -> MoECase:
+    fm = formats_for(cfg)
+    params = random_params(cfg, seed=seed)
+    q = quantize_layer(params, cfg)
+    if zero_bias:   # every choice equals its score: an all-zero token ties all E experts
+        q.moe.bias = np.zeros_like(q.moe.bias)
+    d = cfg.model.d_model
+    rng = np.random.default_rng(seed + 7)
+    corners = [np.zeros(d), np.full(d, 127), np.full(d, -128), np.where(np.arange(d) % 2, 127, -128)]
+    n_layer = max(0, (n_tokens - len(corners)) * 3 // 4)
+    n_rand = max(0, n_tokens - len(corners) - n_layer)
+    tokens = np.concatenate([np.array(corners, dtype=np.int64), layer_hn(q, cfg, n_layer, seed + 1),
+                             rng.integers(-128, 128, size=(n_rand, d))])[:n_tokens].astype(np.int64)
+    exp, idx, choice, score, sat = [], [], [], [], []
+    lo, hi = -(1 << (fm.act_bits - 1)), (1 << (fm.act_bits - 1)) - 1
+    for hn in tokens:
+        t: dict = {}
+        out, (i, _w) = int_moe_step(q.moe, cfg, fm, hn, trace=t)
+        exp.append(out)
+        idx.append(i)
+        score.append(t["score"])
+        choice.append(t["score"] + q.moe.bias)
+        vals = np.concatenate([np.concatenate([e["gate"], e["up"], e["hid"], e["out"]]) for e in t["experts"]])
+        sat.append(bool(np.any((vals == lo) | (vals == hi))))
+    image = build_image(cfg, qlayer_tensors(q), memory_map(cfg))
+    return MoECase(cfg, q, tokens, np.array(exp), np.array(idx), np.array(choice), np.array(score),
+                   np.array(sat), image)
+
+
+def save_case(case: MoECase, path: Path, *, req_stall: float, resp_stall: float, in_stall: float,
+              out_stall: float, reset_after: int, seed: int, bytes_per_token: int, out_bits: int) -> None:
+    """The bench's whole input: vectors, image and knobs (stall probabilities, a
+    reset after ``reset_after`` tokens of a first pass (0: none))."""
+    cfg = case.cfg
+    meta = {"d": cfg.model.d_model, "E": cfg.model.n_experts, "port_bytes": cfg.hw.weight_port_bytes,
+            "latency": cfg.hw.weight_port_latency, "req_stall": req_stall, "resp_stall": resp_stall,
+            "in_stall": in_stall, "out_stall": out_stall, "reset_after": reset_after, "seed": seed,
+            "bytes_per_token": bytes_per_token, "out_bits": out_bits}
+    np.savez(path, tokens=case.tokens, expected=case.expected, idx=case.idx,
+             image=np.frombuffer(case.image, dtype=np.uint8), meta=json.dumps(meta))
