@@ -42,7 +42,8 @@ class Formats:
     alpha_frac: int = 16     # decay alpha = exp(g): U0.16, values 1..2**16-1 (16 bits)
     qkv_bits: int = 16      # SiLU table outputs q, k, v (before the L2 norms / into the state): signed
     o_bits: int = 16         # KDA read o = S^T q, requantised by a static shift before its RMSNorm
-    resid_bits: int = 16     # residual stream x, h, y (layer input and output): signed
+    resid_bits: int = 16     # residual stream x, h, y (layer input and output) and the MoE output: signed
+    expert_out_bits: int = 16  # expert outputs (W_down requantised), which only feed the weighted sum
     router_bias_bits: int = 19  # selection bias in score units (U0.15 scale), signed: |bias| < 8
     wn_frac: int = 12        # normalised routing weight w / sum(w): U0.12, values 0..2**12
     rs_frac: int = 8         # routed_scaling as unsigned fixed point U.8
@@ -93,7 +94,7 @@ def derived_widths(cfg: Config) -> dict[str, int]:
         "div_den": fm.score_frac + 1 + clog2(k + 1),
         "rs_int": fm.rs_frac + int(np.ceil(np.log2(m.routed_scaling + 1))) + 1,
         "route_weight": fm.wn_frac + int(np.ceil(np.log2(m.routed_scaling + 1))) + 1,
-        "moe_combine_acc": a + fm.wn_frac + int(np.ceil(np.log2(m.routed_scaling + 1))) + 1
+        "moe_combine_acc": fm.expert_out_bits + fm.wn_frac + int(np.ceil(np.log2(m.routed_scaling + 1)))
         + clog2(k + m.n_shared + 1),
         "swiglu_prod": prod + 1,
         "residual_acc": fm.resid_bits + fm.mult_bits + 2,

@@ -6,9 +6,9 @@
   w_i    = s[idx_i];  tot = sum_i w_i
   wn_i   = floor((w_i << wn_frac) / max(tot, 1))                restoring divider, U0.wn_frac
   wt_i   = rs(wn_i * rs, rs_frac)                               routed_scaling applied, U.wn_frac
-  e(x)   = expert, see int_expert                               int8, common scale
+  e(x)   = expert, see int_expert                               expert_out_bits, common scale
   acc    = sum_i wt_i * e_idx_i(hn) + sum_j (e_shared_j(hn) << wn_frac)
-  out    = requantize(acc, comb_m, comb_s)                      int8
+  out    = requantize(acc, comb_m, comb_s, resid_bits)          16 bits: it only feeds the residual add
 """
 from __future__ import annotations
 
@@ -36,14 +36,14 @@ def int_route(q: QMoE, cfg: Config, fm: Formats, score):
 
 
 def int_expert(bank: QExperts, e: int, q: QMoE, fm: Formats, hn, trace=None):
-    """One SwiGLU expert of a bank on int8 hn: int8 out at the bank-common output scale.
+    """One SwiGLU expert of a bank on int8 hn: expert_out_bits out at the common output scale.
 
       act  = SiLU table(engine(W_gate hn) -> code)         int8, bank-common scale
       up   = engine(W_up hn)                               int8, this expert's scale
       prod = act * up                                      15 bits signed
       sh   = max(0, bit_length(max_i |prod_i|) - (act_bits - 1))       per token
       hid  = sat8(round_shift(prod, sh))                   int8 at 2**sh * (act scale * up scale)
-      out  = requantize(W_down hid, down_m, down_s - sh)   int8
+      out  = requantize(W_down hid, down_m, down_s - sh)   expert_out_bits, bank-common scale
 
     The hidden vector gets a per-token power-of-two exponent (block floating point):
     the product of two activations is heavy-tailed, so any static int8 scale either
@@ -60,14 +60,14 @@ def int_expert(bank: QExperts, e: int, q: QMoE, fm: Formats, hn, trace=None):
     down_s = int(bank.down_s[e]) - sh
     if down_s < 1:
         raise OverflowError("int_expert: down-projection shift below 1")
-    out = requantize(bank.down_w[e] @ hid, int(bank.down_m[e]), down_s, fm.act_bits)
+    out = requantize(bank.down_w[e] @ hid, int(bank.down_m[e]), down_s, fm.expert_out_bits)
     if trace is not None:
         trace.append({"gate": gate, "act": act, "up": up, "hid": hid, "hid_shift": np.int64(sh), "out": out})
     return out
 
 
 def int_moe_step(q: QMoE, cfg: Config, fm: Formats, hn, trace=None):
-    """One token through the MoE block. hn: (d,) int8. Returns (out int8, (idx, wt))."""
+    """One token through the MoE block. hn: (d,) int8. Returns (out (resid_bits), (idx, wt))."""
     m = cfg.model
     hn = check_width(np.asarray(hn, dtype=np.int64), fm.act_bits, "moe input")
     t = trace if trace is not None else {}
@@ -84,6 +84,6 @@ def int_moe_step(q: QMoE, cfg: Config, fm: Formats, hn, trace=None):
         acc += int_expert(q.shared, j, q, fm, hn, experts) << fm.wn_frac
     t["experts"] = experts
     t["moe_acc"] = acc
-    out = requantize(acc, q.comb_m, q.comb_s, fm.act_bits)
+    out = requantize(acc, q.comb_m, q.comb_s, fm.resid_bits)   # straight into the residual add
     t["moe_out"] = out
     return out, (idx, wt)

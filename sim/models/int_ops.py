@@ -68,7 +68,7 @@ def int_rmsnorm(x, norm: QNorm, fm: Formats):
 
 
 def int_residual_add(a, b, res: QResidual, fm: Formats):
-    """Residual stream (resid_bits) plus an int8 branch output, each at its own scale,
+    """Residual stream (resid_bits) plus a branch output (int8 or resid_bits), each at its own scale,
     into the next residual scale: sat(round_shift(a*m_a + b*m_b, s)), one rounding."""
     acc = np.asarray(a, dtype=np.int64) * res.m_a + np.asarray(b, dtype=np.int64) * res.m_b
     return saturate(round_shift(acc, res.s), fm.resid_bits)

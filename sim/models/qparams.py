@@ -100,13 +100,14 @@ class QMoE:
     routed: QExperts
     shared: QExperts
     rs: int                  # routed_scaling as U.rs_frac
-    comb_m: int              # sum_i w_i e_i (+ shared << wn_frac) -> int8
+    comb_m: int              # sum_i w_i e_i (+ shared << wn_frac) -> resid_bits
     comb_s: int
 
 
 @dataclass
 class QResidual:
-    """y = sat8(round_shift(a * m_a + b * m_b, s)): two int8 tensors of different scales."""
+    """y = sat_resid(round_shift(a * m_a + b * m_b, s)): residual a (resid_bits) plus a
+    branch output b (int8 KDA, resid_bits MoE), each at its own scale."""
     m_a: int
     m_b: int
     s: int

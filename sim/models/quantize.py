@@ -32,7 +32,9 @@ SIGMOID_CLIP = 12.0
 Z_LO, Z_HI = -18.0, 12.0
 # headroom of the 16-bit residual stream over the calibrated max|x|: unseen tokens must not saturate
 RESID_HEADROOM = 1.5
-MSE_BRANCH_OUT = False
+# branch outputs (KDA out, expert out, MoE out) are added into the residual: a saturated
+# rare token costs far more than the coarser step, and their tails are long
+BRANCH_HEADROOM = 1.5
 # SiLU is linear for large inputs, so a saturated code is a large error: its code
 # range gets headroom over the calibrated max (unseen tokens reach past it)
 SILU_HEADROOM = 1.25
@@ -200,7 +202,7 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None) -> QLayer:
     sc["g_logit"] = act_scale(tr["g_logit"], LB, SIGMOID_CLIP)
     kda["g_up"], _ = _linear(p.w_g_up, sc["gd"], sc["g_logit"], fm, LB)
     kda["gate"] = QLut(build_lut(fl.sigmoid, LB, sc["g_logit"], 2.0 ** -fm.unit_frac, 0, 1 << fm.unit_frac), LB)
-    sc["kda_out"] = act_scale(tr["kda_out"], mse=MSE_BRANCH_OUT)
+    sc["kda_out"] = act_scale(tr["kda_out"], headroom=BRANCH_HEADROOM)
     kda["o_proj"], _ = _linear(p.w_o * np.tile(p.o_norm_w, H)[None, :], sc["on"], sc["kda_out"], fm, A8)
     qkda = QKDA(**kda, f_q=f_q, f_k=f_k, f_v=f_v, f_s=f_s, o_shift=o_shift)
 
@@ -237,7 +239,7 @@ def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float
     routed = _experts_dense(p.w_gate, p.w_up, p.w_down, hn)
     shared = _experts_dense(p.sh_gate, p.sh_up, p.sh_down, hn)
     both = [np.concatenate([r.reshape(-1), s.reshape(-1)]) for r, s in zip(routed, shared)]
-    s_gate, s_act, s_e = act_scale(both[0], LB, headroom=SILU_HEADROOM), act_scale(both[2]), act_scale(both[4], mse=MSE_BRANCH_OUT)
+    s_gate, s_act, s_e = act_scale(both[0], LB, headroom=SILU_HEADROOM), act_scale(both[2]), act_scale(both[4], fm.expert_out_bits, headroom=BRANCH_HEADROOM)
     sc.update(e_gate=s_gate, e_act=s_act, e_out=s_e)
     silu = QLut(build_lut(fl.silu, LB, s_gate, s_act, -_qmax(A8) - 1, _qmax(A8)), LB)
 
@@ -257,7 +259,7 @@ def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float
         return QExperts(**{k: np.array(v, dtype=np.int64) for k, v in cols.items()})
 
     rs = int(round(m.routed_scaling * (1 << fm.rs_frac)))
-    sc["moe_out"] = act_scale(tr["moe_out"], mse=MSE_BRANCH_OUT)
+    sc["moe_out"] = act_scale(tr["moe_out"], fm.resid_bits, headroom=BRANCH_HEADROOM)
     comb_m, comb_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["moe_out"], fm)
     q = QMoE(router=router, score=score, bias=bias, silu=silu,
              routed=bank(p.w_gate, p.w_up, p.w_down, routed), shared=bank(p.sh_gate, p.sh_up, p.sh_down, shared),
