@@ -51,16 +51,19 @@ def int_expert(bank: QExperts, e: int, q: QMoE, fm: Formats, hn, trace=None):
     max-abs reduction and a leading-one detector over d_ff values, and folds into the
     down projection's shift.
     """
-    gate = requantize(bank.gate_w[e] @ hn, int(bank.gate_m[e]), int(bank.gate_s[e]), fm.lut_in_bits)
+    acc_g = check_width(bank.gate_w[e] @ hn, fm.acc_bits, "expert gate accumulator")
+    acc_u = check_width(bank.up_w[e] @ hn, fm.acc_bits, "expert up accumulator")
+    gate = requantize(acc_g, int(bank.gate_m[e]), int(bank.gate_s[e]), fm.lut_in_bits)
     act = int_lut(q.silu, gate)
-    up = requantize(bank.up_w[e] @ hn, int(bank.up_m[e]), int(bank.up_s[e]), fm.act_bits)
+    up = requantize(acc_u, int(bank.up_m[e]), int(bank.up_s[e]), fm.act_bits)
     prod = act * up
     sh = max(0, int(bit_length(np.max(np.abs(prod)))) - (fm.act_bits - 1))
     hid = saturate(round_shift(prod, sh), fm.act_bits)
     down_s = int(bank.down_s[e]) - sh
     if down_s < 1:
         raise OverflowError("int_expert: down-projection shift below 1")
-    out = requantize(bank.down_w[e] @ hid, int(bank.down_m[e]), down_s, fm.expert_out_bits)
+    acc_d = check_width(bank.down_w[e] @ hid, fm.acc_bits, "expert down accumulator")
+    out = requantize(acc_d, int(bank.down_m[e]), down_s, fm.expert_out_bits)
     if trace is not None:
         trace.append({"gate": gate, "act": act, "up": up, "hid": hid, "hid_shift": np.int64(sh), "out": out})
     return out
@@ -83,7 +86,7 @@ def int_moe_step(q: QMoE, cfg: Config, fm: Formats, hn, trace=None):
     for j in range(m.n_shared):
         acc += int_expert(q.shared, j, q, fm, hn, experts) << fm.wn_frac
     t["experts"] = experts
-    t["moe_acc"] = acc
+    t["moe_acc"] = check_width(acc, derived_widths(cfg)["moe_combine_acc"], "moe combine accumulator")
     out = requantize(acc, q.comb_m, q.comb_s, fm.resid_bits)   # straight into the residual add
     t["moe_out"] = out
     return out, (idx, wt)
