@@ -79,7 +79,7 @@ def derived_widths(cfg: Config) -> dict[str, int]:
     return {
         # sum of squares of int8 (RMSNorm over d, L2 norm over dk), of o_bits (o norm over dv)
         "ss_rmsnorm": 2 * (fm.resid_bits - 1) + clog2(d + 1) + 1,
-        "ss_l2norm": 2 * (a - 1) + clog2(dk + 1) + 1,
+        "ss_l2norm": 2 * (fm.qkv_bits - 1) + clog2(dk + 1) + 1,
         "ss_onorm": 2 * (fm.o_bits - 1) + clog2(dk + 1) + 1,
         "conv_acc": prod + clog2(K) + 1,
         # delta rule: S*alpha, k.S', k*u, q.S

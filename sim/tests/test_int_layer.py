@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from moekda.config import config_from_dict, load_config
-from moekda.formats import formats_for
+from moekda.formats import derived_widths, formats_for
 from moekda.numerics import lut_lookup, requantize, round_shift
 from sim.models.int_kda import IntKDAState, int_delta_rule, int_kda_step
 from sim.models.int_layer import int_run_layer, quantize_input
@@ -137,6 +137,14 @@ def test_every_tensor_is_integer_and_in_its_format(odd):
         assert 0 <= t["beta"].min() and t["beta"].max() <= 1 << fm.unit_frac
         assert 1 <= t["alpha"].min() and t["alpha"].max() < 1 << fm.alpha_frac
     assert not traces[3]["xn_unit"].any()       # RMSNorm of zero is zero
+    dw = derived_widths(cfg)
+    for t in traces:                            # the stated intermediate widths hold
+        for name, bits in (("o_acc", dw["o_acc"]), ("kS", fm.state_bits), ("u", fm.state_bits),
+                           ("moe_acc", dw["moe_combine_acc"])):
+            a = np.asarray(t[name])
+            assert a.min() >= -(1 << (bits - 1)) and a.max() < (1 << (bits - 1)), name
+        for e in t["experts"]:
+            assert 0 <= int(e["hid_shift"]) <= fm.act_bits
 
 
 def test_moe_step_is_deterministic_and_integer(tiny):
