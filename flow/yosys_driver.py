@@ -7,8 +7,8 @@ Yosys runs through pyosys (the pinned wheel in .venv, which brings its own
 caller, and leaves a complete log behind.
 
 While it runs, ``on_pass`` is called with each top-level pass header
-("12. Executing ABC pass.") so the caller can show progress inside a long
-synthesis.
+and sub-pass header ("12. Executing ABC pass.", "3.25. Executing MEMORY_MAP
+pass.") so the caller can show progress inside a long synthesis.
 
 ``python -m flow.yosys_driver SCRIPT`` is the child side of the pyosys path.
 """
@@ -26,9 +26,9 @@ from typing import Callable
 
 from flow.errors import FlowError
 
-# "12. Executing ABC pass (technology mapping using ABC)." at the start of a line;
-# sub-passes are numbered "12.3." and are not reported
-_PASS_HEADER = re.compile(r"^(\d+)\. (Executing .*?|Printing statistics)\.?\s*$")
+# "12. Executing ABC pass (technology mapping using ABC)." or a sub-pass "3.25. Executing
+# MEMORY_MAP pass ..." at the start of a line
+_PASS_HEADER = re.compile(r"^(\d+(?:\.\d+)*)\. (Executing .*?|Printing statistics)\.?\s*$")
 _ERROR = re.compile(r"^ERROR: (.*)$")
 
 

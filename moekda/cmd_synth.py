@@ -39,21 +39,30 @@ class Progress:
         out = out or sys.stdout
         self.steps, self.out, self.tty, self.t0 = steps, out, out.isatty(), time.monotonic()
         self.step, self.step_t0 = "", self.t0
+        self.last_note, self.noted = self.t0, False
+
+    NOTE_EVERY_S = 30.0
 
     def _head(self, step: str) -> str:
         return f"[{self.steps.index(step) + 1}/{len(self.steps)}] {step} ..."
 
     def start(self, step: str):
         self.step, self.step_t0 = step, time.monotonic()
+        self.last_note, self.noted = self.step_t0, False
         self._line(self._head(step), end="")
 
     def on_pass(self, name: str):
+        dt = time.monotonic() - self.step_t0
         if self.tty:
-            dt = time.monotonic() - self.step_t0
             self._line(f"\r\033[K{self._head(self.step)} {dt:5.1f} s  {name[:60]}", end="")
+        elif time.monotonic() - self.last_note >= self.NOTE_EVERY_S:
+            # a log file or CI: a line now and then, so a long synthesis shows life
+            self.last_note, self.noted = time.monotonic(), True
+            self._line(f"\n    {dt:6.0f} s  {name[:70]}", end="")
 
     def end(self, step: str, seconds: float):
-        prefix = f"\r\033[K{self._head(step)}" if self.tty else ""
+        prefix = (f"\r\033[K{self._head(step)}" if self.tty
+                  else f"\n{self._head(step)}" if self.noted else "")
         self._line(f"{prefix} {seconds:.1f} s (total {time.monotonic() - self.t0:.1f} s)")
 
     def _line(self, text: str, end: str = "\n"):
