@@ -23,7 +23,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 from flow.paths import BuildPaths
 from moekda.cli import UserError
@@ -344,18 +344,23 @@ def check_inputs(netlist: Path, sdc: Path):
 
 
 def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: int = 2,
-            stages: Iterable[Stage] = STAGES,
+            first: str | None = None,
             progress: Callable[[str], None] = print) -> dict[str, object]:
+    """Run the stages (from `first` on, reusing the earlier stages' databases), then collect
+    the metrics into metrics.json and reports/pnr.md and make the GDS and its picture."""
     check_inputs(build.netlist, build.sdc)
     paths = PnrPaths(build).make_dirs()
+    start = [s.name for s in STAGES].index(stage_named(first).name) if first else 0
+    if start > 0 and not paths.odb(STAGES[start - 1]).is_file():
+        raise UserError(f"pnr --from {first}: no {paths.odb(STAGES[start - 1])} from stage "
+                        f"{STAGES[start - 1].name}; run from an earlier stage")
     write_config_tcl(pnr_settings(cfg, kit, paths, build.netlist, build.sdc), paths.config_tcl)
-    stages = tuple(stages)
     runtimes: dict[str, object] = {}
-    for i, stage in enumerate(stages, 1):
-        progress(f"pnr [{i}/{len(stages)}] {stage.name}: {stage.title} ...")
+    for i, stage in enumerate(STAGES[start:], start + 1):
+        progress(f"pnr [{i}/{len(STAGES)}] {stage.name}: {stage.title} ...")
         seconds = run_stage(openroad, stage, paths, threads)
         runtimes[f"pnr__{stage.name}__runtime__s"] = round(seconds, 1)
-        progress(f"pnr [{i}/{len(stages)}] {stage.name}: done in {seconds:.1f} s (log {paths.log(stage)})")
+        progress(f"pnr [{i}/{len(STAGES)}] {stage.name}: done in {seconds:.1f} s (log {paths.log(stage)})")
     metrics = collect_metrics(paths)
     metrics.update(runtimes)
     merged = merge_metrics(build.metrics, metrics)   # first: a GDS problem must not lose them

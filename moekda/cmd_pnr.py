@@ -16,6 +16,9 @@ def configure(p):
                         "they use, and the constraints with OpenSTA")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="OpenROAD threads (default: all cores)")
+    from flow.pnr import STAGES
+    p.add_argument("--from", dest="first", choices=[s.name for s in STAGES], default=None,
+                   help="start at this stage, reusing the earlier stages' databases")
 
 
 def run(args) -> int:
@@ -42,7 +45,7 @@ def run(args) -> int:
         raise UserError(str(e)) from None
     if args.threads < 1:
         raise UserError(f"--threads {args.threads}: allowed range is 1 or more")
-    metrics = run_pnr(cfg, build, kit, openroad, threads=args.threads)
+    metrics = run_pnr(cfg, build, kit, openroad, threads=args.threads, first=args.first)
     for name in ("finish__design__instance__area", "finish__timing__setup__ws", "finish__timing__hold__ws",
                  "finish__power__total", "route__drc_errors"):
         print(f"{name:36} {metrics.get(name)}")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from flow.openroad.check import stub_tcl
 from flow.paths import BuildPaths
 from flow.pnr import (STAGES, PnrPaths, count_drc_violations, find_openroad, merge_metrics, read_metrics_file,
                       run_pnr)
@@ -28,8 +29,6 @@ FAKE_OPENROAD = r'''#!{python}
 """stand-in for openroad: run the stage script under tclsh with the recording stand-ins"""
 import json, os, subprocess, sys
 from pathlib import Path
-sys.path.insert(0, {repo!r})
-from flow.openroad.check import stub_tcl
 
 assert sys.argv[1:4] == ["-exit", "-no_init", "-threads"], sys.argv
 script = Path(sys.argv[-1])
@@ -40,11 +39,10 @@ if os.environ.get("FAKE_FAIL_STAGE") == stage:
 state = Path(os.environ["FAKE_STATE"])
 state.mkdir(parents=True, exist_ok=True)
 written = json.loads((state / "written.json").read_text()) if (state / "written.json").exists() else []
-(state / "stubs.tcl").write_text(stub_tcl())
 calls = state / f"{{stage}}.jsonl"
 driver = state / f"{{stage}}.tcl"
 driver.write_text("source {{%s}}\nset ::stub_written [list %s]\nsource {{%s}}\nclose $::stub_out\n"
-                  % (state / "stubs.tcl", " ".join("{{%s}}" % w for w in written), script))
+                  % (os.environ["FAKE_STUBS"], " ".join("{{%s}}" % w for w in written), script))
 env = dict(os.environ, STUB_CALLS=str(calls))
 rc = subprocess.run(["tclsh", str(driver)], env=env).returncode
 if rc:
@@ -58,6 +56,8 @@ for r in records:
             "violation type: Short\n  srcs: net:a net:b\n  bbox = ( 1, 2 ) - ( 3, 4 ) on Layer metal2\n"
             "violation type: EOL\n  srcs: net:c\n  bbox = ( 5, 6 ) - ( 7, 8 ) on Layer metal3\n")
         print("[INFO DRT-0199]   Number of violations = 2.")
+    if r.get("name") == "write_db" and not Path(r["positionals"][0]).exists():
+        Path(r["positionals"][0]).write_text("fake odb")
     if r.get("name") == "write_def":
         Path(r["positionals"][0]).write_text(Path(os.environ["FAKE_DEF"]).read_text())
 '''
@@ -80,7 +80,8 @@ def _fake_openroad(tmp_path: Path) -> Path:
     bindir = tmp_path / "bin"
     bindir.mkdir()
     fake = bindir / "openroad"
-    fake.write_text(FAKE_OPENROAD.format(python=sys.executable, repo=str(Path(__file__).resolve().parents[2])))
+    fake.write_text(FAKE_OPENROAD.format(python=sys.executable))
+    (bindir / "stubs.tcl").write_text(stub_tcl())   # the recording stand-ins of the static check
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     return fake
 
@@ -98,6 +99,7 @@ def synthesised(tmp_path, monkeypatch):
     (tmp_path / "small.def").write_text(SMALL_DEF)
     monkeypatch.setenv("FAKE_STATE", str(tmp_path / "fake_state"))
     monkeypatch.setenv("FAKE_DEF", str(tmp_path / "small.def"))
+    monkeypatch.setenv("FAKE_STUBS", str(fake.parent / "stubs.tcl"))
     return cfg, build, str(fake)
 
 
@@ -229,3 +231,17 @@ def test_a_gds_problem_keeps_the_metrics(synthesised, tmp_path, monkeypatch):
         run_pnr(cfg, build, find_kit(("liberty", "tech_lef", "cell_lef", "gds")), fake, progress=lambda _: None)
     assert json.loads(build.metrics.read_text())["route__drc_errors"] == 2
     assert "| routing DRC violations | 2 |" in (build.reports / "pnr.md").read_text()
+
+
+def test_from_a_stage_reuses_the_earlier_databases(synthesised):
+    pytest.importorskip("klayout.db", reason="KLayout Python module not installed (pip install klayout==0.30.12)")
+    cfg, build, fake = synthesised
+    kit = find_kit(("liberty", "tech_lef", "cell_lef", "gds"))
+    with pytest.raises(UserError, match=r"pnr --from cts: no .*3_5_detail_place.odb from stage detail_place"):
+        run_pnr(cfg, build, kit, fake, first="cts", progress=lambda _: None)
+    run_pnr(cfg, build, kit, fake, progress=lambda _: None)
+    lines = []
+    run_pnr(cfg, build, kit, fake, first="cts", progress=lines.append)
+    started = [line.split()[2].rstrip(":") for line in lines if line.endswith("...")]
+    assert started == ["cts", "global_route", "detail_route", "fill", "final"]
+    assert lines[0].startswith("pnr [8/12] cts")
