@@ -26,5 +26,6 @@ write_metrics [report_file 6_parasitics.metrics] [dict create finish__parasitics
 
 write_db $::cfg(FINAL_ODB)
 write_def $::cfg(FINAL_DEF)
-write_verilog $::cfg(FINAL_NETLIST)
+# the netlist of the logic: fill and tap cells are physical only
+write_verilog -remove_cells [concat $::cfg(FILL_CELLS) [list $::cfg(TAPCELL)]] $::cfg(FINAL_NETLIST)
 write_sdc $::cfg(FINAL_SDC)

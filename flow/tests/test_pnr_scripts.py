@@ -85,6 +85,8 @@ def test_final_stage_writes_every_output(tiny_runs):
     written = set(runs["final"].written)
     for out in (paths.final_odb, paths.final_def, paths.final_netlist, paths.final_spef, paths.final_sdc):
         assert str(out) in written, out
+    netlist = _first(runs["final"], "write_verilog").options["-remove_cells"].split()
+    assert set(netlist) == {*PLATFORM.fill_cells, "WELLTAP_X1"}        # physical-only cells left out
     # the STA of the final stage runs on the SPEF it wrote
     assert _first(runs["final"], "read_spef").positionals == [str(paths.final_spef)]
     assert _index(runs["final"], "read_spef") < _index(runs["final"], "report_checks")
