@@ -329,8 +329,7 @@ def check_sdc_with_sta(liberty: Path, netlist: Path, top: str, sdc: Path, workdi
               "report_wns\nreport_tns\nreport_worst_slack\nreport_power\n"
               + metrics)
     out = run_sta(script, workdir)
-    problems = _STA_PROBLEM.findall(out)
-    lines = [m.group(0) for m in _STA_PROBLEM.finditer(out)]
+    problems = [m.group(0) for m in _STA_PROBLEM.finditer(out)]
     if problems:
-        raise CheckError("OpenSTA on the constraints: " + " | ".join(lines[:5]))
+        raise CheckError("OpenSTA on the constraints: " + " | ".join(problems[:5]))
     return out

@@ -3,7 +3,6 @@ with the kit's cell GDS by KLayout, and drawn as a PNG."""
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 
 import pytest
 
