@@ -62,10 +62,10 @@ report: $(STAMP)
 	$(MOEKDA) report -c $(CONFIG)
 
 pnr: $(STAMP)
-	$(MOEKDA) pnr -c $(CONFIG)
+	$(MOEKDA) pnr -c $(CONFIG) $(TOPARG)
 
 pnr-check: $(STAMP)
-	$(MOEKDA) pnr -c $(CONFIG) --check
+	$(MOEKDA) pnr -c $(CONFIG) $(TOPARG) --check
 
 accuracy: $(STAMP)
 	$(MOEKDA) accuracy -c $(CONFIG)
