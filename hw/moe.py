@@ -147,8 +147,10 @@ class MoEUnit(wiring.Component):
         m.submodules.silu_lut = silu_lut = LookupTable([int(v) for v in q.silu.table], q.silu.in_bits)
 
         tag_layout = data.StructLayout({"kind": unsigned(2), "row": range(max(E, d, f)), "seg": range(nseg)})
+        # MAC output widths: table codes (router, gate), int8 (up), expert outputs (down)
+        out_widths = (fm.lut_in_bits, fm.act_bits, fm.expert_out_bits)
         m.submodules.mac = mac = LaneMacRequant(pb, fm.acc_bits, fm.mult_bits, max_shift, tag_layout,
-                                                act_bits=fm.act_bits, code_bits=fm.lut_in_bits)
+                                                out_widths=out_widths)
         for i in range(E):
             m.d.comb += self.hits[i].eq(route.hits[i])
 
@@ -255,7 +257,7 @@ class MoEUnit(wiring.Component):
             mac.first.eq(c_beat == 0),
             mac.last.eq(c_beat == row_beats - 1),
             mac.mult.eq(mult), mac.shift.eq(shift),
-            mac.act_out.eq((c_mat == UP) | is_down),
+            mac.out_sel.eq(Mux(is_down, 2, Mux(c_mat == UP, 1, 0))),
             mac.tag.kind.eq(c_mat), mac.tag.row.eq(c_row), mac.tag.seg.eq(c_seg),
         ]
         with m.If(beat):
@@ -286,7 +288,7 @@ class MoEUnit(wiring.Component):
         t_kind = reg("t_kind", 2, c_kind)
         t_row = reg("t_row", c_row_r.shape(), c_row_r)
         t_seg = reg("t_seg", c_seg_r.shape(), c_seg_r)
-        t_y = reg("t_y", signed(8), mac.y)
+        t_y = reg("t_y", signed(mac.out_bits), mac.y)
         bias = Array(Const(int(b), signed(key_bits)) for b in q.bias)
 
         # stage T: table outputs valid
@@ -302,7 +304,7 @@ class MoEUnit(wiring.Component):
         u_row = reg("u_row", t_row.shape(), t_row)
         u_seg = reg("u_seg", t_seg.shape(), t_seg)
         u_val = reg("u_val", signed(self.widths["moe_combine_acc"]),
-                    Mux(t_kind == UP, buf[t_row] * t_y, contrib))
+                    Mux(t_kind == UP, buf[t_row] * t_y[:fm.act_bits].as_signed(), contrib))
 
         # stage U, up: the product replaces the SiLU value in the buffer; the OR of
         # the magnitudes has the bit length of max|prod| (the hidden exponent)
@@ -351,3 +353,11 @@ class MoEUnit(wiring.Component):
                 m.d.sync += [out_valid.eq(1), busy.eq(0)]
         m.d.comb += route.release.eq(w_valid & (w_row == d - 1))
         return m
+
+
+def moe_for_config(cfg, seed: int = 0) -> MoEUnit:
+    """The unit with the constants of seeded random parameters quantised for ``cfg``
+    (what synthesis builds: the baked constants are representative, not special)."""
+    from sim.models.params import random_params
+    from sim.models.quantize import quantize_layer
+    return MoEUnit(cfg, quantize_layer(random_params(cfg, seed), cfg).moe)

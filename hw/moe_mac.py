@@ -13,7 +13,7 @@ saturate; ``RESULT_LATENCY`` cycles from the last beat of a row to ``y``.
 """
 from __future__ import annotations
 
-from amaranth.hdl import Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Const, Module, Signal, signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -37,21 +37,22 @@ def saturate(m, value, bits: int, out: Signal):
 
 
 class LaneMacRequant(wiring.Component):
-    """Beats in (valid, w, x, first, last, mult, shift, sat8, tag); per row out
-    (y_valid, y, y_tag).  ``sat8`` chooses the output range: act_bits (1) or
-    ``code_bits`` (0, a table code); both are signed."""
+    """Beats in (valid, w, x, first, last, mult, shift, out_sel, tag); per row out
+    (y_valid, y, y_tag).  ``out_sel`` picks the row's signed output width from
+    ``out_widths`` (e.g. a table code, an int8 activation, a 16-bit expert output)."""
 
     RESULT_LATENCY = 6
 
     def __init__(self, lanes: int, acc_bits: int, mult_bits: int, max_shift: int, tag_layout,
-                 act_bits: int = 8, code_bits: int = 8):
+                 out_widths=(8,)):
         self.lanes, self.acc_bits, self.mult_bits, self.max_shift = lanes, acc_bits, mult_bits, max_shift
-        self.act_bits, self.code_bits = act_bits, code_bits
+        self.out_widths = tuple(out_widths)
         vec = data.ArrayLayout(signed(8), lanes)
-        self.out_bits = max(act_bits, code_bits)
+        self.out_bits = max(self.out_widths)
         super().__init__({
             "valid": In(1), "w": In(vec), "x": In(vec), "first": In(1), "last": In(1),
-            "mult": In(unsigned(mult_bits)), "shift": In(range(max_shift + 1)), "act_out": In(1),
+            "mult": In(unsigned(mult_bits)), "shift": In(range(max_shift + 1)),
+            "out_sel": In(range(max(2, len(self.out_widths)))),
             "tag": In(tag_layout),
             "y_valid": Out(1), "y": Out(signed(self.out_bits)), "y_tag": Out(tag_layout),
         })
@@ -77,7 +78,7 @@ class LaneMacRequant(wiring.Component):
             c.last = stage(f"{prefix}_last", 1, src.last)
             c.mult = stage(f"{prefix}_mult", unsigned(self.mult_bits), src.mult)
             c.shift = stage(f"{prefix}_shift", range(self.max_shift + 1), src.shift)
-            c.act_out = stage(f"{prefix}_act_out", 1, src.act_out)
+            c.out_sel = stage(f"{prefix}_out_sel", src.out_sel.shape(), src.out_sel)
             c.tag = stage(f"{prefix}_tag", tag_shape, src.tag)
             return c
 
@@ -105,11 +106,12 @@ class LaneMacRequant(wiring.Component):
         r_done = stage("r_done", 1, q_done)
         r_val = stage("r_val", signed(len(q_prod)), round_shift_value(q_prod, q_ctl.shift, self.max_shift))
         # 6: saturate to the row's output range
-        y_act = Signal(signed(self.act_bits))
-        y_code = Signal(signed(self.code_bits))
-        saturate(m, r_val, self.act_bits, y_act)
-        saturate(m, r_val, self.code_bits, y_code)
-        m.d.sync += [self.y_valid.eq(r_done), self.y_tag.eq(r_ctl.tag),
-                     self.y.eq(Mux(r_ctl.act_out, y_act, y_code))]
+        m.d.sync += [self.y_valid.eq(r_done), self.y_tag.eq(r_ctl.tag)]
+        with m.Switch(r_ctl.out_sel):
+            for i, bits in enumerate(self.out_widths):
+                with m.Case(i):
+                    y_i = Signal(signed(bits), name=f"y_sat{bits}")
+                    saturate(m, r_val, bits, y_i)
+                    m.d.sync += self.y.eq(y_i)
         return m
 

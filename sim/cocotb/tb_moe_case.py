@@ -58,12 +58,19 @@ def layer_hn(qlayer, cfg: Config, n: int, seed: int) -> np.ndarray:
     return np.array([t["hn_unit"] for t in traces], dtype=np.int64)
 
 
-def build_case(cfg: Config, n_tokens: int, seed: int = 0, zero_bias: bool = False) -> MoECase:
+def build_case(cfg: Config, n_tokens: int, seed: int = 0, zero_bias: bool = False,
+               paired_bias: bool = False) -> MoECase:
+    """``zero_bias``: all choices equal their scores (the all-zero token ties all E);
+    ``paired_bias``: experts 2i and 2i+1 share a bias, so equal scores of a pair
+    (saturated router codes) tie in the choice while the bias still reorders experts."""
     fm = formats_for(cfg)
     params = random_params(cfg, seed=seed)
     q = quantize_layer(params, cfg)
     if zero_bias:   # every choice equals its score: an all-zero token ties all E experts
         q.moe.bias = np.zeros_like(q.moe.bias)
+    if paired_bias:
+        q.moe.bias = q.moe.bias.copy()
+        q.moe.bias[1::2] = q.moe.bias[0:len(q.moe.bias) - 1:2]
     d = cfg.model.d_model
     rng = np.random.default_rng(seed + 7)
     corners = [np.zeros(d), np.full(d, 127), np.full(d, -128), np.where(np.arange(d) % 2, 127, -128)]
