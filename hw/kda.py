@@ -370,3 +370,12 @@ class KdaUnit(wiring.Component):
                     m.d.sync += tokens.eq(tokens + 1)
                     m.next = "ACCEPT"
         return m
+
+
+def default_kda(cfg, seed: int = 0) -> KdaUnit:
+    """The unit with the baked constants of the seeded random layer (sim/models/params.py),
+    quantised by sim/models/quantize.py: what `moekda synth --top kda` builds.  The
+    constants change the ROM contents and shift amounts, not the structure."""
+    from sim.models.params import random_params
+    from sim.models.quantize import quantize_layer
+    return KdaUnit(cfg, quantize_layer(random_params(cfg, seed), cfg).kda)

@@ -1,11 +1,11 @@
 """cocotb bench of the KDA unit (hw/kda.py) against the integer model, bit for bit.
 
-The case - config, quantised parameters, weight image, input tokens, where
-sequences start, expected outputs - is rebuilt here from the environment
-(KDA_CONFIG, KDA_SEED, KDA_TOKENS, KDA_FIRST, KDA_STALL) by ``kda_case``, the
-same function the pytest runner used to generate the RTL, so the two sides
-share one source.  Inputs are realistic: residual-stream tokens through the
-integer model's attention RMSNorm.
+The case - config, weight image, input tokens, where sequences start,
+expected outputs - is made by ``kda_case`` in the pytest process that also
+generates the RTL from the same quantised parameters, and handed over in
+one .npz file (KDA_CASE), so the RTL and the expectations cannot come from
+two different versions of the model.  Inputs are realistic: residual-stream
+tokens through the integer model's attention RMSNorm.
 
 Checks: every output token equals the model's; stalls on the input stream,
 the weight port (both directions) and back-pressure on the output when
@@ -69,10 +69,14 @@ def kda_case(config: str, seed: int, tokens: int, first=(0,)) -> KdaCase:
     return KdaCase(cfg, qp.kda, build_image(cfg, tensors, mm), xn, starts, want)
 
 
+def save_case(case: KdaCase, path) -> None:
+    np.savez(path, config=case.cfg.source, xn=case.xn, first=case.first, want=case.want,
+             image=np.frombuffer(case.image, dtype=np.uint8))
+
+
 def case_from_env() -> KdaCase:
-    first = [int(f) for f in os.environ.get("KDA_FIRST", "0").split(",") if f]
-    return kda_case(os.environ["KDA_CONFIG"], int(os.environ.get("KDA_SEED", "0")),
-                    int(os.environ["KDA_TOKENS"]), first)
+    z = np.load(os.environ["KDA_CASE"])
+    return KdaCase(load_config(str(z["config"])), None, z["image"].tobytes(), z["xn"], z["first"], z["want"])
 
 
 def pack(values, bits: int) -> int:

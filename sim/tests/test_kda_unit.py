@@ -43,15 +43,17 @@ def run_kda(config: str, simulator: str, tokens: int, first=(0,), stall=True, se
     from cocotb_tools.check_results import get_results
     from cocotb_tools.runner import get_runner
 
-    from sim.cocotb.tb_kda import quantised
-    cfg, qp = quantised(config, seed)
+    from sim.cocotb.tb_kda import kda_case, save_case
+    case = kda_case(config, seed, tokens, first)
     build = REPO_ROOT / "build" / config / "sim" / f"kda_{simulator}_s{seed}"
     build.mkdir(parents=True, exist_ok=True)
     src = build / "kda.v"
-    text = verilog.convert(KdaUnit(cfg, qp.kda), name="kda")
+    text = verilog.convert(KdaUnit(case.cfg, case.qkda), name="kda")
     if not src.exists() or src.read_text() != text:
         src.write_text(text)
     cycles_out = build / f"cycles_{tokens}.txt"
+    case_file = build / f"case_{tokens}.npz"
+    save_case(case, case_file)
     runner = get_runner(simulator)
     # Icarus in its default -g2012 mode applies declaration initialisers without an
     # event, so the generated always @* blocks would never run: use -g2005 semantics
@@ -60,8 +62,7 @@ def run_kda(config: str, simulator: str, tokens: int, first=(0,), stall=True, se
                  timescale=("1ns", "1ps"))
     results = runner.test(
         test_module="tb_kda", hdl_toplevel="kda", test_dir=BENCH_DIR, build_dir=build,
-        extra_env={"KDA_CONFIG": config, "KDA_SEED": str(seed), "KDA_TOKENS": str(tokens),
-                   "KDA_FIRST": ",".join(map(str, first)), "KDA_STALL": "1" if stall else "0",
+        extra_env={"KDA_CASE": str(case_file), "KDA_SEED": str(seed), "KDA_STALL": "1" if stall else "0",
                    "KDA_CYCLES_OUT": str(cycles_out),
                    "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(BENCH_DIR), os.environ.get("PYTHONPATH", "")])})
     n, failed = get_results(Path(results))
