@@ -291,28 +291,42 @@ class MoEUnit(wiring.Component):
         t_y = reg("t_y", signed(mac.out_bits), mac.y)
         bias = Array(Const(int(b), signed(key_bits)) for b in q.bias)
 
-        # stage T: table outputs valid
-        m.d.comb += [topk.inp.valid.eq(t_valid & (t_kind == ROUTER)),
-                     topk.inp.payload.key.eq(score_lut.data + bias[t_row]),
-                     topk.inp.payload.tag.eq(score_lut.data)]
+        # stage T: table outputs valid.  Router: the choice key is registered
+        # before the top-k compare; gate: the SiLU value goes into the buffer;
+        # up/down: the multiplier operands are registered (buffer / weight read)
+        k_valid = reg("k_valid", 1, t_valid & (t_kind == ROUTER), reset_less=False)
+        k_key = reg("k_key", signed(key_bits), score_lut.data + bias[t_row])
+        k_tag = reg("k_tag", unsigned(score_bits), score_lut.data)
+        m.d.comb += [topk.inp.valid.eq(k_valid), topk.inp.payload.key.eq(k_key),
+                     topk.inp.payload.tag.eq(k_tag)]
         with m.If(t_valid & (t_kind == GATE)):
             m.d.sync += buf[t_row].eq(silu_lut.data)
         rank = (t_seg - 1 - S)[:max(1, (k - 1).bit_length())]
-        contrib = Mux(t_seg <= S, t_y << fm.wn_frac, wt[rank] * t_y)
-        u_valid = reg("u_valid", 1, t_valid & ((t_kind == UP) | (t_kind == DOWN)), reset_less=False)
-        u_kind = reg("u_kind", 2, t_kind)
-        u_row = reg("u_row", t_row.shape(), t_row)
-        u_seg = reg("u_seg", t_seg.shape(), t_seg)
-        u_val = reg("u_val", signed(self.widths["moe_combine_acc"]),
-                    Mux(t_kind == UP, buf[t_row] * t_y[:fm.act_bits].as_signed(), contrib))
+        # down: routed experts weigh by wt, shared ones by 1.0 = 1 << wn_frac
+        weight = Mux(t_seg <= S, 1 << fm.wn_frac, wt[rank])
+        o_valid = reg("o_valid", 1, t_valid & ((t_kind == UP) | (t_kind == DOWN)), reset_less=False)
+        o_kind = reg("o_kind", 2, t_kind)
+        o_row = reg("o_row", t_row.shape(), t_row)
+        o_seg = reg("o_seg", t_seg.shape(), t_seg)
+        o_a = reg("o_a", signed(max(PROD_BITS + 1, self.widths["route_weight"] + 1)),
+                  Mux(t_kind == UP, buf[t_row], weight))
+        o_b = reg("o_b", t_y.shape(), t_y)
+
+        # stage O: the product (SiLU * up, or weight * expert output)
+        u_valid = reg("u_valid", 1, o_valid, reset_less=False)
+        u_kind = reg("u_kind", 2, o_kind)
+        u_row = reg("u_row", o_row.shape(), o_row)
+        u_seg = reg("u_seg", o_seg.shape(), o_seg)
+        u_val = reg("u_val", signed(self.widths["moe_combine_acc"]), o_a * o_b)
 
         # stage U, up: the product replaces the SiLU value in the buffer; the OR of
         # the magnitudes has the bit length of max|prod| (the hidden exponent)
-        magnitude = Mux(u_val < 0, -u_val, u_val)[:PROD_BITS]
+        prod16 = u_val[:PROD_BITS + 1].as_signed()
+        magnitude = Mux(prod16 < 0, -prod16, prod16)[:PROD_BITS]
         orb_new = Signal(PROD_BITS)
         m.d.comb += orb_new.eq(Mux(u_row == 0, 0, orb) | magnitude)
         with m.If(u_valid & (u_kind == UP)):
-            m.d.sync += [buf[u_row].eq(u_val), orb.eq(orb_new)]
+            m.d.sync += [buf[u_row].eq(prod16), orb.eq(orb_new)]
             with m.If(u_row == f - 1):
                 bl = Signal(range(PROD_BITS + 1))
                 for i in range(PROD_BITS):
@@ -320,15 +334,23 @@ class MoEUnit(wiring.Component):
                         m.d.comb += bl.eq(i + 1)
                 m.d.sync += [hid_sh.eq(Mux(bl > fm.act_bits - 1, bl - (fm.act_bits - 1), 0)),
                              conv_busy.eq(1), conv_j.eq(0), conv_seg.eq(u_seg)]
-        # the hidden vector, pb values per cycle: sat8(round_shift(prod, sh))
+        # the hidden vector, pb values per cycle: sat8(round_shift(prod, sh)),
+        # in two stages (slice read, then shift and saturate)
+        cv_valid = reg("cv_valid", 1, conv_busy, reset_less=False)
+        cv_j = reg("cv_j", conv_j.shape(), conv_j)
+        cv_last = reg("cv_last", 1, conv_j == nb_f - 1)
+        cv_vals = [reg(f"cv_val{i}", signed(PROD_BITS + 1), buf_padded[conv_j * pb + i]) for i in range(pb)]
         with m.If(conv_busy):
-            for i in range(pb):
-                hv = Signal(signed(8), name=f"hid_conv{i}")
-                saturate(m, round_shift_value(buf_padded[conv_j * pb + i], hid_sh, 7), 8, hv)
-                m.d.sync += h[conv_j * pb + i].eq(hv)
             m.d.sync += conv_j.eq(conv_j + 1)
             with m.If(conv_j == nb_f - 1):
-                m.d.sync += [conv_busy.eq(0), h_ok.eq(1), h_seg.eq(conv_seg)]
+                m.d.sync += conv_busy.eq(0)
+        with m.If(cv_valid):
+            for i in range(pb):
+                hv = Signal(signed(8), name=f"hid_conv{i}")
+                saturate(m, round_shift_value(cv_vals[i], hid_sh, 7), 8, hv)
+                m.d.sync += h[cv_j * pb + i].eq(hv)
+            with m.If(cv_last):
+                m.d.sync += [h_ok.eq(1), h_seg.eq(conv_seg)]
 
         # stage U, down: weighted add into the accumulators (the first expert assigns)
         acc_new = Signal(signed(self.widths["moe_combine_acc"]))
@@ -338,20 +360,28 @@ class MoEUnit(wiring.Component):
         last_seg = u_seg == nseg - 1
         v_valid = reg("v_valid", 1, u_valid & (u_kind == DOWN) & last_seg, reset_less=False)
         v_row = reg("v_row", u_row.shape(), u_row)
-        prod_w = self.widths["moe_combine_acc"] + fm.mult_bits + 1
-        v_prod = reg("v_prod", signed(prod_w), acc_new * Const(q.comb_m, unsigned(fm.mult_bits)))
+        v_acc = reg("v_acc", acc_new.shape(), acc_new)
 
-        # stage V: round and shift; stage W: saturate into the output token
+        # stage V: times comb_m, as two constant half products; W: sum + rounding
+        # constant; X: shift (wiring) and saturate into the output token
+        hm = fm.mult_bits // 2
+        comb_lo, comb_hi = q.comb_m & ((1 << hm) - 1), q.comb_m >> hm
+        prod_w = self.widths["moe_combine_acc"] + fm.mult_bits + 2
         w_valid = reg("w_valid", 1, v_valid, reset_less=False)
         w_row = reg("w_row", v_row.shape(), v_row)
-        w_val = reg("w_val", signed(prod_w), round_shift_value(v_prod, Const(q.comb_s), q.comb_s))
-        w_sat = Signal(signed(self.out_bits))
-        saturate(m, w_val, self.out_bits, w_sat)
-        with m.If(w_valid):
-            m.d.sync += y_out[w_row].eq(w_sat)
-            with m.If(w_row == d - 1):
+        w_lo = reg("w_lo", signed(prod_w), v_acc * Const(comb_lo, unsigned(hm + 1)))
+        w_hi = reg("w_hi", signed(prod_w), v_acc * Const(comb_hi, unsigned(fm.mult_bits - hm + 1)))
+        half = (1 << q.comb_s) >> 1
+        x_valid = reg("x_valid", 1, w_valid, reset_less=False)
+        x_row = reg("x_row", w_row.shape(), w_row)
+        x_sum = reg("x_sum", signed(prod_w + 1), w_lo + (w_hi << hm) + half)
+        x_sat = Signal(signed(self.out_bits))
+        saturate(m, x_sum >> q.comb_s, self.out_bits, x_sat)
+        with m.If(x_valid):
+            m.d.sync += y_out[x_row].eq(x_sat)
+            with m.If(x_row == d - 1):
                 m.d.sync += [out_valid.eq(1), busy.eq(0)]
-        m.d.comb += route.release.eq(w_valid & (w_row == d - 1))
+        m.d.comb += route.release.eq(x_valid & (x_row == d - 1))
         return m
 
 

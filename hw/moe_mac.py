@@ -8,8 +8,9 @@ It stays here until the shared engine (hw/matvec.py, H2) lands; the MoE unit
 only needs: one beat per cycle in, a tag travelling with each row, and a
 fixed latency out (no back-pressure: the MoE's result pipeline never stalls).
 
-Pipeline: products | adder tree | accumulate | acc*mult | round-shift |
-saturate; ``RESULT_LATENCY`` cycles from the last beat of a row to ``y``.
+Pipeline: products | groups of 4 | group sum | accumulate | acc*mult as two
+half products | sum + rounding constant | shift | saturate;
+``RESULT_LATENCY`` cycles from the last beat of a row to ``y``.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ class LaneMacRequant(wiring.Component):
     (y_valid, y, y_tag).  ``out_sel`` picks the row's signed output width from
     ``out_widths`` (e.g. a table code, an int8 activation, a 16-bit expert output)."""
 
-    RESULT_LATENCY = 6
+    RESULT_LATENCY = 8
 
     def __init__(self, lanes: int, acc_bits: int, mult_bits: int, max_shift: int, tag_layout,
                  out_widths=(8,)):
@@ -85,33 +86,43 @@ class LaneMacRequant(wiring.Component):
         # 1: lane products
         p_ctl = carry("p", self)
         prods = [stage(f"p_prod{i}", signed(16), self.w[i] * self.x[i]) for i in range(L)]
-        # 2: adder tree (a row's beat sum)
+        # 2-3: adder tree in two register stages (groups of four, then the groups)
         t_ctl = carry("t", p_ctl)
-        t_sum = stage("t_sum", signed(16 + max(1, (L - 1).bit_length())), sum(prods))
-        # 3: accumulate, wrapping at acc_bits like the model's register
+        groups = [prods[i:i + 4] for i in range(0, L, 4)]
+        g_sums = [stage(f"t_group{j}", signed(18), sum(g)) for j, g in enumerate(groups)]
+        u_ctl = carry("u", t_ctl)
+        t_sum = stage("u_sum", signed(18 + max(1, (len(groups) - 1).bit_length())), sum(g_sums))
+        # 4: accumulate, wrapping at acc_bits like the model's register
         acc = Signal(signed(self.acc_bits))
-        with m.If(t_ctl.valid & t_ctl.first):
+        with m.If(u_ctl.valid & u_ctl.first):
             m.d.sync += acc.eq(t_sum)
-        with m.Elif(t_ctl.valid):
+        with m.Elif(u_ctl.valid):
             m.d.sync += acc.eq(acc + t_sum)
-        a_ctl = carry("a", t_ctl)
+        a_ctl = carry("a", u_ctl)
         a_done = Signal()
         m.d.comb += a_done.eq(a_ctl.valid & a_ctl.last)
-        # 4: acc * mult
+        # 5: acc * mult as two half-width partial products (one multiplier is too slow)
+        h = self.mult_bits // 2
         q_ctl = carry("q", a_ctl)
         q_done = stage("q_done", 1, a_done)
-        q_prod = stage("q_prod", signed(self.acc_bits + self.mult_bits + 1), acc * a_ctl.mult)
-        # 5: round half up and shift
+        q_lo = stage("q_lo", signed(self.acc_bits + h + 1), acc * a_ctl.mult[:h])
+        q_hi = stage("q_hi", signed(self.acc_bits + self.mult_bits - h + 1), acc * a_ctl.mult[h:])
+        # 6: sum with the rounding constant (round half up)
         r_ctl = carry("r", q_ctl)
         r_done = stage("r_done", 1, q_done)
-        r_val = stage("r_val", signed(len(q_prod)), round_shift_value(q_prod, q_ctl.shift, self.max_shift))
-        # 6: saturate to the row's output range
-        m.d.sync += [self.y_valid.eq(r_done), self.y_tag.eq(r_ctl.tag)]
-        with m.Switch(r_ctl.out_sel):
+        half = (Const(1, self.max_shift + 1) << q_ctl.shift) >> 1
+        r_sum = stage("r_sum", signed(self.acc_bits + self.mult_bits + 2), q_lo + (q_hi << h) + half)
+        # 7: shift
+        s_ctl = carry("s", r_ctl)
+        s_done = stage("s_done", 1, r_done)
+        s_val = stage("s_val", signed(len(r_sum)), r_sum >> r_ctl.shift)
+        # 8: saturate to the row's output range
+        m.d.sync += [self.y_valid.eq(s_done), self.y_tag.eq(s_ctl.tag)]
+        with m.Switch(s_ctl.out_sel):
             for i, bits in enumerate(self.out_widths):
                 with m.Case(i):
                     y_i = Signal(signed(bits), name=f"y_sat{bits}")
-                    saturate(m, r_val, bits, y_i)
+                    saturate(m, s_val, bits, y_i)
                     m.d.sync += self.y.eq(y_i)
         return m
 
