@@ -6,6 +6,7 @@ the constant-cost check: cycles per token at token 4096 equal those at 16.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from pathlib import Path
@@ -49,8 +50,6 @@ def run_kda(config: str, simulator: str, tokens: int, first=(0,), stall=True, se
     build.mkdir(parents=True, exist_ok=True)
     src = build / "kda.v"
     text = verilog.convert(KdaUnit(case.cfg, case.qkda), name="kda")
-    if not src.exists() or src.read_text() != text:
-        src.write_text(text)
     cycles_out = build / f"cycles_{tokens}.txt"
     case_file = build / f"case_{tokens}.npz"
     save_case(case, case_file)
@@ -58,10 +57,17 @@ def run_kda(config: str, simulator: str, tokens: int, first=(0,), stall=True, se
     # Icarus in its default -g2012 mode applies declaration initialisers without an
     # event, so the generated always @* blocks would never run: use -g2005 semantics
     build_args = ["-Wno-fatal", "-O2"] if simulator == "verilator" else ["-g2005"]
-    runner.build(sources=[src], hdl_toplevel="kda", build_dir=build, build_args=build_args,
-                 timescale=("1ns", "1ps"))
+    # runs of the same (config, seed) share one build; a lock keeps parallel pytest
+    # workers from building in the same directory at once
+    with open(build / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not src.exists() or src.read_text() != text:
+            src.write_text(text)
+        runner.build(sources=[src], hdl_toplevel="kda", build_dir=build, build_args=build_args,
+                     timescale=("1ns", "1ps"))
     results = runner.test(
         test_module="tb_kda", hdl_toplevel="kda", test_dir=BENCH_DIR, build_dir=build,
+        results_xml=str(build / f"results_{tokens}_{int(stall)}.xml"),
         extra_env={"KDA_CASE": str(case_file), "KDA_SEED": str(seed), "KDA_STALL": "1" if stall else "0",
                    "KDA_CYCLES_OUT": str(cycles_out),
                    "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(BENCH_DIR), os.environ.get("PYTHONPATH", "")])})
