@@ -31,7 +31,7 @@ Schedule of one token (all phases in sequence; W = weight_port_bytes = lanes)
 3. NORM    L2 normalisation of q then k, head by head, on the shared
            normaliser: 2 H (2 d_k + rsqrt latency + 4) cycles.
 4. DELTA   the state update and read (hw/kda_delta.py):
-           H d_v (2 d_k / state_lanes + 11) cycles.
+           about H d_v (2 d_k / state_lanes + 6) cycles.
 5. ONORM   RMSNorm of o per head on the same normaliser, times the gate.
 6. WO      W_o beats (input zo): d ceil(H d_v / W) cycles, then the output.
 No phase depends on the number of tokens seen: cycles per token are constant

@@ -17,13 +17,15 @@ value column j (the state memory is column-major, see hw/kda_state.py):
 
 rs = round half up shift, sat = saturate to state_bits.  Each column needs
 only its own u_j, so the two passes run column by column and nothing wider
-than one column is buffered.  Cost per token (measured by the tests):
-``heads * d_v * (2 * d_k / lanes + 2 * PIPE + 2)`` cycles plus output
-back-pressure, independent of how many tokens came before.
+than one column is buffered.
 
-Pipeline of a pass (one word read per cycle, tag = row block):
+Pipeline of a pass (one word read per cycle, tag = row block and pass):
     read -> [A] S1 = decay -> [B] S2 (pass 2) / S1 -> [C] lane products summed -> [D] acc
-A pass waits for the pipeline to drain before the per-column step (u or o).
+Pass 2 of column j writes S2 back from [B] and drains into its own
+accumulator while pass 1 of column j+1 already reads, so a column costs
+2 d_k/lanes read cycles plus the pass-1 drain (PIPE + 2 cycles) before u_j:
+about heads * d_v * (2 d_k / lanes + PIPE + 2) cycles per token, independent
+of how many tokens came before.
 
 Ports: ``start`` (strobe, when not ``busy``) runs one token over the vectors
 ``k``, ``q``, ``alpha``, ``v``, ``beta`` that must stay stable while ``busy``;
@@ -106,9 +108,10 @@ class DeltaRule(wiring.Component):
         pass2 = Signal()
         issuing = Signal()
         col_word = Signal(range(mem.words))     # first word of column (h, j)
-        inflight = Signal(range(PIPE + 2))      # reads whose result is not yet in acc
         u = Signal(signed(sb))
-        acc = Signal(signed(sb + fm.act_bits + (dk - 1).bit_length() + 1))
+        acc_width = sb + fm.act_bits + (dk - 1).bit_length() + 1
+        acc_k = Signal(signed(acc_width))       # pass 1: sum_i k_i S1_ij
+        acc_o = Signal(signed(acc_width))       # pass 2: sum_i q_i S2_ij
 
         # ---- datapath ----------------------------------------------------------------
         # stage 0: the read, tagged with its row block and pass
@@ -149,63 +152,86 @@ class DeltaRule(wiring.Component):
         m.d.sync += [c_valid.eq(b_valid),
                      c_sum.eq(sum(Mux(b_pass2, q_b[l], k_b[l]) * b_s[l] for l in range(P)))]
 
-        # stage D: the column accumulator (cleared by the control between passes)
-        acc_clear = Signal()
-        with m.If(acc_clear):
-            m.d.sync += acc.eq(0)
-        with m.Elif(c_valid):
-            m.d.sync += acc.eq(acc + c_sum)
+        # stage D: one accumulator per pass, so pass 2 of column j can drain while
+        # pass 1 of column j+1 runs
+        c_pass2 = Signal()
+        m.d.sync += c_pass2.eq(b_pass2)
+        acc_k_clear, acc_o_clear = Signal(), Signal()
+        with m.If(acc_k_clear):
+            m.d.sync += acc_k.eq(0)
+        with m.Elif(c_valid & ~c_pass2):
+            m.d.sync += acc_k.eq(acc_k + c_sum)
+        with m.If(acc_o_clear):
+            m.d.sync += acc_o.eq(0)
+        with m.Elif(c_valid & c_pass2):
+            m.d.sync += acc_o.eq(acc_o + c_sum)
 
-        issued = issuing.as_unsigned()
-        retired = c_valid.as_unsigned()
-        m.d.sync += inflight.eq(inflight + issued - retired)
-        drained = (inflight == 0) & ~issuing
+        # reads of each pass whose product is not yet accumulated
+        inflight1, inflight2 = Signal(range(PIPE + 2)), Signal(range(PIPE + 2))
+        m.d.sync += [
+            inflight1.eq(inflight1 + (issuing & ~pass2).as_unsigned() - (c_valid & ~c_pass2).as_unsigned()),
+            inflight2.eq(inflight2 + (issuing & pass2).as_unsigned() - (c_valid & c_pass2).as_unsigned()),
+        ]
 
         # per-column steps
-        kS = saturate(round_shift(acc, sh.f_k), sb)
+        kS = saturate(round_shift(acc_k, sh.f_k), sb)
         v_j = Array(self.v[i] for i in range(H * dv))[h * dv + j]
         beta_h = Array(self.beta[i] for i in range(H))[h]
         diff = (v_j << (sh.f_s - sh.f_v)) - kS
         u_next = saturate(round_shift(beta_h * diff, fm.unit_frac), sb)
-        o_val = Signal(signed(fm.o_bits))
 
-        m.d.comb += self.o.payload.eq(o_val)
+        # the read o_j leaves through a register once pass 2 of its column has drained
+        p2_open = Signal()                      # pass 2 issued, its sum not yet in o
+        o_val = Signal(signed(fm.o_bits))
+        o_valid = Signal()
+        m.d.comb += [self.o.payload.eq(o_val), self.o.valid.eq(o_valid)]
+        with m.If(self.o.ready):
+            m.d.sync += o_valid.eq(0)
+        with m.If(p2_open & (inflight2 == 0)):
+            m.d.sync += [o_val.eq(saturate(round_shift(acc_o, sh.o_shift), fm.o_bits)),
+                         o_valid.eq(1), p2_open.eq(0)]
+            m.d.comb += acc_o_clear.eq(1)
+        pass2_free = ~p2_open & ~o_valid        # acc_o and the o register are free
+
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [h.eq(0), j.eq(0), b.eq(0), col_word.eq(0), pass2.eq(0), acc.eq(0)]
-                    m.next = "ISSUE"
-            with m.State("ISSUE"):
+                    m.d.sync += [h.eq(0), j.eq(0), b.eq(0), col_word.eq(0), pass2.eq(0)]
+                    m.d.comb += [acc_k_clear.eq(1), acc_o_clear.eq(1)]
+                    m.next = "ISSUE1"
+            with m.State("ISSUE1"):
                 m.d.comb += [self.busy.eq(1), issuing.eq(1)]
                 m.d.sync += b.eq(b + 1)
                 with m.If(b == nb - 1):
                     m.d.sync += b.eq(0)
-                    m.next = "DRAIN"
-            with m.State("DRAIN"):
+                    m.next = "WAIT1"
+            with m.State("WAIT1"):
+                # u_j needs the whole pass-1 sum; u may change only once the
+                # previous column's pass 2 has left stage B (it has when drained)
                 m.d.comb += self.busy.eq(1)
-                with m.If(drained):
-                    with m.If(~pass2):
-                        m.d.sync += [u.eq(u_next), pass2.eq(1)]
-                        m.d.comb += acc_clear.eq(1)
-                        m.next = "ISSUE"
-                    with m.Else():
-                        m.d.sync += o_val.eq(saturate(round_shift(acc, sh.o_shift), fm.o_bits))
-                        m.next = "OUT"
-            with m.State("OUT"):
-                m.d.comb += [self.busy.eq(1), self.o.valid.eq(1)]
-                with m.If(self.o.ready):
-                    m.d.comb += acc_clear.eq(1)
-                    m.d.sync += [pass2.eq(0), col_word.eq(col_word + nb)]
-                    m.next = "ISSUE"
+                with m.If((inflight1 == 0) & pass2_free):
+                    m.d.sync += [u.eq(u_next), pass2.eq(1)]
+                    m.d.comb += acc_k_clear.eq(1)
+                    m.next = "ISSUE2"
+            with m.State("ISSUE2"):
+                m.d.comb += [self.busy.eq(1), issuing.eq(1)]
+                m.d.sync += b.eq(b + 1)
+                with m.If(b == nb - 1):
+                    m.d.sync += [b.eq(0), pass2.eq(0), p2_open.eq(1), col_word.eq(col_word + nb)]
+                    m.next = "ISSUE1"
                     with m.If(j == dv - 1):
                         m.d.sync += j.eq(0)
                         with m.If(h == H - 1):
-                            m.next = "IDLE"
-                            # every word was rewritten by this token: the state is valid
-                            m.d.comb += mem.commit.eq(1)
+                            m.next = "FINISH"
                         with m.Else():
                             m.d.sync += h.eq(h + 1)
                     with m.Else():
                         m.d.sync += j.eq(j + 1)
+            with m.State("FINISH"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(pass2_free):
+                    # every word was rewritten by this token: the state is valid
+                    m.d.comb += mem.commit.eq(1)
+                    m.next = "IDLE"
         m.d.comb += mem.clear.eq(self.clear)
         return m
