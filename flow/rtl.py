@@ -47,7 +47,15 @@ def chip_top() -> str | None:
     return next((t for t in CHIP_TOP_PREFERENCE if t in reg), None)
 
 
-def write_rtl(cfg: Config, top: str, path: Path) -> Path:
+def describe_verilog(path: Path) -> str:
+    """One line for the rtl log: size and modules (a huge file means a slow synthesis)."""
+    text = path.read_text()
+    modules = sum(1 for line in text.splitlines() if line.startswith("module "))
+    return (f"{path}: {len(text) / 1e6:.2f} MB, {text.count(chr(10))} lines, {modules} modules, "
+            f"{text.count('assign ')} assigns")
+
+
+def write_rtl(cfg: Config, top: str, path: Path, log: Path | None = None) -> Path:
     tops = _tops()
     reg = registry()
     if top not in reg:
@@ -60,4 +68,7 @@ def write_rtl(cfg: Config, top: str, path: Path) -> Path:
         from amaranth.back import verilog
         elaboratable, ports = reg[top](cfg)
         path.write_text(verilog.convert(elaboratable, name=top, ports=ports))
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"# top {top}, config {cfg.name} ({cfg.hash()})\n{describe_verilog(path)}\n")
     return path

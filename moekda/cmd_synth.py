@@ -128,7 +128,7 @@ def run(args) -> int:
         rtl = [args.verilog.resolve()]
         steps.run("rtl", lambda: None)
     else:
-        steps.run("rtl", write_rtl, cfg, top, paths.rtl)
+        steps.run("rtl", write_rtl, cfg, top, paths.rtl, paths.log("rtl"))
         rtl = [paths.rtl]
     opts = FlowOptions(n_paths=args.paths, activity=activity, flatten=args.flatten,
                        synth_timeout_s=args.timeout)

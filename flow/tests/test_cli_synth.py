@@ -118,6 +118,7 @@ def fake_tops(monkeypatch):
 def test_default_top_is_the_chip_top_of_the_registry(capsys, build_root, fake_tops):
     assert main(["synth", "-c", "tiny", "--paths", "2"]) == 0
     assert (build_root / "tiny" / "rtl" / "matvec.v").is_file()
+    assert "3 modules" in (build_root / "tiny" / "logs" / "rtl.log").read_text()
     assert (build_root / "tiny" / "reports" / "metrics.json").is_file()  # the chip top: no sub-directory
     assert "design  matvec @ tiny" in capsys.readouterr().out
 
