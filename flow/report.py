@@ -251,5 +251,7 @@ def build_report(paths: BuildPaths, liberty: Path) -> Path:
               + ", ".join(f"`{v}`" for v in REPORTS.values())
               + ", `metrics.json`.  Logs (one per step): `" + str(paths.logs.relative_to(paths.root))
               + "/` and netlist, SDC and scripts: `synth/` under `" + str(paths.root) + "`.", ""]
+    if paths.report("pnr.md").is_file():
+        lines += ["Place and route (`moekda pnr`): [pnr.md](pnr.md).", ""]
     paths.report_md.write_text("\n".join(lines))
     return paths.report_md
