@@ -1,0 +1,286 @@
+"""The int8 matrix-vector engine: L lanes of int8 x int8, int32 accumulate, requantise.
+
+Every projection of the layer (KDA q/k/v/f/gate/beta/W_o, the router, the
+experts) streams its weight rows through this engine.  sim/models/matvec.py
+is its specification; the cocotb bench compares the two bit for bit.
+
+Interface (amaranth.lib.stream, valid/ready):
+
+* ``i`` carries beats: ``w`` and ``x`` (``lanes`` signed int8 each), ``first``
+  (start the accumulator from zero with this beat), ``last`` (emit a result
+  after this beat), and ``mult``/``shift``, the requantisation pair, read
+  only from the ``last`` beat.  Carrying (M, s) with ``last`` lets every row
+  have its own scale (per-channel quantisation) at no cost in bandwidth that
+  matters; other beats may carry anything there.  A dot product of any
+  length C is ceil(C/L) beats, the last one zero-padded.
+* ``o`` carries one result per ``last`` beat: ``y`` = requantize(acc, M, s)
+  (int8, moekda/numerics.py) and ``acc``, the wrapped ``acc_bits`` sum, for
+  consumers that need the wide value (the KDA state path).
+
+Structure: an input register, ``DotProduct`` (Booth partial products of all
+lanes merged in one carry-save tree), ``Accumulator`` (carry-save, so the
+loop is one full-adder deep), ``Requantiser`` (carry-save multiply, one
+rounding add, shift, saturate) and an output FIFO.  The pipeline itself never
+stalls: ``i.ready`` is a registered credit check that admits a beat only if
+the FIFO is sure to have room for every result in flight.  So back-pressure
+costs no enable on the datapath registers, and no path runs combinationally
+from ``o.ready`` to ``i.ready``.
+
+Reset (the domain's synchronous reset) drops everything in flight: partial
+sums, results not yet taken, the FIFO.  The cycle after reset the engine
+is empty with ``i.ready`` low; it rises one cycle later.  A beat that a
+producer was offering during reset is not taken; the accumulator restarts
+from zero.
+"""
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Const, Elaboratable, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from hw.carry_save import (booth_partial_products, compress_3_2, pipelined_add, reduce_to_two,
+                           sign_extend, zero_extend)
+from hw.pipeline import Pipe, PipelinePlan, plan_pipeline
+
+
+class MatVecFormats:
+    """The widths the engine needs, from a Config (one source of truth)."""
+
+    def __init__(self, lanes: int, act_bits: int = 8, weight_bits: int = 8, acc_bits: int = 32,
+                 mult_bits: int = 16, clock_period_ns: float = 1.0):
+        self.lanes = lanes
+        self.act_bits = act_bits
+        self.weight_bits = weight_bits
+        self.acc_bits = acc_bits
+        self.mult_bits = mult_bits
+        self.out_bits = act_bits
+        # acc * M needs acc_bits + mult_bits signed bits; any larger shift gives 0
+        # (see Requantiser), so the shift field only has to count up to that.
+        self.product_bits = acc_bits + mult_bits
+        self.shift_bits = ceil_log2(self.product_bits + 1)
+        # one beat's dot product: L products of at most 2**(a+w-2) magnitude
+        self.dot_bits = act_bits + weight_bits + ceil_log2(lanes)
+        self.clock_period_ns = clock_period_ns
+
+    @classmethod
+    def from_config(cls, cfg) -> "MatVecFormats":
+        f = cfg.formats
+        return cls(lanes=cfg.hw.lanes, act_bits=f.act_bits, weight_bits=f.weight_bits,
+                   acc_bits=f.acc_bits, mult_bits=f.requant_mult_bits,
+                   clock_period_ns=cfg.hw.clock_period_ns)
+
+    def beat_layout(self) -> data.StructLayout:
+        return data.StructLayout({
+            "w": data.ArrayLayout(signed(self.weight_bits), self.lanes),
+            "x": data.ArrayLayout(signed(self.act_bits), self.lanes),
+            "first": unsigned(1),
+            "last": unsigned(1),
+            "mult": unsigned(self.mult_bits),
+            "shift": unsigned(self.shift_bits),
+        })
+
+    def result_layout(self) -> data.StructLayout:
+        return data.StructLayout({"y": signed(self.out_bits), "acc": signed(self.acc_bits)})
+
+
+def _dry_build_stages(block) -> int:
+    """Stage count of a Pipe-built block, from a build that is then thrown away."""
+    module, stages = block._build()
+    module._MustUse__silence = True   # built only to count stages, never elaborated
+    return stages
+
+
+class DotProduct(wiring.Component):
+    """Sum of ``lanes`` signed products, pipelined; ``tag`` travels alongside.
+
+    All lanes' Booth partial products go into ONE carry-save tree (rather
+    than a multiplier per lane and an adder tree after) so there is a single
+    carry-propagate add at the end.  Latency is ``self.latency`` cycles.
+    """
+
+    def __init__(self, fmt: MatVecFormats, plan: PipelinePlan, tag_bits: int):
+        self.fmt, self.plan = fmt, plan
+        super().__init__({
+            "valid": In(1), "tag": In(tag_bits),
+            "w": In(data.ArrayLayout(signed(fmt.weight_bits), fmt.lanes)),
+            "x": In(data.ArrayLayout(signed(fmt.act_bits), fmt.lanes)),
+            "out_valid": Out(1), "out_tag": Out(tag_bits), "dot": Out(signed(fmt.dot_bits)),
+        })
+        # the stage count (latency) is needed before elaboration: a dry build
+        self.latency = _dry_build_stages(self)
+
+    def _build(self):
+        m = Module()
+        width = self.fmt.dot_bits
+        pipe = Pipe(m, self.plan, "dot")
+        words = []
+        for lane in range(self.fmt.lanes):
+            words += booth_partial_products(m, self.w[lane], self.x[lane], width, multiplier_signed=True,
+                                            name=f"lane{lane}")
+        live = {"valid": self.valid, "tag": self.tag}
+        live = pipe.spend(self.plan.delays.booth_select, {**live, "words": words})
+        live = reduce_to_two(pipe, live, "words", width)
+        sum_, carry = live.pop("words")
+        live = pipelined_add(pipe, {**live, "s": sum_, "c": carry}, "s", "c", "dot", width)
+        live = pipe.register(live)   # a clean register boundary towards the accumulator
+        m.d.comb += [self.out_valid.eq(live["valid"]), self.out_tag.eq(live["tag"]), self.dot.eq(live["dot"])]
+        return m, pipe.stages
+
+    def elaborate(self, platform):
+        return self._build()[0]
+
+
+class Accumulator(wiring.Component):
+    """Carry-save accumulator: the loop is one full adder deep at any width.
+
+    On a valid beat: (sum, carry) <- (first ? 0 : (sum, carry)) + dot.  The
+    pair is resolved downstream only for the beats that emit (``last``).
+    Latency 1; outputs hold the pair right after the beat was added.
+    """
+
+    def __init__(self, fmt: MatVecFormats, tag_bits: int):
+        self.fmt = fmt
+        self.latency = 1
+        super().__init__({
+            "valid": In(1), "first": In(1), "last": In(1), "tag": In(tag_bits), "dot": In(signed(fmt.dot_bits)),
+            "out_valid": Out(1), "out_tag": Out(tag_bits),
+            "acc_sum": Out(fmt.acc_bits), "acc_carry": Out(fmt.acc_bits),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        width = self.fmt.acc_bits
+        keep = ~self.first.replicate(width)
+        s_next, c_next = compress_3_2(self.acc_sum & keep, self.acc_carry & keep,
+                                      sign_extend(self.dot, width), width)
+        # the running pair is state: reset clears it (the data pipe regs need not)
+        acc_sum = Signal(width, name="acc_sum_q")
+        acc_carry = Signal(width, name="acc_carry_q")
+        with m.If(self.valid):
+            m.d.sync += [acc_sum.eq(s_next), acc_carry.eq(c_next)]
+        tag = Signal.like(self.tag, name="tag_q", reset_less=True)
+        m.d.sync += [self.out_valid.eq(self.valid & self.last), tag.eq(self.tag)]
+        m.d.comb += [self.acc_sum.eq(acc_sum), self.acc_carry.eq(acc_carry), self.out_tag.eq(tag)]
+        return m
+
+
+class Requantiser(wiring.Component):
+    """y = sat8((acc * M + 2**(s-1)) >> s), s = 0: sat8(acc * M); also passes acc on.
+
+    The accumulator arrives in carry-save form and is resolved first (it is
+    an output too).  acc * M is a Booth carry-save multiply in which the
+    rounding constant 2**(s-1) is just one more word of the tree, so one
+    carry-propagate add does both.  The product has ``product_bits`` signed
+    bits; one more bit holds the rounding.  A shift s >= product_bits gives
+    y = 0 exactly as the formula does, so s is clamped to product_bits.
+    """
+
+    def __init__(self, fmt: MatVecFormats, plan: PipelinePlan):
+        self.fmt, self.plan = fmt, plan
+        super().__init__({
+            "valid": In(1), "acc_sum": In(fmt.acc_bits), "acc_carry": In(fmt.acc_bits),
+            "mult": In(fmt.mult_bits), "shift": In(fmt.shift_bits),
+            "out_valid": Out(1), "y": Out(signed(fmt.out_bits)), "acc": Out(signed(fmt.acc_bits)),
+        })
+        self.latency = _dry_build_stages(self)
+
+    def _build(self):
+        m = Module()
+        f, d = self.fmt, self.plan.delays
+        pipe = Pipe(m, self.plan, "rq")
+        width = f.product_bits + 1
+        shift = Mux(self.shift > f.product_bits, f.product_bits, self.shift)
+        live = {"valid": self.valid, "mult": self.mult, "shift": shift,
+                "s": self.acc_sum, "c": self.acc_carry}
+        live = pipelined_add(pipe, live, "s", "c", "acc", f.acc_bits)
+        s = live["shift"]
+        # 2**(s-1) for s >= 1, nothing for s == 0: one-hot decode of s-1
+        rounding = Signal(width, name="rq_rounding")
+        m.d.comb += rounding.eq(Cat(*[s == k + 1 for k in range(width)]))
+        live = pipe.spend(d.booth_select, live)
+        words = booth_partial_products(m, live["acc"], live["mult"], width, multiplier_signed=False,
+                                       name="rq")
+        live = reduce_to_two(pipe, {**live, "words": words + [rounding]}, "words", width)
+        p_sum, p_carry = live.pop("words")
+        live = pipelined_add(pipe, {**live, "ps": p_sum, "pc": p_carry}, "ps", "pc", "p", width)
+        # arithmetic right shift by s, one barrel level per bit of s
+        shifted = live.pop("p")
+        for bit in range(f.shift_bits):
+            live = pipe.spend(d.mux_level, {**live, "v": shifted})
+            v = live.pop("v")
+            amount = 1 << bit
+            moved = sign_extend(v[amount:], width) if amount < width else v[-1].replicate(width)
+            shifted = Signal(width, name=f"rq_shift{bit}")   # named: keeps the netlist linear
+            m.d.comb += shifted.eq(Mux(live["shift"][bit], moved, v))
+        live = pipe.spend(d.saturate, {**live, "v": shifted})
+        v = live.pop("v")
+        hi, lo = (1 << (f.out_bits - 1)) - 1, -(1 << (f.out_bits - 1))
+        top = v[f.out_bits - 1:]            # all equal to the sign when v fits out_bits
+        fits = (top == 0) | (top == (1 << len(top)) - 1)
+        y = Mux(fits, v[:f.out_bits], Mux(v[-1], Const(lo, signed(f.out_bits)), Const(hi, signed(f.out_bits))))
+        live = pipe.register({"valid": live["valid"], "acc": live["acc"], "y": y})
+        m.d.comb += [self.out_valid.eq(live["valid"]), self.y.eq(live["y"]), self.acc.eq(live["acc"])]
+        return m, pipe.stages
+
+    def elaborate(self, platform):
+        return self._build()[0]
+
+
+class MatVecEngine(wiring.Component):
+    """L-lane int8 matrix-vector engine with stream in/out; see the module docstring."""
+
+    def __init__(self, cfg_or_fmt):
+        fmt = cfg_or_fmt if isinstance(cfg_or_fmt, MatVecFormats) else MatVecFormats.from_config(cfg_or_fmt)
+        self.fmt = fmt
+        self.plan = plan_pipeline(fmt.clock_period_ns)
+        self._tag_bits = 2 + fmt.mult_bits + fmt.shift_bits   # first, last, mult, shift
+        super().__init__({
+            "i": In(stream.Signature(fmt.beat_layout())),
+            "o": Out(stream.Signature(fmt.result_layout())),
+        })
+        self.dot = DotProduct(fmt, self.plan, self._tag_bits)
+        self.acc = Accumulator(fmt, fmt.mult_bits + fmt.shift_bits)
+        self.rq = Requantiser(fmt, self.plan)
+        # beat register + the three blocks; it sets the FIFO depth
+        self.latency = 1 + self.dot.latency + self.acc.latency + self.rq.latency
+        # every result that can be in flight, plus one cycle for the credit
+        # to come back, so a consumer that is always ready sees full throughput
+        self.fifo_depth = self.latency + 2
+
+    def elaborate(self, platform):
+        m = Module()
+        f = self.fmt
+        m.submodules.dot_product = dot = self.dot
+        m.submodules.accumulator = acc = self.acc
+        m.submodules.requantiser = rq = self.rq
+        m.submodules.result_fifo = fifo = SyncFIFO(width=f.result_layout().size, depth=self.fifo_depth)
+
+        # credits: results accepted but not yet handed out; i.ready is a register
+        outstanding = Signal(range(self.fifo_depth + 1))
+        ready = Signal()
+        take = self.i.valid & ready
+        emits = take & self.i.p.last
+        gives = fifo.r_en & fifo.r_rdy
+        nxt = outstanding + emits - gives
+        m.d.sync += [outstanding.eq(nxt), ready.eq(nxt < self.fifo_depth)]
+        m.d.comb += self.i.ready.eq(ready)
+
+        # input register: the ports see one flip-flop, nothing else
+        beat = Signal(f.beat_layout(), name="beat_q", reset_less=True)
+        beat_valid = Signal(name="beat_valid_q")
+        m.d.sync += [beat_valid.eq(take), beat.eq(self.i.p)]
+
+        m.d.comb += [dot.valid.eq(beat_valid), dot.w.eq(beat.w), dot.x.eq(beat.x),
+                     dot.tag.eq(Cat(beat.first, beat.last, beat.mult, beat.shift))]
+        first, last = dot.out_tag[0], dot.out_tag[1]
+        m.d.comb += [acc.valid.eq(dot.out_valid), acc.first.eq(first), acc.last.eq(last),
+                     acc.dot.eq(dot.dot), acc.tag.eq(dot.out_tag[2:])]
+        m.d.comb += [rq.valid.eq(acc.out_valid), rq.acc_sum.eq(acc.acc_sum), rq.acc_carry.eq(acc.acc_carry),
+                     rq.mult.eq(acc.out_tag[:f.mult_bits]), rq.shift.eq(acc.out_tag[f.mult_bits:])]
+        result = Signal(f.result_layout())
+        m.d.comb += [result.y.eq(rq.y), result.acc.eq(rq.acc),
+                     fifo.w_en.eq(rq.out_valid), fifo.w_data.eq(result),
+                     self.o.valid.eq(fifo.r_rdy), self.o.p.eq(fifo.r_data), fifo.r_en.eq(self.o.ready)]
+        return m

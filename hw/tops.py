@@ -1,0 +1,60 @@
+"""Synthesisable tops by name: what `moekda rtl`, the synthesis flow and the
+cocotb benches build.  A factory takes a Config and returns the elaboratable
+and its port list (amaranth.back.verilog wants them explicitly).
+
+Add the layer top here when it exists; one entry per top, nothing else.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from amaranth.hdl import Value
+from amaranth.lib import wiring
+
+
+
+def _flat_ports(component: wiring.Component):
+    for _path, _member, value in component.signature.flatten(component):
+        yield Value.cast(value)   # a View (struct payload) stands for its signal
+
+
+def _matvec(cfg):
+    from hw.matvec import MatVecEngine
+    engine = MatVecEngine(cfg)
+    return engine, list(_flat_ports(engine))
+
+
+def _moe(cfg):
+    from amaranth.hdl import Value
+    from hw.moe import moe_for_config
+    unit = moe_for_config(cfg)
+    # stream payloads are data.Views: their underlying signals are the ports
+    return unit, [Value.cast(v) for v in _flat_ports(unit)]
+
+
+def _kda(cfg):
+    from amaranth.hdl import Value
+    from hw.kda import default_kda
+    unit = default_kda(cfg)
+    return unit, [Value.cast(v) for v in _flat_ports(unit)]
+
+
+TOPS: dict[str, Callable] = {
+    "matvec": _matvec,
+    "moe": _moe,
+    "kda": _kda,
+}
+
+
+def build_top(name: str, cfg):
+    """(elaboratable, ports) for top ``name``; KeyError names the known tops."""
+    if name not in TOPS:
+        raise KeyError(f"unknown top {name!r} (known: {', '.join(TOPS)})")
+    return TOPS[name](cfg)
+
+
+def top_verilog(name: str, cfg) -> str:
+    """Verilog text of top ``name``: one module per Amaranth module (hierarchy kept)."""
+    from amaranth.back import verilog
+    elaboratable, ports = build_top(name, cfg)
+    return verilog.convert(elaboratable, name=name, ports=ports, emit_src=False)

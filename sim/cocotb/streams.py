@@ -1,0 +1,157 @@
+"""Reusable cocotb pieces for amaranth.lib.stream ports (valid/ready/payload).
+
+* ``LayoutCodec``: packs a dict into the flat payload bits of an amaranth
+  ``data.Layout`` and back (signed fields and arrays included), so a bench
+  never hard-codes a bit offset; the layout object is the one the RTL uses.
+* ``StreamDriver``: sends items, idling a random number of cycles between
+  them (``stall``), and holds valid and payload until ready, as the stream
+  rules require.
+* ``StreamMonitor``: takes items, dropping ready at random (``backpressure``).
+
+Both sample the handshake in the ReadOnly phase of a cycle and change their
+outputs just after the rising edge, so they behave the same on Icarus and
+Verilator.  Ports are found by the Amaranth flattened names
+``<name>__valid``, ``<name>__ready``, ``<name>__payload``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import deque
+
+from amaranth.lib import data
+from cocotb.triggers import ReadOnly, RisingEdge
+
+
+class LayoutCodec:
+    def __init__(self, layout: data.Layout):
+        self.layout = data.Layout.cast(layout)
+
+    def pack(self, value) -> int:
+        """``value``: a dict, or a dataclass (e.g. a model's Beat) with the field names."""
+        if dataclasses.is_dataclass(value):
+            value = dataclasses.asdict(value)
+        return self._pack(self.layout, value)
+
+    def unpack(self, bits: int) -> dict:
+        return self._unpack(self.layout, bits)
+
+    def _pack(self, layout, value) -> int:
+        if isinstance(layout, data.ArrayLayout):
+            size = _shape_width(layout.elem_shape)
+            if len(value) != layout.length:
+                raise ValueError(f"array of {layout.length} expected, got {len(value)}")
+            bits = 0
+            for i, v in enumerate(value):
+                bits |= self._pack_elem(layout.elem_shape, v, size) << (i * size)
+            return bits
+        bits = 0
+        for name, fld in layout:
+            bits |= self._pack_elem(fld.shape, value[name], fld.width) << fld.offset
+        return bits
+
+    def _pack_elem(self, shape, v, width) -> int:
+        if isinstance(shape, data.Layout):
+            return self._pack(shape, v)
+        lo, hi = _range(shape)
+        if not lo <= int(v) <= hi:
+            raise ValueError(f"value {v} out of range [{lo}, {hi}] for {shape!r}")
+        return int(v) & ((1 << width) - 1)
+
+    def _unpack(self, layout, bits: int):
+        if isinstance(layout, data.ArrayLayout):
+            size = _shape_width(layout.elem_shape)
+            return [self._unpack_elem(layout.elem_shape, (bits >> (i * size)) & ((1 << size) - 1), size)
+                    for i in range(layout.length)]
+        return {name: self._unpack_elem(fld.shape, (bits >> fld.offset) & ((1 << fld.width) - 1), fld.width)
+                for name, fld in layout}
+
+    def _unpack_elem(self, shape, bits: int, width: int):
+        if isinstance(shape, data.Layout):
+            return self._unpack(shape, bits)
+        if _is_signed(shape) and bits >> (width - 1):
+            return bits - (1 << width)
+        return bits
+
+
+def _shape_width(shape) -> int:
+    if isinstance(shape, data.Layout):
+        return shape.size
+    from amaranth.hdl import Shape
+    return Shape.cast(shape).width
+
+
+def _is_signed(shape) -> bool:
+    from amaranth.hdl import Shape
+    return Shape.cast(shape).signed
+
+
+def _range(shape) -> tuple[int, int]:
+    from amaranth.hdl import Shape
+    s = Shape.cast(shape)
+    return (-(1 << (s.width - 1)), (1 << (s.width - 1)) - 1) if s.signed else (0, (1 << s.width) - 1)
+
+
+class StreamDriver:
+    """Drives ``<prefix>__valid``/``__payload`` of a stream input of the DUT."""
+
+    def __init__(self, dut, prefix: str, clk, codec: LayoutCodec, rng: random.Random, stall: float = 0.0):
+        self.valid = getattr(dut, f"{prefix}__valid")
+        self.ready = getattr(dut, f"{prefix}__ready")
+        self.payload = getattr(dut, f"{prefix}__payload")
+        self.clk, self.codec, self.rng, self.stall = clk, codec, rng, stall
+        self.queue: deque = deque()
+        self.current = None
+        self.sent: list = []      # items the DUT took, in order
+        self.cycles = 0
+        self.valid.value = 0
+
+    def send(self, items):
+        self.queue.extend(items)
+
+    def flush(self):
+        """Forget everything not yet taken (what a producer does on reset)."""
+        self.queue.clear()
+        self.current = None
+
+    @property
+    def idle(self) -> bool:
+        return self.current is None and not self.queue
+
+    async def run(self):
+        while True:
+            if self.current is None and self.queue and self.rng.random() >= self.stall:
+                self.current = self.queue.popleft()
+            if self.current is not None:
+                self.payload.value = self.codec.pack(self.current)
+                self.valid.value = 1
+            else:
+                self.valid.value = 0
+            await ReadOnly()
+            if self.current is not None and int(self.ready.value) == 1:
+                self.sent.append(self.current)
+                self.current = None
+            await RisingEdge(self.clk)
+            self.cycles += 1
+
+
+class StreamMonitor:
+    """Takes items from ``<prefix>__valid``/``__payload`` of a stream output, with back-pressure."""
+
+    def __init__(self, dut, prefix: str, clk, codec: LayoutCodec, rng: random.Random,
+                 backpressure: float = 0.0):
+        self.valid = getattr(dut, f"{prefix}__valid")
+        self.ready = getattr(dut, f"{prefix}__ready")
+        self.payload = getattr(dut, f"{prefix}__payload")
+        self.clk, self.codec, self.rng, self.backpressure = clk, codec, rng, backpressure
+        self.items: list = []
+        self.ready.value = 0
+
+    async def run(self):
+        while True:
+            ready = self.rng.random() >= self.backpressure
+            self.ready.value = int(ready)
+            await ReadOnly()
+            if ready and int(self.valid.value) == 1:
+                self.items.append(self.codec.unpack(int(self.payload.value)))
+            await RisingEdge(self.clk)

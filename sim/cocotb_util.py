@@ -1,0 +1,127 @@
+"""Build a (config, top) to Verilog and run a cocotb test module on it.
+
+Every block's pytest file uses this, e.g.::
+
+    run_cocotb("matvec", "tiny", "sim.cocotb.tb_matvec", simulator="icarus",
+               env={"MOEKDA_SEED": "3"})
+
+* The Verilog comes from hw.tops (the same as `moekda rtl`) and lands in
+  build/<config>/sim/<top>/<simulator>/; the simulator build is redone only
+  when that Verilog text changes, under a file lock, so parallel pytest
+  workers and repeated tests share one (slow) Verilator build per config.
+* Parameters reach the testbench as environment variables (``env``);
+  MOEKDA_CONFIG and MOEKDA_TOP are always set.  Testbenches read them with
+  ``tb_param``.
+* WAVES=1 in the environment records waveforms (FST for Icarus, VCD for
+  Verilator) in the test directory.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+from moekda.config import REPO_ROOT, load_config
+
+SIMULATORS = ("icarus", "verilator")
+VENV_BIN = Path(__file__).resolve().parent.parent / ".venv" / "bin"
+
+
+def simulator_available(simulator: str) -> bool:
+    exe = {"icarus": "iverilog", "verilator": "verilator"}[simulator]
+    return shutil.which(exe, path=_tool_path()) is not None
+
+
+def _tool_path() -> str:
+    # Verilator is installed in the venv; Icarus comes from apt
+    return os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", "")])
+
+
+def write_top_verilog(top: str, config: str, path: Path) -> str:
+    """Write the Verilog of ``top`` for ``config`` to ``path``; returns the text."""
+    from hw.tops import top_verilog
+    text = top_verilog(top, load_config(config))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return text
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def sim_build_dir(top: str, config: str, simulator: str) -> Path:
+    name = load_config(config).name
+    return REPO_ROOT / "build" / name / "sim" / top / simulator
+
+
+def build(top: str, config: str, simulator: str) -> Path:
+    """Verilog + simulator build for (top, config); cached on the Verilog text."""
+    from cocotb_tools.runner import get_runner
+    build_dir = sim_build_dir(top, config, simulator)
+    with _locked(build_dir.parent / f".{simulator}.lock"):
+        verilog = build_dir / f"{top}.v"
+        text = write_top_verilog(top, config, verilog)
+        stamp = build_dir / ".built"
+        key = hashlib.sha256((text + simulator + str(_waves())).encode()).hexdigest()
+        if stamp.exists() and stamp.read_text() == key:
+            return build_dir
+        os.environ["PATH"] = _tool_path()
+        runner = get_runner(simulator)
+        build_args = []
+        if simulator == "verilator":
+            # the generated netlist is wide and flat: keep the C++ compile short
+            build_args = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-O1",
+                          "-CFLAGS", "-O1", "--x-assign", "0", "--x-initial", "0"]
+        runner.build(verilog_sources=[verilog], hdl_toplevel=top, build_dir=build_dir,
+                     build_args=build_args, always=True, waves=_waves(),
+                     timescale=("1ns", "1ps"), log_file=build_dir / "build.log")
+        stamp.write_text(key)
+    return build_dir
+
+
+def _waves() -> bool:
+    return os.environ.get("WAVES", "0") not in ("", "0")
+
+
+def run_cocotb(top: str, config: str, test_module: str, simulator: str = "icarus",
+               env: dict | None = None, test_name: str = "run", testcase: str | None = None) -> Path:
+    """Run cocotb ``test_module`` against (top, config) on ``simulator``.
+
+    Returns the results file; raises AssertionError if any cocotb test failed.
+    """
+    from cocotb_tools.check_results import get_results
+    from cocotb_tools.runner import get_runner
+    build_dir = build(top, config, simulator)
+    test_dir = build_dir / "runs" / test_name
+    test_dir.mkdir(parents=True, exist_ok=True)
+    extra_env = {"MOEKDA_CONFIG": config, "MOEKDA_TOP": top,
+                 "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    extra_env.update({k: str(v) for k, v in (env or {}).items()})
+    os.environ["PATH"] = _tool_path()
+    runner = get_runner(simulator)
+    results = runner.test(test_module=test_module, hdl_toplevel=top, hdl_toplevel_lang="verilog",
+                          build_dir=build_dir,
+                          test_dir=test_dir, extra_env=extra_env, waves=_waves(),
+                          testcase=testcase, timescale=("1ns", "1ps"),
+                          results_xml=str(test_dir / "results.xml"), log_file=test_dir / "sim.log")
+    _tests, failed = get_results(Path(results))
+    assert failed == 0, f"{failed} cocotb test(s) failed; see {test_dir / 'sim.log'}"
+    return Path(results)
+
+
+def tb_param(name: str, default=None, cast=str):
+    """A testbench parameter from the environment (set through run_cocotb's env)."""
+    value = os.environ.get(f"MOEKDA_{name.upper()}")
+    return default if value is None else cast(value)
