@@ -18,9 +18,22 @@ from moekda.formats import formats_for
 TARGET_TENSOR = "y_matched"
 
 
+def load_checkpoint(path, cfg):
+    """Float parameters from --params, or None for the seeded random layer; bad files are user errors."""
+    if path is None:
+        return None
+    from sim.models.params import load_params
+    try:
+        return load_params(path, cfg)
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"--params {path}: {e}") from None
+
+
 def configure(p):
     p.add_argument("-n", "--tokens", type=int, default=256, help="evaluation sequence length (default 256)")
     p.add_argument("--param-seed", type=int, default=0, help="seed of the random layer parameters")
+    p.add_argument("--params", default=None,
+                   help="float checkpoint (.npz or .safetensors, names of LayerParams.to_flat) instead of random")
     p.add_argument("--eval-seed", type=int, default=1, help="seed of the evaluation sequence")
     p.add_argument("--min-cos", type=float, default=0.99, help="target cosine at every token (default 0.99)")
     p.add_argument("--check", action="store_true", help=f"exit 1 if {TARGET_TENSOR} misses --min-cos at any token")
@@ -38,14 +51,15 @@ def run(args) -> int:
     if not 0.0 < args.min_cos <= 1.0:
         raise UserError(f"--min-cos = {args.min_cos}: allowed range is (0, 1]")
     cfg = load_config(args.config)
-    res = evaluate(cfg, n_tokens=args.tokens, param_seed=args.param_seed, eval_seed=args.eval_seed)
+    params = load_checkpoint(args.params, cfg)
+    res = evaluate(cfg, n_tokens=args.tokens, param_seed=args.param_seed, eval_seed=args.eval_seed, params=params)
     s = res["summary"]
     table = markdown_table({cfg.name: s})
     print(table)
     out = Path(args.out) if args.out else BuildPaths.for_config(cfg).reports
     out.mkdir(parents=True, exist_ok=True)
     cmd = (f"moekda accuracy -c {args.config} -n {args.tokens} --param-seed {args.param_seed} "
-           f"--eval-seed {args.eval_seed}")
+           f"--eval-seed {args.eval_seed}" + (f" --params {args.params}" if args.params else ""))
     payload = {"config": cfg.name, "config_hash": cfg.hash(), "command": cmd, "summary": s,
                "formats": dataclasses.asdict(formats_for(cfg)),
                "calibrated": {k: int(getattr(res["qparams"].kda, k)) for k in ("f_q", "f_k", "f_v", "f_s", "o_shift")},

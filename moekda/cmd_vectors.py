@@ -10,6 +10,8 @@ def configure(p):
     p.add_argument("-n", "--tokens", type=int, default=256, help="sequence length (default 256)")
     p.add_argument("-o", "--out", default=None, help="output directory (default build/<cfg>/vectors)")
     p.add_argument("--param-seed", type=int, default=0, help="seed of the random layer parameters")
+    p.add_argument("--params", default=None,
+                   help="float checkpoint (.npz or .safetensors, names of LayerParams.to_flat) instead of random")
     p.add_argument("--seed", type=int, default=1, help="seed of the input sequence")
 
 
@@ -23,7 +25,12 @@ def run(args) -> int:
         raise UserError(f"--tokens = {args.tokens}: allowed range is 1 to 100000")
     cfg = load_config(args.config)
     out = Path(args.out) if args.out else BuildPaths.for_config(cfg).root / "vectors"
-    paths = export_vectors(cfg, args.tokens, out, param_seed=args.param_seed, seed=args.seed)
+    qp = None
+    if args.params:
+        from moekda.cmd_accuracy import load_checkpoint
+        from sim.models.quantize import calibration_sequences, quantize_layer
+        qp = quantize_layer(load_checkpoint(args.params, cfg), cfg, calibration_sequences(cfg))
+    paths = export_vectors(cfg, args.tokens, out, param_seed=args.param_seed, seed=args.seed, qp=qp)
     for name, path in paths.items():
         print(f"{name:7s} {path}")
     return 0

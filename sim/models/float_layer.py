@@ -9,6 +9,10 @@ carried across tokens and reset on request.  ``trace`` dicts record the
 intermediate tensors; the quantiser calibrates the integer formats on them and
 the accuracy report compares the integer model against them.
 
+Every KDA projection, the output gate's included, reads the normalised input
+RMSNorm(x) (fla's ``hidden_states`` inside the attention block); the MoE reads
+RMSNorm(h).
+
 Traced names describe the *integer model's* dataflow where it differs from the
 textbook order: the RMSNorm weights are folded into the following projection
 by the quantiser, so ``xn_unit`` is x / rms(x) without the weight, and the

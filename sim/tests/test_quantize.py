@@ -103,3 +103,42 @@ def test_every_stored_parameter_is_an_integer(tiny):
     for name, v in qp.to_flat().items():
         if not name.startswith("scales."):
             assert np.asarray(v).dtype.kind == "i", name
+
+
+def _write_safetensors(path, tensors):
+    """A safetensors file written by hand (8-byte header size, JSON header, raw little-endian data)."""
+    import json
+    import struct
+    header, blobs, off = {}, [], 0
+    for name, arr in tensors.items():
+        raw = np.ascontiguousarray(arr, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(arr.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def test_safetensors_checkpoint_loads_and_quantises(tiny, tmp_path):
+    from sim.models.params import load_params
+    cfg, p, qp = tiny
+    _write_safetensors(tmp_path / "ckpt.safetensors", p.to_flat())
+    q = load_params(tmp_path / "ckpt.safetensors", cfg)
+    for name, arr in p.to_flat().items():
+        assert np.allclose(q.to_flat()[name], arr, rtol=1e-6, atol=1e-6)   # float32 in the file
+
+
+def test_checkpoint_option_errors_are_one_line(tmp_path, capsys):
+    from moekda.cli import main
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    assert main(["accuracy", "-c", "tiny", "-n", "8", "--params", str(tmp_path / "bad.npz"), "-o", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("moekda accuracy: error: --params") and err.count("\n") == 1
+
+
+def test_checkpoint_option_runs(tiny, tmp_path):
+    from moekda.cli import main
+    from sim.models.params import save_params
+    cfg, p, qp = tiny
+    save_params(p, tmp_path / "p.npz")
+    assert main(["vectors", "-c", "tiny", "-n", "4", "--params", str(tmp_path / "p.npz"), "-o", str(tmp_path / "v")]) == 0
