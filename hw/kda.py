@@ -193,15 +193,19 @@ class KdaUnit(wiring.Component):
         res_row, res_op = mac.acc_tag[:len(f_row)], mac.acc_tag[len(f_row):]
         fu = lins[OP["fu"]]
         bias = Array(Const(int(v), signed(fm.acc_bits)) for v in fu.bias) if fu.bias is not None else None
-        r1_valid, r1_op, r1_row = Signal(), Signal.like(f_op), Signal.like(f_row)
-        r1_prod = Signal(signed(fm.acc_bits + 2 + fm.mult_bits))
         acc_b = Signal(signed(fm.acc_bits + 1))
         m.d.comb += acc_b.eq(mac.acc)
         if bias is not None:
             with m.If(res_op == OP["fu"]):
                 m.d.comb += acc_b.eq(mac.acc + bias[res_row])
-        mult = Array(Const(int(lin.m), unsigned(fm.mult_bits)) for lin in lins)[res_op]
-        m.d.sync += [r1_valid.eq(mac.acc_valid), r1_op.eq(res_op), r1_row.eq(res_row), r1_prod.eq(acc_b * mult)]
+        # R0: the (biased) accumulator registered; R1: times M; R2: round, shift, saturate
+        r0_valid, r0_op, r0_row = Signal(), Signal.like(f_op), Signal.like(f_row)
+        r0_acc = Signal(signed(fm.acc_bits + 1))
+        m.d.sync += [r0_valid.eq(mac.acc_valid), r0_op.eq(res_op), r0_row.eq(res_row), r0_acc.eq(acc_b)]
+        r1_valid, r1_op, r1_row = Signal(), Signal.like(f_op), Signal.like(f_row)
+        r1_prod = Signal(signed(fm.acc_bits + 2 + fm.mult_bits))
+        mult = Array(Const(int(lin.m), unsigned(fm.mult_bits)) for lin in lins)[r0_op]
+        m.d.sync += [r1_valid.eq(r0_valid), r1_op.eq(r0_op), r1_row.eq(r0_row), r1_prod.eq(r0_acc * mult)]
         r2_valid, r2_op, r2_row = Signal(), Signal.like(f_op), Signal.like(f_row)
         r2_y = Signal(signed(max(a, fm.lut_in_bits)))
         m.d.sync += [r2_valid.eq(r1_valid), r2_op.eq(r1_op), r2_row.eq(r1_row)]

@@ -20,11 +20,12 @@ only its own u_j, so the two passes run column by column and nothing wider
 than one column is buffered.
 
 Pipeline of a pass (one word read per cycle, tag = row block and pass):
-    read -> [A] S1 = decay -> [B] S2 (pass 2) / S1 -> [C] lane products summed -> [D] acc
+    read -> [A1] S*alpha -> [A2] S1 = rs(.), k*u -> [B] S2 (pass 2) / S1, written back
+         -> [C1] lane products -> [C2] their sum -> [D] acc
 Pass 2 of column j writes S2 back from [B] and drains into its own
 accumulator while pass 1 of column j+1 already reads, so a column costs
-2 d_k/lanes read cycles plus the pass-1 drain (PIPE + 2 cycles) before u_j:
-about heads * d_v * (2 d_k / lanes + PIPE + 2) cycles per token, independent
+2 d_k/lanes read cycles plus the pass-1 drain and u_j (PIPE + 3 cycles):
+about heads * d_v * (2 d_k / lanes + PIPE + 3) cycles per token, independent
 of how many tokens came before.
 
 Ports: ``start`` (strobe, when not ``busy``) runs one token over the vectors
@@ -43,7 +44,7 @@ from amaranth.lib.wiring import In, Out
 from hw.kda_state import StateMemory
 from moekda.formats import Formats
 
-PIPE = 4  # stages A..D after the read
+PIPE = 6  # stages A1, A2, B, C1, C2, D after the read
 
 
 @dataclass(frozen=True)
@@ -114,48 +115,57 @@ class DeltaRule(wiring.Component):
         acc_o = Signal(signed(acc_width))       # pass 2: sum_i q_i S2_ij
 
         # ---- datapath ----------------------------------------------------------------
-        # stage 0: the read, tagged with its row block and pass
-        rd_valid, rd_g, rd_pass2 = Signal(), Signal(range(H * nb)), Signal()
-        m.d.comb += [mem.rd_en.eq(issuing), mem.rd_addr.eq(col_word + b)]
-        m.d.sync += [rd_valid.eq(issuing), rd_g.eq(h * nb + b), rd_pass2.eq(pass2)]
+        # every stage carries a tag: valid, row block g, pass, word address
+        def tag(name, prev=None):
+            t = dict(valid=Signal(name=f"{name}_valid"), g=Signal(range(H * nb), name=f"{name}_g"),
+                     pass2=Signal(name=f"{name}_pass2"), addr=Signal(range(mem.words), name=f"{name}_addr"))
+            if prev is not None:
+                m.d.sync += [t[k].eq(prev[k]) for k in t]
+            return t
 
-        # stage A: decay
-        a_valid, a_g, a_pass2, a_addr = Signal(), Signal(range(H * nb)), Signal(), Signal(range(mem.words))
+        # read: the word arrives one cycle after the issue
+        issue = dict(valid=issuing, g=h * nb + b, pass2=pass2, addr=col_word + b)
+        m.d.comb += [mem.rd_en.eq(issuing), mem.rd_addr.eq(issue["addr"])]
+        rd = tag("rd", issue)
+
+        # A1: S * alpha
+        a1 = tag("a1", rd)
+        alpha_l = lane_select(self.alpha, rd["g"])
+        a1_p = [Signal(signed(sb + fm.alpha_frac + 1), name=f"a1_p{l}") for l in range(P)]
+        m.d.sync += [a1_p[l].eq(mem.rd_data[l] * alpha_l[l]) for l in range(P)]
+
+        # A2: S1 = rs(S * alpha) (decay); k * u for the write, alongside
+        a2 = tag("a2", a1)
+        k_a1 = lane_select(self.k, a1["g"])
         a_s = [Signal(signed(sb), name=f"a_s{l}") for l in range(P)]
-        rd_addr_d = Signal(range(mem.words))
-        m.d.sync += rd_addr_d.eq(mem.rd_addr)
-        alpha_l = lane_select(self.alpha, rd_g)
-        m.d.sync += [a_valid.eq(rd_valid), a_g.eq(rd_g), a_pass2.eq(rd_pass2), a_addr.eq(rd_addr_d)]
-        for l in range(P):
-            m.d.sync += a_s[l].eq(round_shift(mem.rd_data[l] * alpha_l[l], fm.alpha_frac))
+        a_ku = [Signal(signed(sb + fm.act_bits), name=f"a_ku{l}") for l in range(P)]
+        m.d.sync += [a_s[l].eq(round_shift(a1_p[l], fm.alpha_frac)) for l in range(P)]
+        m.d.sync += [a_ku[l].eq(k_a1[l] * u) for l in range(P)]
 
-        # stage B: the rank-1 write (pass 2) or pass-through (pass 1)
-        b_valid, b_g, b_pass2 = Signal(), Signal(range(H * nb)), Signal()
+        # B: the rank-1 write S2 = sat(S1 + rs(k u)) in pass 2, S1 passed on in pass 1
+        bt = tag("b", a2)
         b_s = [Signal(signed(sb), name=f"b_s{l}") for l in range(P)]
-        k_a = lane_select(self.k, a_g)
-        m.d.sync += [b_valid.eq(a_valid), b_g.eq(a_g), b_pass2.eq(a_pass2)]
         for l in range(P):
-            written = saturate(a_s[l] + round_shift(k_a[l] * u, sh.f_k), sb)
-            m.d.sync += b_s[l].eq(Mux(a_pass2, written, a_s[l]))
-        b_addr = Signal(range(mem.words))
-        m.d.sync += b_addr.eq(a_addr)
+            written = saturate(a_s[l] + round_shift(a_ku[l], sh.f_k), sb)
+            m.d.sync += b_s[l].eq(Mux(a2["pass2"], written, a_s[l]))
         m.d.comb += [
-            mem.wr_en.eq(b_valid & b_pass2),
-            mem.wr_addr.eq(b_addr),
+            mem.wr_en.eq(bt["valid"] & bt["pass2"]),
+            mem.wr_addr.eq(bt["addr"]),
             mem.wr_data.eq(Cat(*b_s)),
         ]
 
-        # stage C: sum over the lanes of k_i * S1_i (pass 1) or q_i * S2_i (pass 2)
-        c_valid = Signal()
+        # C1: lane products k_i * S1_i (pass 1) or q_i * S2_i (pass 2); C2: their sum
+        c1 = tag("c1", bt)
+        k_b, q_b = lane_select(self.k, bt["g"]), lane_select(self.q, bt["g"])
+        c1_p = [Signal(signed(sb + fm.act_bits), name=f"c1_p{l}") for l in range(P)]
+        m.d.sync += [c1_p[l].eq(Mux(bt["pass2"], q_b[l], k_b[l]) * b_s[l]) for l in range(P)]
+        c2 = tag("c2", c1)
         c_sum = Signal(signed(sb + fm.act_bits + (P - 1).bit_length()))
-        k_b, q_b = lane_select(self.k, b_g), lane_select(self.q, b_g)
-        m.d.sync += [c_valid.eq(b_valid),
-                     c_sum.eq(sum(Mux(b_pass2, q_b[l], k_b[l]) * b_s[l] for l in range(P)))]
+        m.d.sync += c_sum.eq(sum(c1_p))
+        c_valid, c_pass2 = c2["valid"], c2["pass2"]
 
-        # stage D: one accumulator per pass, so pass 2 of column j can drain while
+        # D: one accumulator per pass, so pass 2 of column j can drain while
         # pass 1 of column j+1 runs
-        c_pass2 = Signal()
-        m.d.sync += c_pass2.eq(b_pass2)
         acc_k_clear, acc_o_clear = Signal(), Signal()
         with m.If(acc_k_clear):
             m.d.sync += acc_k.eq(0)
@@ -174,10 +184,11 @@ class DeltaRule(wiring.Component):
         ]
 
         # per-column steps
+        # per-column step in two cycles: diff = (v_j << (f_s - f_v)) - kS, then u
         kS = saturate(round_shift(acc_k, sh.f_k), sb)
         v_j = Array(self.v[i] for i in range(H * dv))[h * dv + j]
         beta_h = Array(self.beta[i] for i in range(H))[h]
-        diff = (v_j << (sh.f_s - sh.f_v)) - kS
+        diff = Signal(signed(max(sb, fm.qkv_bits + sh.f_s - sh.f_v) + 2))
         u_next = saturate(round_shift(beta_h * diff, fm.unit_frac), sb)
 
         # the read o_j leaves through a register once pass 2 of its column has drained
@@ -210,9 +221,13 @@ class DeltaRule(wiring.Component):
                 # previous column's pass 2 has left stage B (it has when drained)
                 m.d.comb += self.busy.eq(1)
                 with m.If((inflight1 == 0) & pass2_free):
-                    m.d.sync += [u.eq(u_next), pass2.eq(1)]
+                    m.d.sync += diff.eq((v_j << (sh.f_s - sh.f_v)) - kS)
                     m.d.comb += acc_k_clear.eq(1)
-                    m.next = "ISSUE2"
+                    m.next = "U"
+            with m.State("U"):
+                m.d.comb += self.busy.eq(1)
+                m.d.sync += [u.eq(u_next), pass2.eq(1)]
+                m.next = "ISSUE2"
             with m.State("ISSUE2"):
                 m.d.comb += [self.busy.eq(1), issuing.eq(1)]
                 m.d.sync += b.eq(b + 1)

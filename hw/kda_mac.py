@@ -31,13 +31,18 @@ class LaneMac(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         L = self.lanes
-        # stage 1: the lane products summed
+        # stage 1: the lane products; stage 2: their sum
+        p_valid, p_first, p_last = Signal(), Signal(), Signal()
+        p_tag = Signal.like(self.tag)
+        prods = [Signal(signed(2 * self.in_bits), name=f"p{i}") for i in range(L)]
+        m.d.sync += [p_valid.eq(self.valid), p_first.eq(self.first), p_last.eq(self.last & self.valid),
+                     p_tag.eq(self.tag)] + [prods[i].eq(self.w[i] * self.x[i]) for i in range(L)]
         s_valid, s_first, s_last = Signal(), Signal(), Signal()
         s_tag = Signal.like(self.tag)
         s_sum = Signal(signed(2 * self.in_bits + (L - 1).bit_length()))
-        m.d.sync += [s_valid.eq(self.valid), s_first.eq(self.first), s_last.eq(self.last & self.valid),
-                     s_tag.eq(self.tag), s_sum.eq(sum(self.w[i] * self.x[i] for i in range(L)))]
-        # stage 2: accumulate (wrapping at acc_bits, as the model's register)
+        m.d.sync += [s_valid.eq(p_valid), s_first.eq(p_first), s_last.eq(p_last),
+                     s_tag.eq(p_tag), s_sum.eq(sum(prods))]
+        # stage 3: accumulate (wrapping at acc_bits, as the model's register)
         acc = Signal(signed(self.acc_bits))
         with m.If(s_valid & s_first):
             m.d.sync += acc.eq(s_sum)

@@ -14,7 +14,8 @@ picks one per run, so the q, k and o norms share this unit and its rsqrt.
 The unit reads its input by index (``rd_idx`` -> ``rd_x``, combinational, from
 the owner's register file) and writes by index (``wr_en``, ``wr_idx``,
 ``wr_y``), because the owner keeps the vectors in registers anyway.
-Cycles per row: n (squares) + 2 + rsqrt latency + 1 + n (scaling).
+Elements go through a three-stage pipeline (read, multiply, accumulate or
+shift); cycles per row: 2 n + rsqrt latency + 10.
 """
 from __future__ import annotations
 
@@ -63,27 +64,43 @@ class Normalizer(wiring.Component):
         mul = Array(mm for _, mm, _ in self.norms)[mode]
         sft = Array(s for _, _, s in self.norms)[mode]
 
-        m.d.comb += [self.rd_idx.eq(idx), self.wr_idx.eq(idx)]
-        x = self.rd_x
-        prod = Signal(signed(self.in_bits + fm.mult_bits + 2))
-        m.d.comb += prod.eq(x * m_r)
+        # a three-stage element pipeline shared by both passes:
+        #   [1] x = the owner's register read     [2] x*x or x*m_r     [3] accumulate / shift + saturate
+        issue = Signal()
+        scaling = Signal()                      # pass 2 (scale) rather than pass 1 (squares)
+        m.d.comb += self.rd_idx.eq(idx)
+        v1, i1, x1 = Signal(), Signal(range(self.n)), Signal(signed(self.in_bits))
+        v2, i2 = Signal(), Signal(range(self.n))
+        p2 = Signal(signed(2 * self.in_bits + fm.mult_bits + 2))
+        m.d.sync += [v1.eq(issue), i1.eq(idx), x1.eq(self.rd_x),
+                     v2.eq(v1), i2.eq(i1), p2.eq(x1 * Mux(scaling, m_r, x1))]
         half = Signal(max(1, s_max))  # 2**(s_r-1), the rounding constant
         m.d.comb += half.eq(Mux(s_r == 0, 0, 1 << (s_r - 1)[:len(s_r)]))
-        rounded = (prod + half) >> s_r
-        m.d.comb += self.wr_y.eq(saturate(rounded, self.out_bits))
+        y3 = Signal(signed(self.out_bits))
+        w3, i3 = Signal(), Signal(range(self.n))
+        m.d.sync += [w3.eq(v2 & scaling), i3.eq(i2), y3.eq(saturate((p2 + half) >> s_r, self.out_bits))]
+        with m.If(v2 & ~scaling):
+            m.d.sync += ss.eq(ss + p2)
+        m.d.comb += [self.wr_en.eq(w3), self.wr_idx.eq(i3), self.wr_y.eq(y3)]
+        in_flight = v1 | v2 | w3
 
         total = Signal(self.rs_bits)
         m.d.comb += total.eq(ss + eps)
+        y_times_m = Signal(2 * fm.mult_bits + 2)
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [mode.eq(self.mode), idx.eq(0), ss.eq(0)]
+                    m.d.sync += [mode.eq(self.mode), idx.eq(0), ss.eq(0), scaling.eq(0)]
                     m.next = "SQUARES"
             with m.State("SQUARES"):
-                m.d.comb += self.busy.eq(1)
-                m.d.sync += [ss.eq(ss + x * x), idx.eq(idx + 1)]
+                m.d.comb += [self.busy.eq(1), issue.eq(1)]
+                m.d.sync += idx.eq(idx + 1)
                 with m.If(idx == self.n - 1):
                     m.d.sync += idx.eq(0)
+                    m.next = "SQ_DRAIN"
+            with m.State("SQ_DRAIN"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(~in_flight):
                     m.next = "RSQRT"
             with m.State("RSQRT"):
                 m.d.comb += [self.busy.eq(1), rsq.i.valid.eq(1), rsq.i.payload.eq(Mux(total == 0, 1, total))]
@@ -92,13 +109,21 @@ class Normalizer(wiring.Component):
             with m.State("WAIT"):
                 m.d.comb += [self.busy.eq(1), rsq.o.ready.eq(1)]
                 with m.If(rsq.o.valid):
-                    m.d.sync += [m_r.eq(round_shift(rsq.o.payload.y * mul, frac + 1)),
+                    m.d.sync += [y_times_m.eq(rsq.o.payload.y * mul),
                                  s_r.eq(rsq.o.payload.E + sft - frac - 1)]
-                    m.next = "SCALE"
+                    m.next = "MULT"
+            with m.State("MULT"):
+                m.d.comb += self.busy.eq(1)
+                m.d.sync += [m_r.eq(round_shift(y_times_m, frac + 1)), scaling.eq(1)]
+                m.next = "SCALE"
             with m.State("SCALE"):
-                m.d.comb += [self.busy.eq(1), self.wr_en.eq(1)]
+                m.d.comb += [self.busy.eq(1), issue.eq(1)]
                 m.d.sync += idx.eq(idx + 1)
                 with m.If(idx == self.n - 1):
                     m.d.sync += idx.eq(0)
+                    m.next = "SC_DRAIN"
+            with m.State("SC_DRAIN"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(~in_flight):
                     m.next = "IDLE"
         return m

@@ -10,9 +10,9 @@ integer ``a >= 1`` it returns ``(y, E)`` with ``1/sqrt(a) ~= y * 2**-E``:
 3. each Newton step ``y <- y (3 - u y^2) / 2`` is three products
    ``y*y``, ``a_norm*y2``, ``y*(3<<frac - uy2)``, each round-half-up shifted.
 
-One multiplier does all products in turn: the unit is used a few times per
+One multiplier (its product registered) does all products in turn: the unit is used a few times per
 token (L2 norms of q and k, the output RMSNorm of each head), so latency is
-cheap and area is not.  Latency: 1 (normalise) + 3 * newton_steps cycles.
+cheap and area is not.  Latency: 1 (normalise) + 6 * newton_steps cycles.
 
 Streams: ``i`` payload ``a`` (unsigned ``in_bits``); ``o`` payload
 ``{y, E}``.  One operation at a time (``i.ready`` is low while busy).
@@ -81,11 +81,12 @@ class Rsqrt(wiring.Component):
         seed = Array(int(v) for v in fm.rsqrt_seed)
         seed_idx = (norm >> (N - sb)) - (1 << (sb - 2))
 
-        # the one multiplier and its operands, chosen by the phase
+        # the one multiplier and its operands, chosen by the phase; its product is
+        # registered, and the rounding shift happens in the next state
         op_a = Signal(signed(W + 2))
         op_b = Signal(signed(W + N // 2 + 2))
         prod = Signal(signed(2 * W + N + 4))
-        m.d.comb += prod.eq(op_a * op_b)
+        m.d.sync += prod.eq(op_a * op_b)
 
         def rs(x, s):
             return (x + (1 << (s - 1))) >> s
@@ -102,14 +103,20 @@ class Rsqrt(wiring.Component):
                 m.next = "YY" if fm.rsqrt_newton_steps else "DONE"
             with m.State("YY"):
                 m.d.comb += [op_a.eq(y), op_b.eq(y)]
+                m.next = "YY_R"
+            with m.State("YY_R"):
                 m.d.sync += y2.eq(rs(prod, frac))
                 m.next = "UY2"
             with m.State("UY2"):
                 m.d.comb += [op_a.eq(y2), op_b.eq(a_norm)]
+                m.next = "UY2_R"
+            with m.State("UY2_R"):
                 m.d.sync += uy2.eq(rs(prod, N))
                 m.next = "STEP"
             with m.State("STEP"):
                 m.d.comb += [op_a.eq((3 << frac) - uy2), op_b.eq(y)]
+                m.next = "STEP_R"
+            with m.State("STEP_R"):
                 m.d.sync += [y.eq(rs(prod, frac + 1)), step.eq(step + 1)]
                 with m.If(step == fm.rsqrt_newton_steps - 1):
                     m.next = "DONE"
