@@ -40,7 +40,7 @@ def int_expert(bank: QExperts, e: int, q: QMoE, fm: Formats, hn, trace=None):
 
       act  = SiLU table(engine(W_gate hn) -> code)         int8, bank-common scale
       up   = engine(W_up hn)                               int8, this expert's scale
-      prod = act * up                                      15 bits signed
+      prod = act * up                                      16 bits signed (derived_widths swiglu_prod)
       sh   = max(0, bit_length(max_i |prod_i|) - (act_bits - 1))       per token
       hid  = sat8(round_shift(prod, sh))                   int8 at 2**sh * (act scale * up scale)
       out  = requantize(W_down hid, down_m, down_s - sh)   expert_out_bits, bank-common scale
