@@ -41,6 +41,7 @@ class Formats:
     score_frac: int = 15     # router score: sigmoid as U0.15, values 0..2**15 (16 bits)
     alpha_frac: int = 16     # decay alpha = exp(g): U0.16, values 1..2**16-1 (16 bits)
     qkv_bits: int = 16      # SiLU table outputs q, k, v (before the L2 norms / into the state): signed
+    qk_bits: int = 8        # L2-normalised q and k, the delta rule's multiplier operands: signed
     o_bits: int = 16         # KDA read o = S^T q, requantised by a static shift before its RMSNorm
     resid_bits: int = 16     # residual stream x, h, y (layer input and output) and the MoE output: signed
     expert_out_bits: int = 16  # expert outputs (W_down requantised), which only feed the weighted sum
@@ -84,10 +85,10 @@ def derived_widths(cfg: Config) -> dict[str, int]:
         "conv_acc": prod + clog2(K) + 1,
         # delta rule: S*alpha, k.S', k*u, q.S
         "state_x_alpha": fm.state_bits + fm.alpha_frac + 1,
-        "kS_acc": fm.state_bits + a - 1 + clog2(dk) + 1,
+        "kS_acc": fm.state_bits + fm.qk_bits - 1 + clog2(dk) + 1,
         "u_pre": fm.state_bits + 1 + fm.unit_frac + 1,   # beta (9 bits) * (v - kS) (state_bits+1)
-        "ku_prod": a + fm.state_bits - 1,
-        "o_acc": fm.state_bits + a - 1 + clog2(dk) + 1,
+        "ku_prod": fm.qk_bits + fm.state_bits - 1,
+        "o_acc": fm.state_bits + fm.qk_bits - 1 + clog2(dk) + 1,
         # MoE routing
         "router_choice": fm.router_bias_bits + 1,
         "div_num": fm.score_frac + 1 + fm.wn_frac,

@@ -5,7 +5,7 @@ Per token, on the int8 normalised input xn (d,):
   a_{q,k,v} = engine(W_{q,k,v} xn)                        int8
   c         = requantize(conv(history, a))                table code (lut_in_bits)
   q, k, v   = SiLU table(c)                               qkv_bits signed (v at 2**-f_v)
-  q, k      = L2 normalise per head -> int8 at 2**-f_q, 2**-f_k (rsqrt, per-head multiplier)
+  q, k      = L2 normalise per head -> qk_bits at 2**-f_q, 2**-f_k (rsqrt, per-head multiplier)
   z         = engine(W_f_up' engine(W_f_down xn) + bias)  table code;  alpha = table(z), U0.alpha_frac
   beta      = table(engine(W_b xn))                       U0.unit_frac
   S'        = rs(S * alpha, alpha_frac)                   (rs = round_shift, round half up)
@@ -78,8 +78,8 @@ def int_kda_step(q: QKDA, cfg: Config, fm: Formats, state: IntKDAState, xn, trac
     conv_k, t["c_k"] = int_conv_step(q.conv_k, state.conv_k, t["a_k"])
     conv_v, t["c_v"] = int_conv_step(q.conv_v, state.conv_v, t["a_v"])
     t["q_s"], t["k_s"], t["v"] = int_lut(q.silu_q, t["c_q"]), int_lut(q.silu_k, t["c_k"]), int_lut(q.silu_v, t["c_v"])
-    qn = int_normalize(t["q_s"].reshape(H, dk), q.q_norm, fm, fm.act_bits)
-    kn = int_normalize(t["k_s"].reshape(H, dk), q.k_norm, fm, fm.act_bits)
+    qn = int_normalize(t["q_s"].reshape(H, dk), q.q_norm, fm, fm.qk_bits)
+    kn = int_normalize(t["k_s"].reshape(H, dk), q.k_norm, fm, fm.qk_bits)
     t["q"], t["k"] = qn.ravel(), kn.ravel()
     t["fd"] = int_linear(q.f_down, xn, fm, "f_down")
     t["z"] = int_linear(q.f_up, t["fd"], fm, "f_up")

@@ -158,8 +158,8 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None) -> QLayer:
     sc["q_s"], sc["k_s"], sc["v"] = act_scale(tr["q_s"], QB), act_scale(tr["k_s"], QB), 2.0 ** -f_v
     for n, key in (("q", "q_s"), ("k", "k_s"), ("v", "v")):
         kda[f"silu_{n}"] = QLut(build_lut(fl.silu, LB, sc[f"c_{n}"], sc[key], -_qmax(QB) - 1, _qmax(QB)), LB)
-    f_q = pow2_frac_bits(float(np.max(np.abs(tr["q"]))), A8)
-    f_k = pow2_frac_bits(float(np.max(np.abs(tr["k"]))), A8)
+    f_q = pow2_frac_bits(float(np.max(np.abs(tr["q"]))), fm.qk_bits)
+    f_k = pow2_frac_bits(float(np.max(np.abs(tr["k"]))), fm.qk_bits)
     sc["q"], sc["k"] = 2.0 ** -f_q, 2.0 ** -f_k
     kda["q_norm"] = _norm(fl.L2_EPS / sc["q_s"] ** 2, 2.0 ** f_q, fm)
     kda["k_norm"] = _norm(fl.L2_EPS / sc["k_s"] ** 2, 2.0 ** f_k, fm)

@@ -127,8 +127,8 @@ def test_every_tensor_is_integer_and_in_its_format(odd):
     traces = []
     int_run_layer(qp, cfg, xs, traces=traces)
     widths = {"y": fm.resid_bits, "h": fm.resid_bits, "S": fm.state_bits, "o16": fm.o_bits,
-              "kda_out": fm.act_bits, "moe_out": fm.resid_bits, "xn_unit": fm.act_bits, "q": fm.act_bits,
-              "k": fm.act_bits, "v": fm.qkv_bits, "zo": fm.act_bits, "z": fm.lut_in_bits}
+              "kda_out": fm.act_bits, "moe_out": fm.resid_bits, "xn_unit": fm.act_bits, "q": fm.qk_bits,
+              "k": fm.qk_bits, "v": fm.qkv_bits, "zo": fm.act_bits, "z": fm.lut_in_bits}
     for t in traces:
         for name, bits in widths.items():
             a = np.asarray(t[name])
