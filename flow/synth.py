@@ -39,6 +39,10 @@ class SynthOptions:
     period_ns: float
     flatten: bool = False
     timeout_s: float = 3600.0
+    # synth's own generic `abc` before technology mapping: off, as in ORFS (synth -run :fine,
+    # then map).  Yosys splits that pass by clock-enable domain, one ABC process each:
+    # thousands of processes on a design with many enables, for no better result
+    generic_abc: bool = False
 
 
 def abc_constraints() -> str:
@@ -66,7 +70,7 @@ def synth_script(rtl: list[Path], kit: Kit, paths: BuildPaths, opts: SynthOption
     lines += [f"read_verilog -sv {p}" for p in rtl]
     lines += [
         f"hierarchy -check -top {opts.top}",
-        f"synth -top {opts.top}" + (" -flatten" if flatten else ""),
+        f"synth -top {opts.top}" + (" -flatten" if flatten else "") + ("" if opts.generic_abc else " -noabc"),
         "opt -purge",
         f"dfflibmap -liberty {lib} {dont_use}",
         "opt",
