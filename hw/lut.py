@@ -39,6 +39,20 @@ def tabulate(fn, in_bits: int) -> list[int]:
     return [int(fn(x)) for x in range(lo, -lo)]
 
 
+def check_table(table: Sequence[int], in_bits: int, shape: Shape | None = None) -> tuple[list[int], Shape]:
+    """The table as ints and its output shape; ValueError if they do not fit."""
+    table = [int(v) for v in table]
+    if len(table) != 1 << in_bits:
+        raise ValueError(f"a {in_bits}-bit table needs {1 << in_bits} entries, got {len(table)}")
+    s = Shape.cast(shape) if shape is not None else table_shape(table)
+    lo, hi = min(table), max(table)
+    s_lo = -(1 << (s.width - 1)) if s.signed else 0
+    s_hi = (1 << (s.width - 1)) - 1 if s.signed else (1 << s.width) - 1
+    if lo < s_lo or hi > s_hi:
+        raise ValueError(f"table range {lo}..{hi} does not fit the output shape {s}")
+    return table, s
+
+
 class LookupTable(wiring.Component):
     """``data = table[addr - x_min]``, one cycle after ``en``.
 
@@ -53,18 +67,8 @@ class LookupTable(wiring.Component):
     """
 
     def __init__(self, table: Sequence[int], in_bits: int, shape: Shape | None = None):
-        table = [int(v) for v in table]
-        if len(table) != 1 << in_bits:
-            raise ValueError(f"a {in_bits}-bit table needs {1 << in_bits} entries, got {len(table)}")
-        self.table = table
+        self.table, self.shape = check_table(table, in_bits, shape)
         self.in_bits = in_bits
-        self.shape = Shape.cast(shape) if shape is not None else table_shape(table)
-        lo, hi = min(table), max(table)
-        s = self.shape
-        s_lo = -(1 << (s.width - 1)) if s.signed else 0
-        s_hi = (1 << (s.width - 1)) - 1 if s.signed else (1 << s.width) - 1
-        if lo < s_lo or hi > s_hi:
-            raise ValueError(f"table range {lo}..{hi} does not fit the output shape {s}")
         super().__init__({
             "addr": In(signed(in_bits)),
             "en": In(1),
