@@ -195,11 +195,13 @@ class Requantiser(wiring.Component):
         live = {"valid": self.valid, "mult": self.mult, "shift": shift,
                 "s": self.acc_sum, "c": self.acc_carry}
         live = pipelined_add(pipe, live, "s", "c", "acc", f.acc_bits)
+        live = pipe.spend(d.booth_select, live)
+        # 2**(s-1) for s >= 1, nothing for s == 0: one-hot decode of s-1.  Taken
+        # from live AFTER spend(): a value from before a register boundary
+        # would belong to the previous beat.
         s = live["shift"]
-        # 2**(s-1) for s >= 1, nothing for s == 0: one-hot decode of s-1
         rounding = Signal(width, name="rq_rounding")
         m.d.comb += rounding.eq(Cat(*[s == k + 1 for k in range(width)]))
-        live = pipe.spend(d.booth_select, live)
         words = booth_partial_products(m, live["acc"], live["mult"], width, multiplier_signed=False,
                                        name="rq")
         live = reduce_to_two(pipe, {**live, "words": words + [rounding]}, "words", width)

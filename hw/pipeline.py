@@ -87,6 +87,10 @@ class Pipe:
     ``resettable`` (valid bits) get a synchronous reset; data registers are
     reset-less, which saves a gate per bit: after reset their content is
     don't-care because no valid bit points at it.
+
+    The one rule: after ``live = pipe.spend(...)``, read operands only from
+    the returned ``live``.  A value computed before the call may now be a
+    cycle older than its neighbours.
     """
 
     def __init__(self, m, plan: PipelinePlan, name: str, resettable=("valid",)):

