@@ -41,7 +41,8 @@ class Formats:
     score_frac: int = 15     # router score: sigmoid as U0.15, values 0..2**15 (16 bits)
     alpha_frac: int = 16     # decay alpha = exp(g): U0.16, values 1..2**16-1 (16 bits)
     qkv_bits: int = 16      # SiLU table outputs q, k, v (before the L2 norms / into the state): signed
-    qk_bits: int = 8        # L2-normalised q and k, the delta rule's multiplier operands: signed
+    qk_bits: int = 12       # L2-normalised q and k, the delta rule's multiplier operands: signed (12: numerics.md)
+    hid_bits: int = 8       # SwiGLU hidden vector into W_down (> 8 means several engine passes): signed
     o_bits: int = 16         # KDA read o = S^T q, requantised by a static shift before its RMSNorm
     resid_bits: int = 16     # residual stream x, h, y (layer input and output) and the MoE output: signed
     expert_out_bits: int = 16  # expert outputs (W_down requantised), which only feed the weighted sum

@@ -41,8 +41,8 @@ def int_expert(bank: QExperts, e: int, q: QMoE, fm: Formats, hn, trace=None):
       act  = SiLU table(engine(W_gate hn) -> code)         int8, bank-common scale
       up   = engine(W_up hn)                               int8, this expert's scale
       prod = act * up                                      16 bits signed (derived_widths swiglu_prod)
-      sh   = max(0, bit_length(max_i |prod_i|) - (act_bits - 1))       per token
-      hid  = sat8(round_shift(prod, sh))                   int8 at 2**sh * (act scale * up scale)
+      sh   = max(0, bit_length(max_i |prod_i|) - (hid_bits - 1))       per token
+      hid  = sat_hid(round_shift(prod, sh))                hid_bits (8) at 2**sh * (act scale * up scale)
       out  = requantize(W_down hid, down_m, down_s - sh)   expert_out_bits, bank-common scale
 
     The hidden vector gets a per-token power-of-two exponent (block floating point):
@@ -57,8 +57,8 @@ def int_expert(bank: QExperts, e: int, q: QMoE, fm: Formats, hn, trace=None):
     act = int_lut(q.silu, gate)
     up = requantize(acc_u, int(bank.up_m[e]), int(bank.up_s[e]), fm.act_bits)
     prod = act * up
-    sh = max(0, int(bit_length(np.max(np.abs(prod)))) - (fm.act_bits - 1))
-    hid = saturate(round_shift(prod, sh), fm.act_bits)
+    sh = max(0, int(bit_length(np.max(np.abs(prod)))) - (fm.hid_bits - 1))
+    hid = saturate(round_shift(prod, sh), fm.hid_bits)
     down_s = int(bank.down_s[e]) - sh
     if down_s < 1:
         raise OverflowError("int_expert: down-projection shift below 1")

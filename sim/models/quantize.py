@@ -239,7 +239,11 @@ def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float
     routed = _experts_dense(p.w_gate, p.w_up, p.w_down, hn)
     shared = _experts_dense(p.sh_gate, p.sh_up, p.sh_down, hn)
     both = [np.concatenate([r.reshape(-1), s.reshape(-1)]) for r, s in zip(routed, shared)]
-    s_gate, s_act, s_e = act_scale(both[0], LB, headroom=SILU_HEADROOM), act_scale(both[2]), act_scale(both[4], fm.expert_out_bits, headroom=BRANCH_HEADROOM)
+    s_gate = act_scale(both[0], LB, headroom=SILU_HEADROOM)
+    # the table's output range covers its whole input range: SiLU is the identity for large
+    # inputs, so a clipped output scale would saturate exactly the tokens the headroom is for
+    s_act = float(fl.silu(_qmax(LB) * s_gate)) / _qmax(A8)
+    s_e = act_scale(both[4], fm.expert_out_bits, headroom=BRANCH_HEADROOM)
     sc.update(e_gate=s_gate, e_act=s_act, e_out=s_e)
     silu = QLut(build_lut(fl.silu, LB, s_gate, s_act, -_qmax(A8) - 1, _qmax(A8)), LB)
 
