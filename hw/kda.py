@@ -127,7 +127,7 @@ class KdaUnit(wiring.Component):
         X = vec("x", d, signed(a))
         FD, GD = vec("fd", r, signed(a)), vec("gd", r, signed(a))
         QS, KS, V = vec("qs", hk, signed(fm.qkv_bits)), vec("ks", hk, signed(fm.qkv_bits)), vec("v", hv, signed(fm.qkv_bits))
-        QN, KN = vec("qn", hk, signed(a)), vec("kn", hk, signed(a))
+        QN, KN = vec("qn", hk, signed(fm.qk_bits)), vec("kn", hk, signed(fm.qk_bits))
         ALPHA = vec("alpha", hk, unsigned(fm.alpha_frac))
         BETA = vec("beta", H, unsigned(fm.unit_frac + 1))
         GATE = vec("gate", hv, unsigned(fm.unit_frac + 1))
@@ -293,7 +293,7 @@ class KdaUnit(wiring.Component):
         shifts = DeltaShifts.of(q)
         nbits = max(fm.qkv_bits, fm.o_bits)
         m.submodules.norm = norm = Normalizer(fm, dk, nbits, 2 * (nbits - 1) + clog2(dk + 1) + 1,
-                                              [q.q_norm, q.k_norm, q.o_norm], a)
+                                              [q.q_norm, q.k_norm, q.o_norm], [fm.qk_bits, fm.qk_bits, a])
         nh = Signal(range(H))
         base = nh * dk
         m.d.comb += norm.rd_x.eq(Mux(norm.mode == 0, Array(QS)[base + norm.rd_idx],

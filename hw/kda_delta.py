@@ -78,7 +78,7 @@ class DeltaRule(wiring.Component):
             raise ValueError("delta rule: shifts must be non-negative")
         self.fm, self.heads, self.d_k, self.d_v, self.lanes, self.shifts = fm, heads, d_k, d_v, lanes, shifts
         self.blocks = d_k // lanes
-        a = fm.act_bits
+        a = fm.qk_bits               # the normalised q and k
         super().__init__({
             "start": In(1),
             "busy": Out(1),
@@ -110,7 +110,7 @@ class DeltaRule(wiring.Component):
         issuing = Signal()
         col_word = Signal(range(mem.words))     # first word of column (h, j)
         u = Signal(signed(sb))
-        acc_width = sb + fm.act_bits + (dk - 1).bit_length() + 1
+        acc_width = sb + fm.qk_bits + (dk - 1).bit_length() + 1
         acc_k = Signal(signed(acc_width))       # pass 1: sum_i k_i S1_ij
         acc_o = Signal(signed(acc_width))       # pass 2: sum_i q_i S2_ij
 
@@ -138,7 +138,7 @@ class DeltaRule(wiring.Component):
         a2 = tag("a2", a1)
         k_a1 = lane_select(self.k, a1["g"])
         a_s = [Signal(signed(sb), name=f"a_s{l}") for l in range(P)]
-        a_ku = [Signal(signed(sb + fm.act_bits), name=f"a_ku{l}") for l in range(P)]
+        a_ku = [Signal(signed(sb + fm.qk_bits), name=f"a_ku{l}") for l in range(P)]
         m.d.sync += [a_s[l].eq(round_shift(a1_p[l], fm.alpha_frac)) for l in range(P)]
         m.d.sync += [a_ku[l].eq(k_a1[l] * u) for l in range(P)]
 
@@ -157,10 +157,10 @@ class DeltaRule(wiring.Component):
         # C1: lane products k_i * S1_i (pass 1) or q_i * S2_i (pass 2); C2: their sum
         c1 = tag("c1", bt)
         k_b, q_b = lane_select(self.k, bt["g"]), lane_select(self.q, bt["g"])
-        c1_p = [Signal(signed(sb + fm.act_bits), name=f"c1_p{l}") for l in range(P)]
+        c1_p = [Signal(signed(sb + fm.qk_bits), name=f"c1_p{l}") for l in range(P)]
         m.d.sync += [c1_p[l].eq(Mux(bt["pass2"], q_b[l], k_b[l]) * b_s[l]) for l in range(P)]
         c2 = tag("c2", c1)
-        c_sum = Signal(signed(sb + fm.act_bits + (P - 1).bit_length()))
+        c_sum = Signal(signed(sb + fm.qk_bits + (P - 1).bit_length()))
         m.d.sync += c_sum.eq(sum(c1_p))
         c_valid, c_pass2 = c2["valid"], c2["pass2"]
 

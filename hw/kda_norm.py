@@ -29,8 +29,15 @@ from moekda.formats import Formats
 
 
 class Normalizer(wiring.Component):
-    def __init__(self, fm: Formats, n: int, in_bits: int, ss_bits: int, norms, out_bits: int):
-        self.fm, self.n, self.in_bits, self.ss_bits, self.out_bits = fm, n, in_bits, ss_bits, out_bits
+    def __init__(self, fm: Formats, n: int, in_bits: int, ss_bits: int, norms, out_bits):
+        """``norms``: one QNorm per mode; ``out_bits``: one output width per mode (or one for all)."""
+        if isinstance(out_bits, int):
+            out_bits = [out_bits] * len(norms)
+        if len(out_bits) != len(norms):
+            raise ValueError("normalizer: one out_bits per norm")
+        self.fm, self.n, self.in_bits, self.ss_bits = fm, n, in_bits, ss_bits
+        self.mode_bits = list(out_bits)
+        self.out_bits = out_bits = max(out_bits)
         self.norms = [(int(q.eps_int), int(q.m), int(q.s)) for q in norms]
         if any(eps < 0 for eps, _, _ in self.norms):
             raise ValueError("normalizer: eps_int must be >= 0")
@@ -78,7 +85,11 @@ class Normalizer(wiring.Component):
         m.d.comb += half.eq(Mux(s_r == 0, 0, 1 << (s_r - 1)[:len(s_r)]))
         y3 = Signal(signed(self.out_bits))
         w3, i3 = Signal(), Signal(range(self.n))
-        m.d.sync += [w3.eq(v2 & scaling), i3.eq(i2), y3.eq(saturate((p2 + half) >> s_r, self.out_bits))]
+        m.d.sync += [w3.eq(v2 & scaling), i3.eq(i2)]
+        with m.Switch(mode):
+            for k, bits in enumerate(self.mode_bits):
+                with m.Case(k):
+                    m.d.sync += y3.eq(saturate((p2 + half) >> s_r, bits))
         with m.If(v2 & ~scaling):
             m.d.sync += ss.eq(ss + p2)
         m.d.comb += [self.wr_en.eq(w3), self.wr_idx.eq(i3), self.wr_y.eq(y3)]

@@ -3,6 +3,7 @@ over a sequence of tokens (state carried), a clear in the middle, and random
 back-pressure on the output stream."""
 from __future__ import annotations
 
+import dataclasses
 import random
 from types import SimpleNamespace
 
@@ -17,7 +18,7 @@ from sim.models.int_kda import int_delta_rule
 
 
 def random_token(rng, fm, H, dk, extreme=False):
-    a = 1 << (fm.act_bits - 1)
+    a = 1 << (fm.qk_bits - 1)
     av = 1 << (fm.qkv_bits - 1)
     if extreme:   # saturating corners: full-scale vectors, alpha ~ 1, beta = 1
         k = rng.choice([-a, a - 1], (H, dk))
@@ -27,14 +28,17 @@ def random_token(rng, fm, H, dk, extreme=False):
                 alpha=rng.integers(1, 1 << fm.alpha_frac, (H, dk)), beta=rng.integers(0, (1 << fm.unit_frac) + 1, H))
 
 
-@pytest.mark.parametrize("H,dk,P,shifts", [
-    (1, 8, 4, DeltaShifts(f_k=7, f_v=4, f_s=9, o_shift=8)),
-    (2, 8, 2, DeltaShifts(f_k=6, f_v=6, f_s=6, o_shift=0)),
-    (1, 4, 4, DeltaShifts(f_k=7, f_v=2, f_s=12, o_shift=12)),
+@pytest.mark.parametrize("H,dk,P,shifts,qk_bits", [
+    (1, 8, 4, DeltaShifts(f_k=7, f_v=4, f_s=9, o_shift=8), None),
+    (2, 8, 2, DeltaShifts(f_k=6, f_v=6, f_s=6, o_shift=0), None),
+    (1, 4, 4, DeltaShifts(f_k=7, f_v=2, f_s=12, o_shift=12), None),
+    (1, 8, 4, DeltaShifts(f_k=11, f_v=4, f_s=10, o_shift=12), 12),   # the 12-bit q/k option
 ])
-def test_delta_rule_matches_model(H, dk, P, shifts):
+def test_delta_rule_matches_model(H, dk, P, shifts, qk_bits):
     cfg = load_config("tiny")
     fm = formats_for(cfg)
+    if qk_bits is not None:
+        fm = dataclasses.replace(fm, qk_bits=qk_bits)
     rng = np.random.default_rng(H * 100 + dk * 10 + P)
     T, clear_at = 12, {0, 7}
     tokens = [random_token(rng, fm, H, dk, extreme=(t in (3, 4, 5))) for t in range(T)]

