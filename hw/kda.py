@@ -45,7 +45,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.kda_delta import DeltaRule, DeltaShifts, round_shift, saturate
-from hw.kda_mac import LaneMac
+from hw.matvec import MatVecEngine
 from hw.kda_norm import Normalizer
 from hw.lut import LookupTable
 from hw.memory_map import memory_map
@@ -169,16 +169,22 @@ class KdaUnit(wiring.Component):
                 with m.Case(n):
                     m.d.comb += x_group.eq(Array(sources[src])[f_beat])
 
-        m.submodules.mac = mac = LaneMac(W, a, fm.acc_bits, tag_bits=len(f_op) + len(f_row))
-        beat_go = feed_enable & self.wport.resp.valid
+        # the shared engine (hw/matvec.py): one port beat per engine beat; its results
+        # come back in row order, so a second (op, row) counter walks the same sequence.
+        # The unit requantises the raw accumulator itself (f_up adds a bias first), so the
+        # engine's own (M, s) are zero and synthesis drops its requantiser output.
+        m.submodules.engine = eng = MatVecEngine(cfg)
+        beat_go = feed_enable & self.wport.resp.valid & eng.i.ready
         m.d.comb += [
-            self.wport.resp.ready.eq(feed_enable),
-            mac.valid.eq(beat_go),
-            mac.w.eq(self.wport.resp.payload.data),
-            mac.x.eq(x_group),
-            mac.first.eq(f_beat == 0),
-            mac.last.eq(f_beat == beats_of),
-            mac.tag.eq(Cat(f_row, f_op)),
+            self.wport.resp.ready.eq(feed_enable & eng.i.ready),
+            eng.i.valid.eq(feed_enable & self.wport.resp.valid),
+            eng.i.payload.w.eq(self.wport.resp.payload.data),
+            eng.i.payload.x.eq(x_group),
+            eng.i.payload.first.eq(f_beat == 0),
+            eng.i.payload.last.eq(f_beat == beats_of),
+            eng.i.payload.mult.eq(0),
+            eng.i.payload.shift.eq(0),
+            eng.o.ready.eq(1),
         ]
         row_issued = Signal()
         m.d.comb += row_issued.eq(beat_go & (f_beat == beats_of))
@@ -189,19 +195,24 @@ class KdaUnit(wiring.Component):
                 with m.If(f_row == rows_of):
                     m.d.sync += [f_row.eq(0), f_op.eq(f_op + 1)]
 
-        # ---- requantisation of MAC results (bias for f_up) -----------------------------
-        res_row, res_op = mac.acc_tag[:len(f_row)], mac.acc_tag[len(f_row):]
+        # ---- requantisation of engine results (bias for f_up) -----------------------------
+        res_op, res_row = Signal.like(f_op), Signal.like(f_row)
+        res_valid = eng.o.valid
+        with m.If(res_valid):
+            m.d.sync += res_row.eq(res_row + 1)
+            with m.If(res_row == Array(Const(reg.rows - 1) for reg in regions)[res_op]):
+                m.d.sync += [res_row.eq(0), res_op.eq(res_op + 1)]
         fu = lins[OP["fu"]]
         bias = Array(Const(int(v), signed(fm.acc_bits)) for v in fu.bias) if fu.bias is not None else None
         acc_b = Signal(signed(fm.acc_bits + 1))
-        m.d.comb += acc_b.eq(mac.acc)
+        m.d.comb += acc_b.eq(eng.o.payload.acc)
         if bias is not None:
             with m.If(res_op == OP["fu"]):
-                m.d.comb += acc_b.eq(mac.acc + bias[res_row])
+                m.d.comb += acc_b.eq(eng.o.payload.acc + bias[res_row])
         # R0: the (biased) accumulator registered; R1: times M; R2: round, shift, saturate
         r0_valid, r0_op, r0_row = Signal(), Signal.like(f_op), Signal.like(f_row)
         r0_acc = Signal(signed(fm.acc_bits + 1))
-        m.d.sync += [r0_valid.eq(mac.acc_valid), r0_op.eq(res_op), r0_row.eq(res_row), r0_acc.eq(acc_b)]
+        m.d.sync += [r0_valid.eq(res_valid), r0_op.eq(res_op), r0_row.eq(res_row), r0_acc.eq(acc_b)]
         r1_valid, r1_op, r1_row = Signal(), Signal.like(f_op), Signal.like(f_row)
         r1_prod = Signal(signed(fm.acc_bits + 2 + fm.mult_bits))
         mult = Array(Const(int(lin.m), unsigned(fm.mult_bits)) for lin in lins)[r0_op]
@@ -332,7 +343,7 @@ class KdaUnit(wiring.Component):
                     for n in range(d):
                         m.d.sync += X[n].eq(self.i.payload.x[n])
                     m.d.sync += [req_pending.eq(1), f_op.eq(0), f_row.eq(0), f_beat.eq(0),
-                                 token_start.eq(cycles)]
+                                 res_op.eq(0), res_row.eq(0), token_start.eq(cycles)]
                     with m.If(self.i.payload.first):
                         m.d.comb += [delta.clear.eq(1), conv.restart.eq(1)]
                     m.next = "PROJ"
