@@ -81,6 +81,14 @@ class MatVecFormats:
             "shift": unsigned(self.shift_bits),
         })
 
+    def scale_layout(self) -> data.StructLayout:
+        """The requantisation pair (M, s) of one result."""
+        return data.StructLayout({"mult": unsigned(self.mult_bits), "shift": unsigned(self.shift_bits)})
+
+    def framing_layout(self) -> data.StructLayout:
+        """What travels with a beat's data down the pipeline."""
+        return data.StructLayout({"first": unsigned(1), "last": unsigned(1), "scale": self.scale_layout()})
+
     def result_layout(self) -> data.StructLayout:
         return data.StructLayout({"y": signed(self.out_bits), "acc": signed(self.acc_bits)})
 
@@ -100,13 +108,13 @@ class DotProduct(wiring.Component):
     carry-propagate add at the end.  Latency is ``self.latency`` cycles.
     """
 
-    def __init__(self, fmt: MatVecFormats, plan: PipelinePlan, tag_bits: int):
+    def __init__(self, fmt: MatVecFormats, plan: PipelinePlan, tag_shape):
         self.fmt, self.plan = fmt, plan
         super().__init__({
-            "valid": In(1), "tag": In(tag_bits),
+            "valid": In(1), "tag": In(tag_shape),
             "w": In(data.ArrayLayout(signed(fmt.weight_bits), fmt.lanes)),
             "x": In(data.ArrayLayout(signed(fmt.act_bits), fmt.lanes)),
-            "out_valid": Out(1), "out_tag": Out(tag_bits), "dot": Out(signed(fmt.dot_bits)),
+            "out_valid": Out(1), "out_tag": Out(tag_shape), "dot": Out(signed(fmt.dot_bits)),
         })
         # the stage count (latency) is needed before elaboration: a dry build
         self.latency = _dry_build_stages(self)
@@ -119,7 +127,7 @@ class DotProduct(wiring.Component):
         for lane in range(self.fmt.lanes):
             words += booth_partial_products(m, self.w[lane], self.x[lane], width, multiplier_signed=True,
                                             name=f"lane{lane}")
-        live = {"valid": self.valid, "tag": self.tag}
+        live = {"valid": self.valid, "tag": self.tag.as_value()}
         live = pipe.spend(self.plan.delays.booth_select, {**live, "words": words})
         live = reduce_to_two(pipe, live, "words", width)
         sum_, carry = live.pop("words")
@@ -140,29 +148,26 @@ class Accumulator(wiring.Component):
     Latency 1; outputs hold the pair right after the beat was added.
     """
 
-    def __init__(self, fmt: MatVecFormats, tag_bits: int):
+    def __init__(self, fmt: MatVecFormats):
         self.fmt = fmt
         self.latency = 1
         super().__init__({
-            "valid": In(1), "first": In(1), "last": In(1), "tag": In(tag_bits), "dot": In(signed(fmt.dot_bits)),
-            "out_valid": Out(1), "out_tag": Out(tag_bits),
+            "valid": In(1), "framing": In(fmt.framing_layout()), "dot": In(signed(fmt.dot_bits)),
+            "out_valid": Out(1), "out_scale": Out(fmt.scale_layout()),
             "acc_sum": Out(fmt.acc_bits), "acc_carry": Out(fmt.acc_bits),
         })
 
     def elaborate(self, platform):
         m = Module()
         width = self.fmt.acc_bits
-        keep = ~self.first.replicate(width)
+        keep = ~self.framing.first.replicate(width)
         s_next, c_next = compress_3_2(self.acc_sum & keep, self.acc_carry & keep,
                                       sign_extend(self.dot, width), width)
-        # the running pair is state: reset clears it (the data pipe regs need not)
-        acc_sum = Signal(width, name="acc_sum_q")
-        acc_carry = Signal(width, name="acc_carry_q")
+        # the output ports are the registers: the running pair is state that
+        # reset clears; out_valid marks the cycle after a `last` beat was added
         with m.If(self.valid):
-            m.d.sync += [acc_sum.eq(s_next), acc_carry.eq(c_next)]
-        tag = Signal.like(self.tag, name="tag_q", reset_less=True)
-        m.d.sync += [self.out_valid.eq(self.valid & self.last), tag.eq(self.tag)]
-        m.d.comb += [self.acc_sum.eq(acc_sum), self.acc_carry.eq(acc_carry), self.out_tag.eq(tag)]
+            m.d.sync += [self.acc_sum.eq(s_next), self.acc_carry.eq(c_next)]
+        m.d.sync += [self.out_valid.eq(self.valid & self.framing.last), self.out_scale.eq(self.framing.scale)]
         return m
 
 
@@ -181,7 +186,7 @@ class Requantiser(wiring.Component):
         self.fmt, self.plan = fmt, plan
         super().__init__({
             "valid": In(1), "acc_sum": In(fmt.acc_bits), "acc_carry": In(fmt.acc_bits),
-            "mult": In(fmt.mult_bits), "shift": In(fmt.shift_bits),
+            "scale": In(fmt.scale_layout()),
             "out_valid": Out(1), "y": Out(signed(fmt.out_bits)), "acc": Out(signed(fmt.acc_bits)),
         })
         self.latency = _dry_build_stages(self)
@@ -191,8 +196,8 @@ class Requantiser(wiring.Component):
         f, d = self.fmt, self.plan.delays
         pipe = Pipe(m, self.plan, "rq")
         width = f.product_bits + 1
-        shift = Mux(self.shift > f.product_bits, f.product_bits, self.shift)
-        live = {"valid": self.valid, "mult": self.mult, "shift": shift,
+        shift = Mux(self.scale.shift > f.product_bits, f.product_bits, self.scale.shift)
+        live = {"valid": self.valid, "mult": self.scale.mult, "shift": shift,
                 "s": self.acc_sum, "c": self.acc_carry}
         live = pipelined_add(pipe, live, "s", "c", "acc", f.acc_bits)
         live = pipe.spend(d.booth_select, live)
@@ -237,13 +242,12 @@ class MatVecEngine(wiring.Component):
         fmt = cfg_or_fmt if isinstance(cfg_or_fmt, MatVecFormats) else MatVecFormats.from_config(cfg_or_fmt)
         self.fmt = fmt
         self.plan = plan_pipeline(fmt.clock_period_ns)
-        self._tag_bits = 2 + fmt.mult_bits + fmt.shift_bits   # first, last, mult, shift
         super().__init__({
             "i": In(stream.Signature(fmt.beat_layout())),
             "o": Out(stream.Signature(fmt.result_layout())),
         })
-        self.dot = DotProduct(fmt, self.plan, self._tag_bits)
-        self.acc = Accumulator(fmt, fmt.mult_bits + fmt.shift_bits)
+        self.dot = DotProduct(fmt, self.plan, fmt.framing_layout())
+        self.acc = Accumulator(fmt)
         self.rq = Requantiser(fmt, self.plan)
         # beat register + the three blocks; it sets the FIFO depth
         self.latency = 1 + self.dot.latency + self.acc.latency + self.rq.latency
@@ -270,17 +274,18 @@ class MatVecEngine(wiring.Component):
         m.d.comb += self.i.ready.eq(ready)
 
         # input register: the ports see one flip-flop, nothing else
-        beat = Signal(f.beat_layout(), name="beat_q", reset_less=True)
+        w = Signal.like(self.i.p.w, name="w_q", reset_less=True)
+        x = Signal.like(self.i.p.x, name="x_q", reset_less=True)
+        framing = Signal(f.framing_layout(), name="framing_q", reset_less=True)
         beat_valid = Signal(name="beat_valid_q")
-        m.d.sync += [beat_valid.eq(take), beat.eq(self.i.p)]
+        p = self.i.p
+        m.d.sync += [beat_valid.eq(take), w.eq(p.w), x.eq(p.x),
+                     framing.eq(Cat(p.first, p.last, p.mult, p.shift))]
 
-        m.d.comb += [dot.valid.eq(beat_valid), dot.w.eq(beat.w), dot.x.eq(beat.x),
-                     dot.tag.eq(Cat(beat.first, beat.last, beat.mult, beat.shift))]
-        first, last = dot.out_tag[0], dot.out_tag[1]
-        m.d.comb += [acc.valid.eq(dot.out_valid), acc.first.eq(first), acc.last.eq(last),
-                     acc.dot.eq(dot.dot), acc.tag.eq(dot.out_tag[2:])]
+        m.d.comb += [dot.valid.eq(beat_valid), dot.w.eq(w), dot.x.eq(x), dot.tag.eq(framing)]
+        m.d.comb += [acc.valid.eq(dot.out_valid), acc.framing.eq(dot.out_tag), acc.dot.eq(dot.dot)]
         m.d.comb += [rq.valid.eq(acc.out_valid), rq.acc_sum.eq(acc.acc_sum), rq.acc_carry.eq(acc.acc_carry),
-                     rq.mult.eq(acc.out_tag[:f.mult_bits]), rq.shift.eq(acc.out_tag[f.mult_bits:])]
+                     rq.scale.eq(acc.out_scale)]
         result = Signal(f.result_layout())
         m.d.comb += [result.y.eq(rq.y), result.acc.eq(rq.acc),
                      fifo.w_en.eq(rq.out_valid), fifo.w_data.eq(result),
