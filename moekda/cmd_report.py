@@ -26,6 +26,15 @@ def run(args) -> int:
     if not paths.metrics.is_file():
         raise UserError(f"no {paths.metrics}: run `moekda synth -c {cfg.name}"
                         + (f" --top {top}" if args.top else "") + "` first")
-    out = build_report(paths, kit.liberty)
+    from flow.metrics import read as read_metrics
+    design = read_metrics(paths.metrics).get("design__name")
+    if design != top:
+        raise UserError(f"{paths.metrics} holds top {design!r}, not {top!r}: run "
+                        f"`moekda synth -c {cfg.name} --top {top}` (or `moekda report --top {design}`)")
+    try:
+        out = build_report(paths, kit.liberty)
+    except (OSError, KeyError, ValueError) as e:
+        raise UserError(f"cannot rebuild the report from {paths.reports}: {e!r}; "
+                        f"rerun `moekda synth -c {cfg.name} --top {top}`") from None
     print(f"report: {out}")
     return 0
