@@ -39,10 +39,17 @@ def _kda(cfg):
     return unit, [Value.cast(v) for v in _flat_ports(unit)]
 
 
+def _layer(cfg):
+    from hw.layer import layer_for_config
+    chip = layer_for_config(cfg)
+    return chip, [Value.cast(v) for v in _flat_ports(chip)]
+
+
 TOPS: dict[str, Callable] = {
     "matvec": _matvec,
     "moe": _moe,
     "kda": _kda,
+    "layer": _layer,    # the chip top (flow/rtl.py picks "layer" first)
 }
 
 

@@ -1,0 +1,158 @@
+"""Control and status registers of the layer chip, on a Wishbone classic bus.
+
+The bus (``WishboneSignature``, built with amaranth.lib.wiring: PyPI's
+amaranth-soc is only a name placeholder) is 32 bits wide and word addressed:
+``adr`` is the register number, byte address = 4 * adr.  Every access is
+acknowledged one cycle after ``cyc & stb`` (registered ack, no wait states,
+no errors); reads of an unmapped register return 0, writes to a read-only
+register are ignored.
+
+The register map is ``REGISTERS`` (one source: the RTL decodes it, the
+driver and docs/chip.md read it):
+
+==== ============== == ======================================================
+word name           rw meaning
+==== ============== == ======================================================
+0x00 ID             r  0x4D4B4441 ("MKDA")
+0x01 CTRL           rw bit0 RUN: the chip takes input tokens only while set
+                       (reset 0); bit1 CLEAR (write 1): the next token starts
+                       a new sequence - the KDA state and short-convolution
+                       history are cleared before it; reads 1 until then;
+                       bit2 COUNTERS_RESET (write 1): zero every counter
+0x02 STATUS         r  bit0 BUSY (a token is inside), bit1 CLEAR pending,
+                       bit2 input token waiting (i.valid), bit3 output token
+                       waiting (o.valid)
+0x03 CYCLES         r  clock cycles since reset / counter reset
+0x04 BUSY_CYCLES    r  cycles with a token inside the chip
+0x05 TOKENS         r  tokens delivered on the output stream
+0x06 MACS           r  int8 multiply-accumulates done (MACS_PER_TOKEN per token)
+0x07 WEIGHT_BYTES   r  bytes received on the weight port
+0x08 TOKEN_CYCLES   r  cycles the last token took, input accepted to output offered
+0x09 MACS_PER_TOKEN r  the per-token constant behind MACS
+0x10 D_MODEL ...    r  configuration read-back: D_MODEL, N_HEADS, HEAD_DIM,
+     0x1A              N_EXPERTS, TOP_K, D_FF, N_SHARED, GATE_RANK,
+                       PORT_BYTES, LANES, CONFIG_HASH (first 8 hex digits of
+                       the config hash)
+==== ============== == ======================================================
+
+Counters are 32 bits and wrap.
+"""
+from __future__ import annotations
+
+from amaranth import Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+ADDR_BITS = 6
+DATA_BITS = 32
+CHIP_ID = 0x4D4B4441
+
+CTRL_RUN, CTRL_CLEAR, CTRL_COUNTERS_RESET = 1, 2, 4
+
+COUNTERS = ("CYCLES", "BUSY_CYCLES", "TOKENS", "MACS", "WEIGHT_BYTES", "TOKEN_CYCLES")
+CONFIG_FIELDS = (("D_MODEL", "model.d_model"), ("N_HEADS", "model.n_heads"), ("HEAD_DIM", "model.head_dim"),
+                 ("N_EXPERTS", "model.n_experts"), ("TOP_K", "model.top_k"), ("D_FF", "model.d_ff"),
+                 ("N_SHARED", "model.n_shared"), ("GATE_RANK", "model.gate_rank"),
+                 ("PORT_BYTES", "hw.weight_port_bytes"), ("LANES", "hw.lanes"))
+
+REGISTERS: dict[str, int] = {"ID": 0x00, "CTRL": 0x01, "STATUS": 0x02,
+                             **{name: 0x03 + n for n, name in enumerate(COUNTERS)},
+                             "MACS_PER_TOKEN": 0x09,
+                             **{name: 0x10 + n for n, (name, _) in enumerate(CONFIG_FIELDS)},
+                             "CONFIG_HASH": 0x10 + len(CONFIG_FIELDS)}
+
+
+def config_words(cfg) -> dict[str, int]:
+    """The configuration read-back registers' values for ``cfg``."""
+    out = {}
+    for name, path in CONFIG_FIELDS:
+        section, field = path.split(".")
+        out[name] = int(getattr(getattr(cfg, section), field))
+    out["CONFIG_HASH"] = int(cfg.hash()[:8], 16)
+    return out
+
+
+class WishboneSignature(wiring.Signature):
+    """Wishbone B4 classic, initiator side (the chip uses it flipped: ``In``)."""
+
+    def __init__(self, addr_bits: int = ADDR_BITS, data_bits: int = DATA_BITS):
+        self.addr_bits, self.data_bits = addr_bits, data_bits
+        super().__init__({
+            "cyc": Out(1), "stb": Out(1), "we": Out(1),
+            "adr": Out(addr_bits), "dat_w": Out(data_bits), "sel": Out(data_bits // 8),
+            "dat_r": In(data_bits), "ack": In(1),
+        })
+
+    def __eq__(self, other):
+        return (isinstance(other, WishboneSignature) and other.addr_bits == self.addr_bits
+                and other.data_bits == self.data_bits)
+
+    def __hash__(self):
+        return hash(("WishboneSignature", self.addr_bits, self.data_bits))
+
+
+class LayerCsr(wiring.Component):
+    """The register file and the performance counters.
+
+    Events in (one cycle each): ``ev_busy`` (a token is inside this cycle),
+    ``ev_token`` (a token left), ``ev_beat`` (a weight-port beat arrived),
+    ``token_cycles`` (latency of the last token, from the top).  Controls out:
+    ``run`` (level), ``clear`` (one-cycle pulse on a CLEAR write); the top
+    keeps the clear pending and reports it back on ``clear_pending``.
+    """
+
+    def __init__(self, cfg, macs_per_token: int):
+        self.cfg, self.macs_per_token = cfg, int(macs_per_token)
+        self.port_bytes = cfg.hw.weight_port_bytes
+        self.constants = {"ID": CHIP_ID, "MACS_PER_TOKEN": self.macs_per_token, **config_words(cfg)}
+        for name, value in self.constants.items():
+            if not 0 <= value < 1 << DATA_BITS:
+                raise ValueError(f"CSR {name} = {value} does not fit {DATA_BITS} bits")
+        super().__init__({
+            "bus": In(WishboneSignature()),
+            "run": Out(1), "clear": Out(1),
+            "clear_pending": In(1), "busy": In(1), "in_waiting": In(1), "out_waiting": In(1),
+            "ev_token": In(1), "ev_beat": In(1), "token_cycles": In(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bus = self.bus
+        counters = {name: Signal(DATA_BITS, name=name.lower()) for name in COUNTERS if name != "TOKEN_CYCLES"}
+        run = Signal()
+        m.d.comb += self.run.eq(run)
+
+        zero = Signal()
+        with m.If(zero):
+            m.d.sync += [c.eq(0) for c in counters.values()]
+        with m.Else():
+            m.d.sync += counters["CYCLES"].eq(counters["CYCLES"] + 1)
+            with m.If(self.busy):
+                m.d.sync += counters["BUSY_CYCLES"].eq(counters["BUSY_CYCLES"] + 1)
+            with m.If(self.ev_token):
+                m.d.sync += [counters["TOKENS"].eq(counters["TOKENS"] + 1),
+                             counters["MACS"].eq(counters["MACS"] + self.macs_per_token)]
+            with m.If(self.ev_beat):
+                m.d.sync += counters["WEIGHT_BYTES"].eq(counters["WEIGHT_BYTES"] + self.port_bytes)
+
+        readable = {REGISTERS[name]: sig for name, sig in counters.items()}
+        readable[REGISTERS["TOKEN_CYCLES"]] = self.token_cycles
+        readable[REGISTERS["CTRL"]] = run | (self.clear_pending << 1)
+        readable[REGISTERS["STATUS"]] = (self.busy | (self.clear_pending << 1) | (self.in_waiting << 2)
+                                         | (self.out_waiting << 3))
+        for name, value in self.constants.items():
+            readable[REGISTERS[name]] = value
+
+        # classic cycle, registered ack: one access every other cycle at most
+        access = bus.cyc & bus.stb & ~bus.ack
+        m.d.sync += bus.ack.eq(access)
+        with m.If(access):
+            m.d.sync += bus.dat_r.eq(0)
+            with m.Switch(bus.adr):
+                for addr, value in readable.items():
+                    with m.Case(addr):
+                        m.d.sync += bus.dat_r.eq(value)
+            with m.If(bus.we & bus.sel[0] & (bus.adr == REGISTERS["CTRL"])):
+                m.d.sync += run.eq(bus.dat_w[0])
+                m.d.comb += [self.clear.eq(bus.dat_w[1]), zero.eq(bus.dat_w[2])]
+        return m

@@ -1,0 +1,93 @@
+"""Several weight ports onto one: the chip has one weight memory, every block its own port.
+
+``WeightArbiter(port_bytes, n)`` has ``n`` block-side ports ``up[i]`` (the
+memory end of a block's ``WeightPortSignature``) and one ``down`` port (the
+block end, towards the memory).
+
+Requests: round-robin among the ports whose ``req.valid`` is high.  Once a
+request is offered on ``down`` the grant is held until the memory takes it,
+so the payload never changes under a valid (the stream rule).  Every
+request that goes down is also written, as ``(port, beats)``, into an order
+queue of ``depth`` entries; a full queue holds further requests back, which
+bounds the requests in flight.
+
+Responses: the memory answers in request order (the port contract), so the
+head of the order queue says whose beats are arriving; after ``beats`` of
+them the head is dropped.  ``resp.ready`` of the memory is the ready of that
+one block, so a block that stalls its response stalls only the memory - the
+stream of beats is in order and cannot be given to anyone else anyway.
+"""
+from __future__ import annotations
+
+from amaranth import Cat, Module, Mux, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+
+from hw.weight_port import BEATS_BITS, WeightPortSignature
+
+
+class WeightArbiter(wiring.Component):
+    def __init__(self, port_bytes: int, n: int, depth: int = 8):
+        if n < 1:
+            raise ValueError("weight arbiter: at least one port")
+        if depth < 1:
+            raise ValueError("weight arbiter: order queue depth must be >= 1")
+        self.port_bytes, self.n, self.depth = port_bytes, n, depth
+        sig = WeightPortSignature(port_bytes)
+        super().__init__({
+            "up": In(sig).array(n),     # from the blocks
+            "down": Out(sig),           # to the memory
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.n
+        entry = data.StructLayout({"port": range(max(2, n)), "beats": BEATS_BITS})
+        m.submodules.order = order = SyncFIFOBuffered(width=entry.size, depth=self.depth)
+
+        # ---- request side: round-robin grant, held while the memory waits --------------
+        last = Signal(range(max(2, n)))        # port granted last (lowest priority next)
+        held, held_port = Signal(), Signal(range(max(2, n)))
+        pick = Signal(range(max(2, n)))
+        any_valid = Signal()
+        # first valid port after ``last``, cyclically: scan in reverse priority so the
+        # highest-priority candidate is assigned last and wins
+        for k in reversed(range(n)):
+            for i in range(n):
+                with m.If(last == i):
+                    port = (i + 1 + k) % n
+                    with m.If(self.up[port].req.valid):
+                        m.d.comb += [pick.eq(port), any_valid.eq(1)]
+        grant = Signal(range(max(2, n)))
+        m.d.comb += grant.eq(Mux(held, held_port, pick))
+        valid = Signal()
+        m.d.comb += valid.eq((held | any_valid) & order.w_rdy)
+        m.d.comb += self.down.req.valid.eq(valid)
+        for i in range(n):
+            with m.If(grant == i):
+                m.d.comb += self.down.req.payload.eq(self.up[i].req.payload)
+                m.d.comb += self.up[i].req.ready.eq(self.down.req.ready & order.w_rdy)
+        go = valid & self.down.req.ready
+        m.d.comb += [order.w_en.eq(go),
+                     order.w_data.eq(Cat(grant, self.down.req.payload.beats))]   # = entry
+        with m.If(go):
+            m.d.sync += [held.eq(0), last.eq(grant)]
+        with m.Elif(valid):
+            m.d.sync += [held.eq(1), held_port.eq(grant)]
+
+        # ---- response side: beats go to the port at the head of the order queue -----------
+        head = data.View(entry, order.r_data)
+        count = Signal(BEATS_BITS)
+        for i in range(n):
+            m.d.comb += self.up[i].resp.payload.eq(self.down.resp.payload)
+            with m.If(order.r_rdy & (head.port == i)):
+                m.d.comb += [self.up[i].resp.valid.eq(self.down.resp.valid),
+                             self.down.resp.ready.eq(self.up[i].resp.ready)]
+        beat = self.down.resp.valid & self.down.resp.ready
+        with m.If(beat):
+            m.d.sync += count.eq(count + 1)
+            with m.If(count == head.beats - 1):
+                m.d.sync += count.eq(0)
+                m.d.comb += order.r_en.eq(1)
+        return m

@@ -1,0 +1,262 @@
+"""LayerDriver: one quantised model through the layer chip's RTL (cocotb) and the integer model.
+
+    drv = LayerDriver.from_seed("tiny", seed=0)            # quantise a seeded random layer
+    drv = LayerDriver.from_vectors("build/tiny/vectors")    # or a `moekda vectors` export
+    res = drv.run(RunPlan(tokens=256, clears=(100,), reset_at=180), simulator="verilator")
+    res.match, res.cycles_per_token, res.counters
+
+The chip bakes the model's small constants into the RTL, so the Verilog is
+generated here from the driver's own quantised layer (hw/layer.py LayerTop)
+and built once per (Verilog text, simulator) under build/<config>/sim/layer/.
+A run hands the bench (sim/cocotb/tb_layer.py) one .npz with the weight
+image, the tokens and the plan, and gets back one .npz with every output
+token it saw (with its input index), the CSR counters and the cycle counts;
+the comparison with the integer model is done here.
+
+``netlist=`` runs the same bench on a gate-level netlist instead (Icarus with
+the kit's cell models); the netlist must have been synthesised from the same
+constants (hw.layer.default_qlayer, what `moekda synth --top layer` builds).
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from moekda.config import REPO_ROOT, Config, load_config
+
+VERILATOR_ARGS = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-O1", "-CFLAGS", "-O1",
+                  "--x-assign", "0", "--x-initial", "0"]
+# Icarus -g2012 applies declaration initialisers without an event, so Amaranth's
+# always @* blocks would not run at time 0 (found by the KDA bench): -g2005
+ICARUS_ARGS = ["-g2005"]
+
+
+@dataclass
+class RunPlan:
+    """What a run does besides streaming ``tokens`` tokens.
+
+    ``first``: tokens sent with the stream's ``first`` bit; ``clears``: tokens before
+    which the bench writes CTRL.CLEAR (after the previous token was taken);
+    ``reset_at``: tokens reset_at .. reset_at+abandon-1 are sent and the chip is
+    reset while they are inside (their outputs may or may not come out before the
+    reset); streaming then resumes at reset_at+abandon, which must start a new
+    sequence by itself (the chip's clear-after-reset).  ``stall``: random stalls on
+    both token streams and on the weight port (both directions)."""
+    tokens: int
+    first: tuple = (0,)
+    clears: tuple = ()
+    reset_at: int | None = None
+    abandon: int = 2
+    stall: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.tokens < 1:
+            raise ValueError("RunPlan.tokens must be >= 1")
+        if self.reset_at is not None and not 1 <= self.reset_at <= self.tokens - self.abandon - 1:
+            raise ValueError(f"RunPlan.reset_at = {self.reset_at}: must be in 1..{self.tokens - self.abandon - 1}")
+
+    @property
+    def resumed(self) -> int | None:
+        return None if self.reset_at is None else self.reset_at + self.abandon
+
+    def model_resets(self) -> np.ndarray:
+        """Where the integer model's state is cleared: every way the chip starts a sequence."""
+        r = np.zeros(self.tokens, bool)
+        r[0] = True
+        for t in (*self.first, *self.clears):
+            if t < self.tokens:
+                r[t] = True
+        if self.resumed is not None:
+            r[self.resumed] = True
+        return r
+
+    def required(self) -> np.ndarray:
+        """Tokens whose output must appear (the abandoned ones may be lost to the reset)."""
+        req = np.ones(self.tokens, bool)
+        if self.reset_at is not None:
+            req[self.reset_at:self.resumed] = False
+        return req
+
+
+@dataclass
+class RunResult:
+    want: np.ndarray                    # (T, d) integer model
+    idx: np.ndarray                     # (K,) input index of each output the chip gave
+    got: np.ndarray                     # (K, d)
+    counters: dict                      # CSR counters at the end (since the last reset)
+    token_cycles: np.ndarray            # TOKEN_CYCLES after each output
+    wall_s: float
+    problems: list = field(default_factory=list)
+
+    @property
+    def match(self) -> bool:
+        return not self.problems
+
+    @property
+    def cycles_per_token(self) -> float:
+        """BUSY_CYCLES / TOKENS over the part after the last reset."""
+        return self.counters["BUSY_CYCLES"] / max(1, self.counters["TOKENS"])
+
+    def summary(self) -> str:
+        c = self.counters
+        head = "MATCH" if self.match else f"MISMATCH ({len(self.problems)} problems; first: {self.problems[0]})"
+        return (f"{head}: {len(self.idx)} output tokens of {len(self.want)} inputs checked\n"
+                f"cycles/token {self.cycles_per_token:.1f} (busy cycles / tokens), last token "
+                f"{int(self.token_cycles[-1]) if len(self.token_cycles) else 0} cycles\n"
+                f"counters: " + ", ".join(f"{k}={v}" for k, v in c.items()) + f"\nwall time {self.wall_s:.1f} s")
+
+
+def compare(plan: RunPlan, want: np.ndarray, idx: np.ndarray, got: np.ndarray) -> list[str]:
+    """Every required token's output exactly once, in order, equal to the model's."""
+    problems = []
+    if len(idx) and np.any(np.diff(idx) <= 0):
+        problems.append(f"outputs out of order or duplicated: input indices {idx.tolist()[:20]}...")
+    seen = set(int(i) for i in idx)
+    lost = [t for t in np.flatnonzero(plan.required()) if t not in seen]
+    if lost:
+        problems.append(f"{len(lost)} tokens without an output, first {lost[:5]}")
+    for k, t in enumerate(idx):
+        if not np.array_equal(got[k], want[t]):
+            bad = np.flatnonzero(got[k] != want[t])
+            problems.append(f"token {int(t)}: element {int(bad[0])} RTL {int(got[k][bad[0]])} "
+                            f"model {int(want[t][bad[0]])} ({len(bad)} elements differ)")
+    return problems
+
+
+class LayerDriver:
+    def __init__(self, cfg: Config, qlayer, label: str = "custom"):
+        self.cfg, self.q, self.label = cfg, qlayer, label
+
+    # ---- loading ------------------------------------------------------------------
+    @classmethod
+    def from_seed(cls, config: str, seed: int = 0) -> "LayerDriver":
+        """The seeded random layer, quantised on the fly (seed 0 = what `moekda synth` builds)."""
+        from hw.layer import default_qlayer
+        cfg = load_config(config)
+        return cls(cfg, default_qlayer(cfg, seed), label=f"seed{seed}")
+
+    @classmethod
+    def from_vectors(cls, directory) -> "LayerDriver":
+        from sim.models.vectors import load_vectors
+        v = load_vectors(Path(directory))
+        return cls(v["cfg"], v["qparams"], label=f"vectors-{v['config_hash'][:8]}")
+
+    # ---- the integer model ---------------------------------------------------------
+    def inputs(self, tokens: int, seed: int = 1) -> np.ndarray:
+        """Residual-stream tokens with corner tokens (zero, full scale +/-) at 1, 2, 3."""
+        from sim.models.vectors import vector_inputs
+        xs, _ = vector_inputs(self.cfg, self.q, tokens, seed)
+        return xs
+
+    def model(self, xs, resets) -> np.ndarray:
+        from sim.models.int_layer import int_run_layer
+        return int_run_layer(self.q, self.cfg, xs, resets)
+
+    def image(self) -> bytes:
+        from hw.memory_map import build_image, qlayer_tensors
+        return build_image(self.cfg, qlayer_tensors(self.q))
+
+    # ---- the RTL --------------------------------------------------------------------
+    def verilog(self) -> str:
+        from amaranth.back import verilog
+        from hw.layer import LayerTop
+        from hw.tops import _flat_ports
+        from amaranth.hdl import Value
+        chip = LayerTop(self.cfg, self.q)
+        return verilog.convert(chip, name="layer", ports=[Value.cast(v) for v in _flat_ports(chip)],
+                               emit_src=False)
+
+    def build(self, simulator: str, waves: bool = False, netlist: Path | None = None) -> Path:
+        """Build the simulator once per (sources, simulator, waves); returns the build dir."""
+        from cocotb_tools.runner import get_runner
+
+        from sim.cocotb_util import simulator_available
+        if not simulator_available(simulator):
+            raise RuntimeError(f"simulator {simulator} is not installed")
+        if netlist is not None:
+            from pdk.kit import find_kit
+            models = _cell_models(find_kit(required=("verilog_models",)))
+            sources = [Path(netlist), *models]
+            key_text = "".join(p.read_text() for p in sources)
+            kind = "gl"
+        else:
+            text = self.verilog()
+            sources, key_text, kind = None, text, "rtl"
+        key = hashlib.sha256((key_text + simulator + str(waves)).encode()).hexdigest()
+        root = REPO_ROOT / "build" / self.cfg.name / "sim" / "layer"
+        build_dir = root / f"{kind}_{self.label}_{simulator}{'_waves' if waves else ''}"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        with open(root / f".{build_dir.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            stamp = build_dir / ".built"
+            if stamp.exists() and stamp.read_text() == key:
+                return build_dir
+            if sources is None:
+                src = build_dir / "layer.v"
+                src.write_text(key_text)
+                sources = [src]
+            args = VERILATOR_ARGS if simulator == "verilator" else ICARUS_ARGS
+            get_runner(simulator).build(sources=sources, hdl_toplevel="layer", build_dir=build_dir,
+                                        build_args=args, always=True, waves=waves,
+                                        timescale=("1ns", "1ps"), log_file=build_dir / "build.log")
+            stamp.write_text(key)
+        return build_dir
+
+    def run(self, plan: RunPlan, simulator: str = "icarus", xs=None, waves: bool = False,
+            netlist: Path | None = None, name: str | None = None) -> RunResult:
+        from cocotb_tools.runner import get_runner
+        t0 = time.monotonic()
+        xs = self.inputs(plan.tokens, seed=plan.seed + 1) if xs is None else np.asarray(xs, np.int64)
+        want = self.model(xs, plan.model_resets())
+        build_dir = self.build(simulator, waves, netlist)
+        run_dir = build_dir / "runs" / (name or f"T{plan.tokens}_s{plan.seed}_{os.getpid()}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        case, result = run_dir / "case.npz", run_dir / "result.npz"
+        result.unlink(missing_ok=True)
+        first = np.zeros(plan.tokens, bool)
+        first[[t for t in plan.first if t < plan.tokens]] = True
+        clears = np.zeros(plan.tokens, bool)
+        clears[[t for t in plan.clears if t < plan.tokens]] = True
+        np.savez(case, config=self.cfg.source, image=np.frombuffer(self.image(), np.uint8), xs=xs,
+                 first=first, clears=clears, want=want, reset_at=-1 if plan.reset_at is None else plan.reset_at,
+                 abandon=plan.abandon, stall=plan.stall, seed=plan.seed)
+        try:
+            get_runner(simulator).test(
+                test_module="sim.cocotb.tb_layer", hdl_toplevel="layer", hdl_toplevel_lang="verilog",
+                build_dir=build_dir, test_dir=run_dir, waves=waves, timescale=("1ns", "1ps"),
+                results_xml=str(run_dir / "results.xml"), log_file=run_dir / "sim.log",
+                extra_env={"LAYER_CASE": str(case), "LAYER_RESULT": str(result),
+                           "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])})
+        except SystemExit:
+            pass          # the runner exits on a failed cocotb test; the result file tells
+        problems = []
+        if not result.exists():
+            return RunResult(want, np.zeros(0, int), np.zeros((0, want.shape[1]), int), {}, np.zeros(0, int),
+                             time.monotonic() - t0, [f"the bench did not finish; see {run_dir / 'sim.log'}: "
+                                                     f"{_first_error(run_dir / 'sim.log')}"])
+        z = np.load(result, allow_pickle=False)
+        counters = {str(k): int(v) for k, v in zip(z["counter_names"], z["counter_values"])}
+        problems += [str(p) for p in z["bench_problems"]]
+        problems += compare(plan, want, z["idx"], z["got"])
+        return RunResult(want, z["idx"], z["got"], counters, z["token_cycles"], time.monotonic() - t0, problems)
+
+
+def _cell_models(kit) -> list[Path]:
+    models = kit.verilog_models if hasattr(kit, "verilog_models") else kit["verilog_models"]
+    if isinstance(models, (str, Path)):
+        models = [models]
+    return [Path(p) for p in models]
+
+
+def _first_error(log: Path) -> str:
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if "Error" in line or "FAIL" in line:
+            return line.strip()
+    return "(no error line in the log)"
