@@ -34,7 +34,7 @@ from zero.
 """
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Elaboratable, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
@@ -91,6 +91,15 @@ class MatVecFormats:
 
     def result_layout(self) -> data.StructLayout:
         return data.StructLayout({"y": signed(self.out_bits), "acc": signed(self.acc_bits)})
+
+
+def saturate(value, bits: int):
+    """Signed ``value`` clamped to ``bits`` signed bits (moekda.numerics.saturate)."""
+    value = Value.cast(value)
+    hi, lo = (1 << (bits - 1)) - 1, -(1 << (bits - 1))
+    top = value[bits - 1:]            # all equal to the sign bit exactly when value fits
+    fits = (top == 0) | (top == (1 << len(top)) - 1)
+    return Mux(fits, value[:bits], Mux(value[-1], Const(lo, signed(bits)), Const(hi, signed(bits))))
 
 
 def _dry_build_stages(block) -> int:
@@ -223,10 +232,7 @@ class Requantiser(wiring.Component):
             m.d.comb += shifted.eq(Mux(live["shift"][bit], moved, v))
         live = pipe.spend(d.saturate, {**live, "v": shifted})
         v = live.pop("v")
-        hi, lo = (1 << (f.out_bits - 1)) - 1, -(1 << (f.out_bits - 1))
-        top = v[f.out_bits - 1:]            # all equal to the sign when v fits out_bits
-        fits = (top == 0) | (top == (1 << len(top)) - 1)
-        y = Mux(fits, v[:f.out_bits], Mux(v[-1], Const(lo, signed(f.out_bits)), Const(hi, signed(f.out_bits))))
+        y = saturate(v, f.out_bits)
         live = pipe.register({"valid": live["valid"], "acc": live["acc"], "y": y})
         m.d.comb += [self.out_valid.eq(live["valid"]), self.y.eq(live["y"]), self.acc.eq(live["acc"])]
         return m, pipe.stages

@@ -7,10 +7,10 @@ operation that would overflow the budget.  The budget is the clock period
 minus the flip-flop overhead, so the depth of every pipeline FOLLOWS FROM
 THE CLOCK in the config; nothing in the RTL names a stage count.
 
-The delays are Nangate45 typical-corner numbers measured here with Yosys
-(``abc -constr``, driver BUF_X1, load 3.898) and OpenSTA on small registered
-test circuits built from hw/carry_save.py; see docs/matvec.md for the
-measurement and the command that repeats it.  They are estimates for
+The delays are Nangate45 typical-corner numbers measured with Yosys
+(``abc -constr``, driver BUF_X1, load 3.898) and OpenSTA on the small
+registered probe circuits of hw/delay_probes.py; docs/matvec.md has the
+command that repeats the measurement.  They are estimates for
 planning: the real check is the synthesis timing report of the whole engine.
 """
 from __future__ import annotations
@@ -35,24 +35,26 @@ class GateDelays:
         return self.adder_base + self.adder_per_bit * bits
 
 
-# Logic delays measured on Nangate45 typical with registered test circuits
-# (reg-to-reg arrival minus the 0.12 ns clock-to-Q of the launching flop):
-#   3:2 level 0.09 (1 level), 0.115/level (4 levels, 9 words of 20 bits);
-#   Booth select, 8x8 into 20-bit words, 0.20; adder 8/16/32/64 bits
-#   0.25/0.53/0.80/1.49; 49-bit barrel shift by 6 bits 0.39 (0.065/level).
-# Inside the whole engine ABC maps every adder, even a written-out
-# Kogge-Stone one, to a ripple chain of AOI21/OAI21 at ~0.035 ns per bit
-# (36-bit chunk: 1.19 ns at a 1.25 ns clock), hence the linear adder model.
-# Rounded up by 5-20 % for fan-out in the larger trees.  The overhead is
-# clock-to-Q 0.12 + setup 0.04 + 0.04 for ABC spending slack on area.
+# Logic delays on Nangate45 typical, from the probes of hw/delay_probes.py
+# through `moekda synth` (reg-to-reg period 1/Fmax minus the 0.152 ns of a
+# flop-to-flop wire):  3:2 level 0.10 (one level), 0.113/level (four);
+# Booth select 8x8 into 20-bit words 0.26; barrel shift of 49 bits by 6
+# 0.47 (0.078/level); int8 saturation of 49 bits 0.37; adders of
+# 8/16/32/64 bits 0.37/0.61/0.99/1.50.
+# ABC maps every adder, even the Kogge-Stone network written out in
+# carry_save.prefix_add, to near-ripple chains of AOI21/OAI21, and inside the
+# whole engine they came out slower than alone (a 36-bit chunk took 1.19 ns
+# in the first tiny engine), so the adder model is linear and pessimistic.
+# The overhead is the 0.152 ns wire path plus 0.05 ns for ABC spending slack
+# on area (it maps to the clock period, not to period minus flop overhead).
 NANGATE45 = GateDelays(
     reg_overhead=0.20,
     csa_level=0.12,
-    booth_select=0.22,
+    booth_select=0.26,
     adder_base=0.15,
     adder_per_bit=0.035,
-    mux_level=0.07,
-    saturate=0.20,
+    mux_level=0.08,
+    saturate=0.37,
 )
 
 
