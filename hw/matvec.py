@@ -286,7 +286,8 @@ class MatVecEngine(wiring.Component):
         beat_valid = Signal(name="beat_valid_q")
         p = self.i.p
         m.d.sync += [beat_valid.eq(take), w.eq(p.w), x.eq(p.x),
-                     framing.eq(Cat(p.first, p.last, p.mult, p.shift))]
+                     framing.first.eq(p.first), framing.last.eq(p.last),
+                     framing.scale.mult.eq(p.mult), framing.scale.shift.eq(p.shift)]
 
         m.d.comb += [dot.valid.eq(beat_valid), dot.w.eq(w), dot.x.eq(x), dot.tag.eq(framing)]
         m.d.comb += [acc.valid.eq(dot.out_valid), acc.framing.eq(dot.out_tag), acc.dot.eq(dot.dot)]
