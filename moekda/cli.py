@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "vectors": ("moekda.cmd_vectors", "export integer parameters, inputs and expected outputs as .npz"),
     "synth": ("moekda.cmd_synth", "Yosys + OpenSTA to Nangate45: area, timing, power, report.md"),
     "report": ("moekda.cmd_report", "rebuild report.md from an earlier synth's reports"),
+    "run": ("moekda.cmd_run", "run tokens through the layer chip's simulation and the integer model, compare"),
     "pnr": ("moekda.cmd_pnr", "OpenROAD place and route on Nangate45 (--check: static checks without OpenROAD)"),
 }
 
