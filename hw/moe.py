@@ -51,6 +51,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.lut import LookupTable
 from hw.memory_map import memory_map
+from hw.moe_arith import Staged, const_products, csa_levels, partial_products, prefix_add
 from hw.moe_mac import LaneMacRequant, round_shift_value, saturate
 from hw.moe_route import RouteWeights
 from hw.topk import TopK
@@ -94,6 +95,8 @@ class MoEUnit(wiring.Component):
             raise ConfigError(f"model.d_ff = {self.f}: an expert needs {self.expert_beats} beats, more than one "
                               f"weight request carries ({MAX_BEATS}); use a smaller d_ff/d_model")
         self.nseg = 1 + self.S + self.k
+        # 3:2 compressor levels per pipeline stage, from the clock period
+        self.levels = csa_levels(cfg.hw.clock_period_ns)
         # the output goes straight into the residual add: resid_bits wide
         self.out_bits = fm.resid_bits
         super().__init__({
@@ -150,7 +153,7 @@ class MoEUnit(wiring.Component):
         # MAC output widths: table codes (router, gate), int8 (up), expert outputs (down)
         out_widths = (fm.lut_in_bits, fm.act_bits, fm.expert_out_bits)
         m.submodules.mac = mac = LaneMacRequant(pb, fm.acc_bits, fm.mult_bits, max_shift, tag_layout,
-                                                out_widths=out_widths)
+                                                out_widths=out_widths, levels=self.levels)
         for i in range(E):
             m.d.comb += self.hits[i].eq(route.hits[i])
 
@@ -312,12 +315,14 @@ class MoEUnit(wiring.Component):
                   Mux(t_kind == UP, buf[t_row], weight))
         o_b = reg("o_b", t_y.shape(), t_y)
 
-        # stage O: the product (SiLU * up, or weight * expert output)
-        u_valid = reg("u_valid", 1, o_valid, reset_less=False)
-        u_kind = reg("u_kind", 2, o_kind)
-        u_row = reg("u_row", o_row.shape(), o_row)
-        u_seg = reg("u_seg", o_seg.shape(), o_seg)
-        u_val = reg("u_val", signed(self.widths["moe_combine_acc"]), o_a * o_b)
+        # stage O: the product (SiLU * up, or weight * expert output) in carry-save,
+        # then one add; the down path reads its accumulator one stage early
+        prod_bits = self.widths["moe_combine_acc"] + 1
+        mul = Staged(m, "mul", {"valid": o_valid, "kind": o_kind, "row": o_row, "seg": o_seg})
+        s_w, c_w = mul.reduce(partial_products(o_a, o_b, prod_bits), prod_bits, self.levels)
+        mul.ctl["prev"] = Mux(mul.ctl["seg"] == 1, 0, acc[mul.ctl["row"]])   # first expert assigns
+        u_val = mul.add(s_w, c_w, signed(prod_bits))
+        u_valid, u_kind, u_row, u_seg, u_prev = (mul.ctl[n] for n in ("valid", "kind", "row", "seg", "prev"))
 
         # stage U, up: the product replaces the SiLU value in the buffer; the OR of
         # the magnitudes has the bit length of max|prod| (the hidden exponent)
@@ -352,9 +357,9 @@ class MoEUnit(wiring.Component):
             with m.If(cv_last):
                 m.d.sync += [h_ok.eq(1), h_seg.eq(conv_seg)]
 
-        # stage U, down: weighted add into the accumulators (the first expert assigns)
+        # stage U, down: weighted add into the accumulators
         acc_new = Signal(signed(self.widths["moe_combine_acc"]))
-        m.d.comb += acc_new.eq(Mux(u_seg == 1, 0, acc[u_row]) + u_val)
+        m.d.comb += acc_new.eq(prefix_add(m, u_prev, u_val, len(acc_new), "acc_new"))
         with m.If(u_valid & (u_kind == DOWN)):
             m.d.sync += acc[u_row].eq(acc_new)
         last_seg = u_seg == nseg - 1
@@ -362,19 +367,14 @@ class MoEUnit(wiring.Component):
         v_row = reg("v_row", u_row.shape(), u_row)
         v_acc = reg("v_acc", acc_new.shape(), acc_new)
 
-        # stage V: times comb_m, as two constant half products; W: sum + rounding
-        # constant; X: shift (wiring) and saturate into the output token
-        hm = fm.mult_bits // 2
-        comb_lo, comb_hi = q.comb_m & ((1 << hm) - 1), q.comb_m >> hm
-        prod_w = self.widths["moe_combine_acc"] + fm.mult_bits + 2
-        w_valid = reg("w_valid", 1, v_valid, reset_less=False)
-        w_row = reg("w_row", v_row.shape(), v_row)
-        w_lo = reg("w_lo", signed(prod_w), v_acc * Const(comb_lo, unsigned(hm + 1)))
-        w_hi = reg("w_hi", signed(prod_w), v_acc * Const(comb_hi, unsigned(fm.mult_bits - hm + 1)))
-        half = (1 << q.comb_s) >> 1
-        x_valid = reg("x_valid", 1, w_valid, reset_less=False)
-        x_row = reg("x_row", w_row.shape(), w_row)
-        x_sum = reg("x_sum", signed(prod_w + 1), w_lo + (w_hi << hm) + half)
+        # stage V: acc * comb_m + rounding constant in carry-save, one add; then the
+        # constant shift (wiring) and saturation into the output token
+        rq_bits = self.widths["moe_combine_acc"] + fm.mult_bits + 2
+        comb = Staged(m, "comb", {"valid": v_valid, "row": v_row})
+        s_w, c_w = comb.reduce(const_products(v_acc, q.comb_m, rq_bits) + [(1 << q.comb_s) >> 1],
+                               rq_bits, self.levels)
+        x_sum = comb.add(s_w, c_w, signed(rq_bits))
+        x_valid, x_row = comb.ctl["valid"], comb.ctl["row"]
         x_sat = Signal(signed(self.out_bits))
         saturate(m, x_sum >> q.comb_s, self.out_bits, x_sat)
         with m.If(x_valid):

@@ -8,15 +8,19 @@ It stays here until the shared engine (hw/matvec.py, H2) lands; the MoE unit
 only needs: one beat per cycle in, a tag travelling with each row, and a
 fixed latency out (no back-pressure: the MoE's result pipeline never stalls).
 
-Pipeline: products | groups of 4 | group sum | accumulate | acc*mult as two
-half products | sum + rounding constant | shift | saturate;
-``RESULT_LATENCY`` cycles from the last beat of a row to ``y``.
+Pipeline (hw/moe_arith.py): all lanes' partial products in one carry-save
+tree, registered every ``levels`` 3:2 levels | one add | accumulate |
+acc*mult + rounding constant in carry-save | one add | shift | saturate.
+The latency follows from ``levels`` (from the clock period); nothing
+downstream depends on it because the tag travels with the row.
 """
 from __future__ import annotations
 
 from amaranth.hdl import Const, Module, Signal, signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
+
+from hw.moe_arith import Staged, partial_products, prefix_add
 
 
 def round_shift_value(value, shift, max_shift: int):
@@ -42,11 +46,11 @@ class LaneMacRequant(wiring.Component):
     (y_valid, y, y_tag).  ``out_sel`` picks the row's signed output width from
     ``out_widths`` (e.g. a table code, an int8 activation, a 16-bit expert output)."""
 
-    RESULT_LATENCY = 8
 
     def __init__(self, lanes: int, acc_bits: int, mult_bits: int, max_shift: int, tag_layout,
-                 out_widths=(8,)):
+                 out_widths=(8,), levels: int = 4):
         self.lanes, self.acc_bits, self.mult_bits, self.max_shift = lanes, acc_bits, mult_bits, max_shift
+        self.levels = levels
         self.out_widths = tuple(out_widths)
         vec = data.ArrayLayout(signed(8), lanes)
         self.out_bits = max(self.out_widths)
@@ -61,68 +65,50 @@ class LaneMacRequant(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         L = self.lanes
-        tag_shape = self.tag.shape()
+        levels = self.levels
 
         def stage(name, shape, value):
             reg = Signal(shape, name=name)
             m.d.sync += reg.eq(value)
             return reg
 
-        # the row framing, mult/shift and tag travel down the pipeline with each beat
-        class Ctl:
-            pass
-
-        def carry(prefix, src):
-            c = Ctl()
-            c.valid = stage(f"{prefix}_valid", 1, src.valid)
-            c.first = stage(f"{prefix}_first", 1, src.first)
-            c.last = stage(f"{prefix}_last", 1, src.last)
-            c.mult = stage(f"{prefix}_mult", unsigned(self.mult_bits), src.mult)
-            c.shift = stage(f"{prefix}_shift", range(self.max_shift + 1), src.shift)
-            c.out_sel = stage(f"{prefix}_out_sel", src.out_sel.shape(), src.out_sel)
-            c.tag = stage(f"{prefix}_tag", tag_shape, src.tag)
-            return c
-
-        # 1: lane products
-        p_ctl = carry("p", self)
-        prods = [stage(f"p_prod{i}", signed(16), self.w[i] * self.x[i]) for i in range(L)]
-        # 2-3: adder tree in two register stages (groups of four, then the groups)
-        t_ctl = carry("t", p_ctl)
-        groups = [prods[i:i + 4] for i in range(0, L, 4)]
-        g_sums = [stage(f"t_group{j}", signed(18), sum(g)) for j, g in enumerate(groups)]
-        u_ctl = carry("u", t_ctl)
-        t_sum = stage("u_sum", signed(18 + max(1, (len(groups) - 1).bit_length())), sum(g_sums))
-        # 4: accumulate, wrapping at acc_bits like the model's register
+        # the dot product of one beat: every lane's partial products in one
+        # carry-save tree (registered every ``levels`` levels), then one add
+        dot_bits = 16 + max(1, (L - 1).bit_length()) + 1
+        dot = Staged(m, "dot", {"valid": self.valid, "first": self.first, "last": self.last,
+                                "mult": self.mult, "shift": self.shift, "out_sel": self.out_sel,
+                                "tag": self.tag})
+        terms = [t for i in range(L) for t in partial_products(self.w[i], self.x[i], dot_bits)]
+        s, c = dot.reduce(terms, dot_bits, levels)
+        beat_sum = dot.add(s, c, signed(dot_bits))
+        d = dot.ctl
+        # accumulate, wrapping at acc_bits like the model's register
         acc = Signal(signed(self.acc_bits))
-        with m.If(u_ctl.valid & u_ctl.first):
-            m.d.sync += acc.eq(t_sum)
-        with m.Elif(u_ctl.valid):
-            m.d.sync += acc.eq(acc + t_sum)
-        a_ctl = carry("a", u_ctl)
-        a_done = Signal()
-        m.d.comb += a_done.eq(a_ctl.valid & a_ctl.last)
-        # 5: acc * mult as two half-width partial products (one multiplier is too slow)
-        h = self.mult_bits // 2
-        q_ctl = carry("q", a_ctl)
-        q_done = stage("q_done", 1, a_done)
-        q_lo = stage("q_lo", signed(self.acc_bits + h + 1), acc * a_ctl.mult[:h])
-        q_hi = stage("q_hi", signed(self.acc_bits + self.mult_bits - h + 1), acc * a_ctl.mult[h:])
-        # 6: sum with the rounding constant (round half up)
-        r_ctl = carry("r", q_ctl)
-        r_done = stage("r_done", 1, q_done)
-        half = (Const(1, self.max_shift + 1) << q_ctl.shift) >> 1
-        r_sum = stage("r_sum", signed(self.acc_bits + self.mult_bits + 2), q_lo + (q_hi << h) + half)
-        # 7: shift
-        s_ctl = carry("s", r_ctl)
-        s_done = stage("s_done", 1, r_done)
-        s_val = stage("s_val", signed(len(r_sum)), r_sum >> r_ctl.shift)
-        # 8: saturate to the row's output range
-        m.d.sync += [self.y_valid.eq(s_done), self.y_tag.eq(s_ctl.tag)]
-        with m.Switch(s_ctl.out_sel):
+        with m.If(d["valid"] & d["first"]):
+            m.d.sync += acc.eq(beat_sum)
+        with m.Elif(d["valid"]):
+            m.d.sync += acc.eq(prefix_add(m, acc, beat_sum, self.acc_bits, "acc_add"))
+        a_done = stage("a_done", 1, d["valid"] & d["last"])
+        a_mult = stage("a_mult", unsigned(self.mult_bits), d["mult"])
+        a_shift = stage("a_shift", d["shift"].shape(), d["shift"])
+        a_sel = stage("a_out_sel", d["out_sel"].shape(), d["out_sel"])
+        a_tag = stage("a_tag", d["tag"].shape(), d["tag"])
+        # requantise: acc * mult + 2**(shift-1) in carry-save, one add, shift, saturate
+        rq_bits = self.acc_bits + self.mult_bits + 2
+        rq = Staged(m, "rq", {"done": a_done, "shift": a_shift, "out_sel": a_sel, "tag": a_tag})
+        half = (Const(1, self.max_shift + 1) << a_shift) >> 1
+        s, c = rq.reduce(partial_products(acc, a_mult, rq_bits) + [half], rq_bits, levels)
+        rounded = rq.add(s, c, signed(rq_bits))
+        r = rq.ctl
+        s_done = stage("s_done", 1, r["done"])
+        s_sel = stage("s_out_sel", r["out_sel"].shape(), r["out_sel"])
+        s_tag = stage("s_tag", r["tag"].shape(), r["tag"])
+        s_val = stage("s_val", signed(rq_bits), rounded >> r["shift"])
+        m.d.sync += [self.y_valid.eq(s_done), self.y_tag.eq(s_tag)]
+        with m.Switch(s_sel):
             for i, bits in enumerate(self.out_widths):
                 with m.Case(i):
                     y_i = Signal(signed(bits), name=f"y_sat{bits}")
                     saturate(m, s_val, bits, y_i)
                     m.d.sync += self.y.eq(y_i)
         return m
-

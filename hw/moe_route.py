@@ -21,6 +21,7 @@ from amaranth.hdl import Array, Module, Signal, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hw.moe_arith import prefix_add
 from hw.moe_divider import SequentialDivider
 from hw.topk import index_bits, selection_layout
 
@@ -63,6 +64,14 @@ class RouteWeights(wiring.Component):
         for e in range(self.E):
             m.d.comb += self.hits[e].eq(hits[e])
 
+        # hit counters: one registered increment per chosen entry, prefix adders
+        hit_e = Signal(range(self.E))
+        hit_go = Signal()
+        m.d.sync += hit_go.eq(0)
+        for e in range(self.E):
+            with m.If(hit_go & (hit_e == e)):
+                m.d.sync += hits[e].eq(prefix_add(m, hits[e], 1, len(hits[e]), f"hit{e}"))
+
         m.d.comb += self.sel.ready.eq(0)
         with m.FSM():
             with m.State("IDLE"):
@@ -74,8 +83,9 @@ class RouteWeights(wiring.Component):
                     m.d.sync += [tot.eq(0), step.eq(0), self.idx_valid.eq(1)]
                     m.next = "SUM"
             with m.State("SUM"):
-                # one chosen entry per cycle: add its score, count the expert
-                m.d.sync += [tot.eq(tot + score[step]), hits[idx[step]].eq(hits[idx[step]] + 1),
+                # one chosen entry per cycle: add its score, and (a cycle later,
+                # through hit_e) count the expert
+                m.d.sync += [tot.eq(prefix_add(m, tot, score[step], len(tot), "tot")), hit_e.eq(idx[step]), hit_go.eq(1),
                              step.eq(step + 1)]
                 with m.If(step == k - 1):
                     m.d.sync += [sent.eq(0), got.eq(0)]
