@@ -59,6 +59,10 @@ class MatVecFormats:
         # acc * M needs acc_bits + mult_bits signed bits; any larger shift gives 0
         # (see Requantiser), so the shift field only has to count up to that.
         self.product_bits = acc_bits + mult_bits
+        if self.product_bits + 1 > 62:
+            # the hardware would be fine; its specification would not
+            raise ValueError(f"formats.acc_bits + formats.requant_mult_bits = {self.product_bits}: at most 61 "
+                             "(moekda.numerics.requantize, the model, computes in int64)")
         self.shift_bits = ceil_log2(self.product_bits + 1)
         # one beat's dot product: L products of at most 2**(a+w-2) magnitude
         self.dot_bits = act_bits + weight_bits + ceil_log2(lanes)
