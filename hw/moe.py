@@ -340,7 +340,7 @@ class MoEUnit(wiring.Component):
                 m.d.sync += [hid_sh.eq(Mux(bl > fm.act_bits - 1, bl - (fm.act_bits - 1), 0)),
                              conv_busy.eq(1), conv_j.eq(0), conv_seg.eq(u_seg)]
         # the hidden vector, pb values per cycle: sat8(round_shift(prod, sh)),
-        # in two stages (slice read, then shift and saturate)
+        # in three stages (slice read, rounding add, shift and saturate)
         cv_valid = reg("cv_valid", 1, conv_busy, reset_less=False)
         cv_j = reg("cv_j", conv_j.shape(), conv_j)
         cv_last = reg("cv_last", 1, conv_j == nb_f - 1)
@@ -349,12 +349,18 @@ class MoEUnit(wiring.Component):
             m.d.sync += conv_j.eq(conv_j + 1)
             with m.If(conv_j == nb_f - 1):
                 m.d.sync += conv_busy.eq(0)
-        with m.If(cv_valid):
+        # then the rounding add, then shift and saturate
+        half_sh = (Const(1, 8) << hid_sh) >> 1
+        cr_valid = reg("cr_valid", 1, cv_valid, reset_less=False)
+        cr_j = reg("cr_j", cv_j.shape(), cv_j)
+        cr_last = reg("cr_last", 1, cv_last)
+        cr_vals = [reg(f"cr_val{i}", signed(PROD_BITS + 2), cv_vals[i] + half_sh) for i in range(pb)]
+        with m.If(cr_valid):
             for i in range(pb):
                 hv = Signal(signed(8), name=f"hid_conv{i}")
-                saturate(m, round_shift_value(cv_vals[i], hid_sh, 7), 8, hv)
-                m.d.sync += h[cv_j * pb + i].eq(hv)
-            with m.If(cv_last):
+                saturate(m, cr_vals[i] >> hid_sh, 8, hv)
+                m.d.sync += h[cr_j * pb + i].eq(hv)
+            with m.If(cr_last):
                 m.d.sync += [h_ok.eq(1), h_seg.eq(conv_seg)]
 
         # stage U, down: weighted add into the accumulators

@@ -8,7 +8,7 @@ It stays here until the shared engine (hw/matvec.py, H2) lands; the MoE unit
 only needs: one beat per cycle in, a tag travelling with each row, and a
 fixed latency out (no back-pressure: the MoE's result pipeline never stalls).
 
-Pipeline (hw/moe_arith.py): all lanes' partial products in one carry-save
+Pipeline (hw/moe_arith.py): input register | all lanes' partial products in one carry-save
 tree, registered every ``levels`` 3:2 levels | one add | accumulate |
 acc*mult + rounding constant in carry-save | one add | shift | saturate.
 The latency follows from ``levels`` (from the clock period); nothing
@@ -78,7 +78,11 @@ class LaneMacRequant(wiring.Component):
         dot = Staged(m, "dot", {"valid": self.valid, "first": self.first, "last": self.last,
                                 "mult": self.mult, "shift": self.shift, "out_sel": self.out_sel,
                                 "tag": self.tag})
-        terms = [t for i in range(L) for t in partial_products(self.w[i], self.x[i], dot_bits)]
+        # input register: the beat's operand selection (activation slice mux) gets its own stage
+        w_r, x_r = dot.register([self.w.as_value(), self.x.as_value()])
+        w_r = data.View(data.ArrayLayout(signed(8), L), w_r)
+        x_r = data.View(data.ArrayLayout(signed(8), L), x_r)
+        terms = [t for i in range(L) for t in partial_products(w_r[i], x_r[i], dot_bits)]
         s, c = dot.reduce(terms, dot_bits, levels)
         beat_sum = dot.add(s, c, signed(dot_bits))
         d = dot.ctl
