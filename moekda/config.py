@@ -151,6 +151,12 @@ def _check_relations(cfg: Config):
         raise ConfigError(
             f"hw.lanes = {hw.lanes}: allowed range is 1 to the widest vector "
             f"({max(m.d_model, m.d_ff, m.n_heads * m.head_dim)})")
+    f = cfg.formats
+    # the requantiser's product acc*M is computed in int64 by the model and as one word by the RTL
+    if f.acc_bits + f.requant_mult_bits > 61:
+        raise ConfigError(
+            f"formats.requant_mult_bits = {f.requant_mult_bits}: acc_bits + requant_mult_bits must be at most 61 "
+            f"(allowed range here 8 to {61 - f.acc_bits})")
     if hw.lanes & (hw.lanes - 1):
         raise ConfigError(f"hw.lanes = {hw.lanes}: must be a power of two (1, 2, 4, ... 256)")
     if hw.weight_port_bytes & (hw.weight_port_bytes - 1):

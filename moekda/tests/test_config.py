@@ -37,6 +37,8 @@ def test_issue_sizes():
     (base(hw={"lanes": 3}), "hw.lanes = 3: must be a power of two"),
     (base(hw={"clock_period_ns": "fast"}), "hw.clock_period_ns = 'fast': must be a number"),
     (base(formats={"act_bits": 16}), "formats.act_bits = 16: allowed values are 8"),
+    (base(formats={"acc_bits": 40, "requant_mult_bits": 24}),
+     "formats.requant_mult_bits = 24: acc_bits + requant_mult_bits must be at most 61 (allowed range here 8 to 21)"),
     (base(model={"heads": 2}), "model.heads: unknown field"),
     (base(model={"n_heads": True}), "model.n_heads = True: must be an integer"),
     ({"name": "t", "modle": {}}, "[modle]: unknown section"),
