@@ -85,8 +85,8 @@ def test_kda_tiny_icarus_short_with_clear():
 
 
 def test_kda_small_icarus_short():
-    """The second config, quick: 4 tokens with stalls."""
-    run_kda("small", "icarus", 4, first=(0, 2))
+    """The second config, quick: 3 tokens with stalls, a new sequence at the third."""
+    run_kda("small", "icarus", 3, first=(0, 2))
 
 
 @needs_verilator
