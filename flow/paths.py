@@ -56,6 +56,8 @@ class BuildPaths:
     @property
     def abc_constr(self) -> Path: return self.synth_dir / f"{self.top}.abc.constr"
     @property
+    def abc_script(self) -> Path: return self.synth_dir / f"{self.top}.abc.script"
+    @property
     def sta_script(self) -> Path: return self.synth_dir / f"{self.top}.sta.tcl"
     @property
     def synth_stat(self) -> Path: return self.reports / "synth_stat.txt"

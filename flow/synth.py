@@ -43,6 +43,22 @@ class SynthOptions:
     # then map).  Yosys splits that pass by clock-enable domain, one ABC process each:
     # thousands of processes on a design with many enables, for no better result
     generic_abc: bool = False
+    # the ABC mapping script: "lean" (ours, below) or "yosys" (Yosys's default -constr
+    # script, which adds SAT sweeping: &fraig -x and scorr)
+    abc_script: str = "lean"
+
+
+ABC_SCRIPTS = ("lean", "yosys")
+
+
+def lean_abc_script(period_ps: int) -> str:
+    """Yosys's -constr script without the SAT sweeping (&fraig -x, scorr), as in ORFS's
+    speed script: on the KDA normaliser (9.3k gates) &fraig -x ran for minutes of CPU
+    where this script takes 2 s.  Delay-driven mapping (&dch -f; &nf -D) then buffering
+    and sizing against the driver and load of the -constr file."""
+    d = f"-D {period_ps}"
+    return "\n".join(["strash", "dc2", "strash", "&get -n", "&dch -f", f"&nf {d}", "&put",
+                      "buffer", f"upsize {d}", f"dnsize {d}", "stime -p", ""])
 
 
 def abc_constraints() -> str:
@@ -74,7 +90,8 @@ def synth_script(rtl: list[Path], kit: Kit, paths: BuildPaths, opts: SynthOption
         "opt -purge",
         f"dfflibmap -liberty {lib} {dont_use}",
         "opt",
-        f"abc -liberty {lib} -constr {paths.abc_constr} -D {period_ps} {dont_use}",
+        f"abc -liberty {lib} -constr {paths.abc_constr} -D {period_ps} {dont_use}"
+        + (f" -script {paths.abc_script}" if opts.abc_script == "lean" else ""),
         "setundef -zero",
         "splitnets -ports",
         # purge before insbuf: public aliases of one net (an Amaranth port and the
@@ -99,11 +116,18 @@ def _write_abc_constraints(paths: BuildPaths) -> None:
         paths.abc_constr.write_text(text)
 
 
+def _write_abc_script(paths: BuildPaths, opts: SynthOptions) -> None:
+    text = lean_abc_script(round(opts.period_ns * 1000))
+    if not paths.abc_script.is_file() or paths.abc_script.read_text() != text:
+        paths.abc_script.write_text(text)
+
+
 def run_synth(rtl: list[Path], kit: Kit, paths: BuildPaths, opts: SynthOptions,
               on_pass: Callable[[str], None] | None = None) -> float:
     """Write the scripts, run Yosys; returns wall seconds. Raises FlowError."""
     paths.make_dirs()
     _write_abc_constraints(paths)
+    _write_abc_script(paths, opts)
     paths.synth_script.write_text(synth_script(rtl, kit, paths, opts))
     return run_yosys(paths.synth_script, paths.log("synth"), opts.timeout_s, on_pass)
 
@@ -112,6 +136,7 @@ def run_block_split(rtl: list[Path], kit: Kit, paths: BuildPaths, opts: SynthOpt
                     on_pass: Callable[[str], None] | None = None) -> float:
     """For a flat run: the same synthesis with hierarchy kept, for area per block only."""
     _write_abc_constraints(paths)
+    _write_abc_script(paths, opts)
     paths.synth_blocks_script.write_text(synth_script(rtl, kit, paths, opts, block_split=True))
     return run_yosys(paths.synth_blocks_script, paths.log("synth_blocks"), opts.timeout_s, on_pass)
 

@@ -17,7 +17,7 @@ from flow.paths import BuildPaths
 from flow.report import build_report
 from flow.sdc import write_sdc
 from flow.sta import DEFAULT_ACTIVITY, run_sta
-from flow.synth import SynthOptions, abc_constraints, run_block_split, run_synth
+from flow.synth import SynthOptions, abc_constraints, lean_abc_script, run_block_split, run_synth
 from flow.yosys_driver import yosys_command
 from moekda.config import Config
 from pdk.kit import Kit
@@ -54,6 +54,7 @@ def _synthesise(rtl, kit, paths, sopts: SynthOptions, on_pass) -> None:
         run_synth(rtl, kit, paths, sopts, on_pass)
         return
     paths.abc_constr.write_text(abc_constraints())  # before either process reads it
+    paths.abc_script.write_text(lean_abc_script(round(sopts.period_ns * 1000)))
     with ThreadPoolExecutor(max_workers=1) as pool:
         split = pool.submit(run_block_split, rtl, kit, paths, sopts)
         try:
