@@ -6,13 +6,17 @@ and writes its own log under build/<cfg>/logs/.
 """
 from __future__ import annotations
 
+import fcntl
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from flow import metrics as metrics_mod
+from flow.errors import FlowError
 from flow.paths import BuildPaths
 from flow.report import build_report
 from flow.sdc import write_sdc
@@ -68,6 +72,36 @@ def synth_and_sta(cfg: Config, kit: Kit, paths: BuildPaths, rtl: list[Path], opt
                   extra_seconds: dict[str, float] | None = None) -> dict:
     """Run synthesis, STA, metrics and the report for ``paths.top``; return the metrics."""
     paths.make_dirs()
+    with build_lock(paths):
+        return _synth_and_sta(cfg, kit, paths, rtl, opts, steps, on_pass, extra_seconds)
+
+
+@contextmanager
+def build_lock(paths: BuildPaths):
+    """One run per (build directory, top) at a time: Yosys reads its script as it
+    goes and every step rewrites the same files, so a second run started alongside
+    would corrupt the first.  The lock is released when the process ends, however."""
+    lock = paths.synth_dir / f"{paths.top}.lock"
+    with open(lock, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "?"
+            raise FlowError(f"another `moekda synth` (pid {holder}) is running for top {paths.top} "
+                            f"in {paths.root}; wait for it to finish") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _synth_and_sta(cfg: Config, kit: Kit, paths: BuildPaths, rtl: list[Path], opts: FlowOptions,
+                   steps: Steps, on_pass, extra_seconds) -> dict:
     cons = write_sdc(cfg, paths.sdc, opts.clock_port)
     sopts = SynthOptions(top=paths.top, period_ns=cons.period_ns, flatten=opts.flatten,
                          timeout_s=opts.synth_timeout_s)

@@ -175,3 +175,15 @@ def test_yosys_error_is_one_line_naming_the_log(tmp_path):
         run_synth([paths.rtl], kit, paths, SynthOptions(top="broken", period_ns=1.0))
     msg = str(e.value)
     assert "\n" not in msg and str(paths.log("synth")) in msg and msg.startswith("yosys failed: ")
+
+
+def test_a_second_run_on_the_same_top_is_refused(tmp_path):
+    from flow.synth_flow import build_lock
+    cfg = load_config("tiny")
+    paths = BuildPaths.for_config(cfg, TOP, build_root=tmp_path).make_dirs()
+    with build_lock(paths):
+        with pytest.raises(FlowError, match="another `moekda synth`"):
+            synth_and_sta(cfg, find_kit(), paths, [paths.rtl], FlowOptions(),
+                          Steps(lambda s: None, lambda s, t: None))
+    with build_lock(paths):  # released: free again
+        pass
