@@ -364,14 +364,17 @@ class MoEUnit(wiring.Component):
                 m.d.sync += [h_ok.eq(1), h_seg.eq(conv_seg)]
 
         # stage U, down: weighted add into the accumulators
+        # (the sum is registered before it fans out to the d_model accumulators;
+        # the early read above is safe: the same row comes back >= d_model results later)
         acc_new = Signal(signed(self.widths["moe_combine_acc"]))
         m.d.comb += acc_new.eq(prefix_add(m, u_prev, u_val, len(acc_new), "acc_new"))
-        with m.If(u_valid & (u_kind == DOWN)):
-            m.d.sync += acc[u_row].eq(acc_new)
         last_seg = u_seg == nseg - 1
+        v_down = reg("v_down", 1, u_valid & (u_kind == DOWN), reset_less=False)
         v_valid = reg("v_valid", 1, u_valid & (u_kind == DOWN) & last_seg, reset_less=False)
         v_row = reg("v_row", u_row.shape(), u_row)
         v_acc = reg("v_acc", acc_new.shape(), acc_new)
+        with m.If(v_down):
+            m.d.sync += acc[v_row].eq(v_acc)
 
         # stage V: acc * comb_m + rounding constant in carry-save, one add; then the
         # constant shift (wiring) and saturation into the output token

@@ -17,6 +17,8 @@ from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hw.moe_arith import prefix_add
+
 
 class SequentialDivider(wiring.Component):
     def __init__(self, num_bits: int, den_bits: int):
@@ -32,6 +34,7 @@ class SequentialDivider(wiring.Component):
         rem = Signal(self.den_bits + 1)   # partial remainder, always < den after each step
         quo = Signal(nb)                  # shifts in quotient bits; holds the numerator bits still to use
         den = Signal(self.den_bits)
+        neg_den = Signal(self.den_bits + 2)
         step = Signal(range(nb + 1))
         busy = Signal()
         done = Signal()
@@ -39,13 +42,16 @@ class SequentialDivider(wiring.Component):
         # one restoring step: bring down the next numerator bit, subtract if it fits
         trial = Signal(self.den_bits + 2)
         shifted = Signal(self.den_bits + 2)
-        m.d.comb += [shifted.eq(Cat(quo[nb - 1], rem)), trial.eq(shifted - den)]
+        # shifted - den as shifted + (-den): -den is fixed for the whole division
+        m.d.comb += [shifted.eq(Cat(quo[nb - 1], rem)),
+                     trial.eq(prefix_add(m, shifted, neg_den, len(trial), "trial"))]
         fits = ~trial[-1]
 
         m.d.comb += [self.inp.ready.eq(~busy & ~done), self.out.valid.eq(done),
                      self.out.payload.quotient.eq(quo)]
         with m.If(self.inp.valid & self.inp.ready):
             m.d.sync += [quo.eq(self.inp.payload.num), den.eq(self.inp.payload.den), rem.eq(0),
+                         neg_den.eq(-self.inp.payload.den),
                          step.eq(nb), busy.eq(1)]
         with m.If(busy):
             m.d.sync += [rem.eq(Mux(fits, trial, shifted)), quo.eq(Cat(fits, quo[:nb - 1])),
