@@ -29,8 +29,8 @@ so the memory latency is hidden when n_shared >= 1.
 Every response beat is one MAC beat (lanes = weight_port_bytes): the port is
 the roofline and the MAC keeps up with it.  A beat waits only (a) before the
 first down-projection beat of an expert, until that expert's hidden vector
-is complete (MAC drain + exponent + conversion: ~10 + d_ff/port_bytes cycles
-per expert), and (b) for a routed expert, until its weight is known.
+is complete (MAC and product pipelines drain, exponent, conversion: ~30 +
+d_ff/port_bytes cycles per expert), and (b) for a routed expert, until its weight is known.
 
 Results leave the MAC with a tag (matrix, row, segment) and go through a
 fixed pipeline that never stalls: router code -> sigmoid table -> (+ bias)
@@ -44,7 +44,6 @@ for the last expert requantised into the output.  Routing weights
 """
 from __future__ import annotations
 
-import numpy as np
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -52,7 +51,7 @@ from amaranth.lib.wiring import In, Out
 from hw.lut import LookupTable
 from hw.memory_map import memory_map
 from hw.moe_arith import Staged, const_products, csa_levels, partial_products, prefix_add
-from hw.moe_mac import LaneMacRequant, round_shift_value, saturate
+from hw.moe_mac import LaneMacRequant, saturate
 from hw.moe_route import RouteWeights
 from hw.topk import TopK
 from hw.weight_port import MAX_BEATS, WeightPortSignature, beats_per_row

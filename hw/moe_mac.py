@@ -23,13 +23,6 @@ from amaranth.lib.wiring import In, Out
 from hw.moe_arith import Staged, partial_products, prefix_add
 
 
-def round_shift_value(value, shift, max_shift: int):
-    """(value + 2**(shift-1)) >> shift, shift a runtime value; shift 0 = identity
-    (moekda.numerics.round_shift)."""
-    half = (Const(1, max_shift + 1) << shift) >> 1
-    return (value + half) >> shift
-
-
 def saturate(m, value, bits: int, out: Signal):
     """out = clamp(value, -2**(bits-1), 2**(bits-1)-1) (comb)."""
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
