@@ -6,15 +6,19 @@ Implements ``sim.models.int_layer.int_layer_step`` bit for bit:
 
 Block diagram (docs/chip.md has the long form)::
 
-        i ──> X ──> norm (attn) ──> N ──> KdaUnit ──┐            (+) = ResidualAdd
-              │                                     v
-              └───────────────────────────────> res1 (+) ──> H ──> norm (mlp) ──> N ──> MoEUnit ──┐
-                                                             │                                     v
-                                                             └─────────────────────────> res2 (+) ──> X ──> o
-        KdaUnit.wport ──┐
-                        ├── WeightArbiter ──> wport (the one weight memory)
-        MoEUnit.wport ──┘
-        bus (Wishbone) ──> LayerCsr: RUN / CLEAR / counter reset, status, counters, config read-back
+      stage A (token mixer)                          stage B (channel mixer)
+  i -> XA -> norm1 -> NA -> KdaUnit -> res1 -> XA(h) => HB -> norm2 -> NB -> MoEUnit -> res2 -> HB(y) -> o
+                               |                                             |
+                               +----------> WeightArbiter <------------------+
+                                                 |
+                                               wport (the one weight memory)
+  bus (Wishbone) -> LayerCsr: RUN / CLEAR / counter reset, status, counters, config read-back
+
+The two stages are a two-token pipeline: while stage B runs the MoE of token
+t, stage A already runs the RMSNorm and KDA of token t+1 (a token's KDA never
+needs an earlier token's MoE), and the two blocks share the weight port
+through the arbiter.  ``h`` moves from A to B in one cycle (``=>``) when B is
+idle.
 
 Ports
 -----
@@ -25,11 +29,10 @@ Ports
           is read from the external weight memory (hw/memory_map.py).
 ``bus``   Wishbone classic slave, the control and status registers (hw/csr.py).
 
-The token is processed in phases, one after the other: the RMSNorms share one
-normaliser (hw/kda_norm.py, two baked modes), the residual adds are
-element-serial (hw/residual.py).  ``y`` is written over ``x`` (x is not needed
-once ``h`` exists) and ``xn`` and ``hn`` share one int8 register vector (each
-block latches its input token), so the top holds 2 x d resid words + d bytes.
+Within a stage the phases run one after the other: RMSNorm (one normaliser
+per stage, hw/kda_norm.py), the block, the element-serial residual add
+(hw/residual.py), which writes its sum over its own input (``h`` over ``x``,
+``y`` over ``h``).  The top holds 2 x d resid words and 2 x d bytes.
 A sequence starts when the token's ``first`` bit is set, after a CLEAR write,
 and after reset (the KDA state memory has no reset: the first token after a
 reset always starts a new sequence).
@@ -95,111 +98,137 @@ class LayerTop(wiring.Component):
         connect(m, kda.wport, arb.up[0])
         connect(m, moe.wport, arb.up[1])
         connect(m, arb.down, wiring.flipped(self.wport))
-        m.submodules.norm = norm = Normalizer(fm, d, rb, derived_widths(cfg)["ss_rmsnorm"],
-                                              [q.attn_norm, q.mlp_norm], a)
+        ss_bits = derived_widths(cfg)["ss_rmsnorm"]
+        m.submodules.norm1 = norm1 = Normalizer(fm, d, rb, ss_bits, [q.attn_norm], a)
+        m.submodules.norm2 = norm2 = Normalizer(fm, d, rb, ss_bits, [q.mlp_norm], a)
         m.submodules.res1 = res1 = ResidualAdd(q.res1, rb, a, rb, d)
         m.submodules.res2 = res2 = ResidualAdd(q.res2, rb, moe.out_bits, rb, d)
         m.submodules.csr = csr = LayerCsr(cfg, macs_per_token(cfg))
         connect(m, wiring.flipped(self.bus), csr.bus)
 
-        X = [Signal(signed(rb), name=f"x{n}") for n in range(d)]   # x, then y
-        H = [Signal(signed(rb), name=f"h{n}") for n in range(d)]
-        N = [Signal(signed(a), name=f"n{n}") for n in range(d)]     # xn, then hn
+        # stage A (token mixer): x -> xn -> KDA -> h, all in place in XA / NA
+        XA = [Signal(signed(rb), name=f"xa{n}") for n in range(d)]   # x, then h
+        NA = [Signal(signed(a), name=f"na{n}") for n in range(d)]     # xn
+        # stage B (channel mixer): h -> hn -> MoE -> y, in place in HB / NB
+        HB = [Signal(signed(rb), name=f"hb{n}") for n in range(d)]   # h, then y
+        NB = [Signal(signed(a), name=f"nb{n}") for n in range(d)]     # hn
         first = Signal()
         clear_pending = Signal(init=1)
-        second = Signal()                 # the normaliser works on h (mlp norm), not x
-        ridx = Signal(range(d))
-        latency = Signal(32)
+        ridx_a, ridx_b = Signal(range(d)), Signal(range(d))
+        lat_a, lat_b = Signal(32), Signal(32)   # cycles since the stage's token was accepted
         token_cycles = Signal(32)
-        busy = Signal()
+        busy_a, busy_b = Signal(), Signal()
+        handoff = Signal()                      # h moves from stage A to stage B this cycle
 
-        # the normaliser reads x or h by index and writes xn or hn
-        m.d.comb += [norm.mode.eq(second),
-                     norm.rd_x.eq(Mux(second, Array(H)[norm.rd_idx], Array(X)[norm.rd_idx]))]
-        with m.If(norm.wr_en):
-            m.d.sync += Array(N)[norm.wr_idx].eq(norm.wr_y)
-        # the residual adds read x or h and the block's output (held on its stream) by index
-        m.d.comb += [res1.idx.eq(ridx), res1.a.eq(Array(X)[ridx]), res1.b.eq(kda.o.payload[ridx]),
-                     res2.idx.eq(ridx), res2.a.eq(Array(H)[ridx]), res2.b.eq(moe.out.payload[ridx])]
+        m.d.comb += norm1.rd_x.eq(Array(XA)[norm1.rd_idx])
+        with m.If(norm1.wr_en):
+            m.d.sync += Array(NA)[norm1.wr_idx].eq(norm1.wr_y)
+        m.d.comb += norm2.rd_x.eq(Array(HB)[norm2.rd_idx])
+        with m.If(norm2.wr_en):
+            m.d.sync += Array(NB)[norm2.wr_idx].eq(norm2.wr_y)
+        # residual adds: element i is read two cycles before it is written back, so the
+        # sum can replace its own input (x by h, h by y); the block's output stays on its
+        # stream (ready low) until the last element is read
+        m.d.comb += [res1.idx.eq(ridx_a), res1.a.eq(Array(XA)[ridx_a]), res1.b.eq(kda.o.payload[ridx_a]),
+                     res2.idx.eq(ridx_b), res2.a.eq(Array(HB)[ridx_b]), res2.b.eq(moe.out.payload[ridx_b])]
         with m.If(res1.wr_en):
-            m.d.sync += Array(H)[res1.wr_idx].eq(res1.wr_y)
+            m.d.sync += Array(XA)[res1.wr_idx].eq(res1.wr_y)
         with m.If(res2.wr_en):
-            m.d.sync += Array(X)[res2.wr_idx].eq(res2.wr_y)
+            m.d.sync += Array(HB)[res2.wr_idx].eq(res2.wr_y)
+        with m.If(handoff):
+            m.d.sync += [Cat(*HB).eq(Cat(*XA)), lat_b.eq(lat_a + 1)]
 
-        m.d.comb += [kda.i.payload.x.eq(Cat(*N)), kda.i.payload.first.eq(first),
-                     moe.tokens.payload.eq(Cat(*N)), self.o.payload.eq(Cat(*X))]
+        m.d.comb += [kda.i.payload.x.eq(Cat(*NA)), kda.i.payload.first.eq(first),
+                     moe.tokens.payload.eq(Cat(*NB)), self.o.payload.eq(Cat(*HB))]
 
         accept = self.i.valid & self.i.ready
         with m.If(accept):
             m.d.sync += clear_pending.eq(0)
         with m.Elif(csr.clear):
             m.d.sync += clear_pending.eq(1)
-        with m.If(busy):
-            m.d.sync += latency.eq(latency + 1)
+        with m.If(busy_a):
+            m.d.sync += lat_a.eq(lat_a + 1)
+        with m.If(busy_b & ~handoff):
+            m.d.sync += lat_b.eq(lat_b + 1)
 
-        with m.FSM():
+        b_idle = Signal()
+        with m.FSM(name="stage_a"):
             with m.State("IDLE"):
                 m.d.comb += self.i.ready.eq(csr.run)
                 with m.If(accept):
-                    m.d.sync += [Cat(*X).eq(self.i.payload.x),
+                    m.d.sync += [Cat(*XA).eq(self.i.payload.x),
                                  first.eq(self.i.payload.first | clear_pending | csr.clear),
-                                 second.eq(0), latency.eq(1)]
+                                 lat_a.eq(1)]
                     m.next = "NORM_START"
             with m.State("NORM_START"):
-                m.d.comb += [busy.eq(1), norm.start.eq(1)]
+                m.d.comb += [busy_a.eq(1), norm1.start.eq(1)]
                 m.next = "NORM_WAIT"
             with m.State("NORM_WAIT"):
-                m.d.comb += busy.eq(1)
-                with m.If(~norm.busy & second):
-                    m.next = "MOE_SEND"
-                with m.Elif(~norm.busy):
+                m.d.comb += busy_a.eq(1)
+                with m.If(~norm1.busy):
                     m.next = "KDA_SEND"
             with m.State("KDA_SEND"):
-                m.d.comb += [busy.eq(1), kda.i.valid.eq(1)]
+                m.d.comb += [busy_a.eq(1), kda.i.valid.eq(1)]
                 with m.If(kda.i.ready):
                     m.next = "KDA_WAIT"
             with m.State("KDA_WAIT"):
-                m.d.comb += busy.eq(1)
+                m.d.comb += busy_a.eq(1)
                 with m.If(kda.o.valid):
-                    m.d.sync += ridx.eq(0)
-                    m.next = "RES1"
-            with m.State("RES1"):
-                m.d.comb += [busy.eq(1), res1.valid.eq(1)]
-                m.d.sync += ridx.eq(ridx + 1)
-                with m.If(ridx == d - 1):
-                    m.next = "RES1_DRAIN"
-            with m.State("RES1_DRAIN"):
-                m.d.comb += busy.eq(1)
+                    m.d.sync += ridx_a.eq(0)
+                    m.next = "RES"
+            with m.State("RES"):
+                m.d.comb += [busy_a.eq(1), res1.valid.eq(1)]
+                m.d.sync += ridx_a.eq(ridx_a + 1)
+                with m.If(ridx_a == d - 1):
+                    m.next = "RES_DRAIN"
+            with m.State("RES_DRAIN"):
+                m.d.comb += busy_a.eq(1)
                 with m.If(res1.wr_en & (res1.wr_idx == d - 1)):
                     m.d.comb += kda.o.ready.eq(1)        # the KDA output is used up
-                    m.d.sync += second.eq(1)
+                    m.next = "HOLD"
+            with m.State("HOLD"):                         # h waits for stage B
+                m.d.comb += [busy_a.eq(1), handoff.eq(b_idle)]
+                with m.If(b_idle):
+                    m.next = "IDLE"
+
+        with m.FSM(name="stage_b"):
+            with m.State("IDLE"):
+                m.d.comb += b_idle.eq(1)
+                with m.If(handoff):
                     m.next = "NORM_START"
+            with m.State("NORM_START"):
+                m.d.comb += [busy_b.eq(1), norm2.start.eq(1)]
+                m.next = "NORM_WAIT"
+            with m.State("NORM_WAIT"):
+                m.d.comb += busy_b.eq(1)
+                with m.If(~norm2.busy):
+                    m.next = "MOE_SEND"
             with m.State("MOE_SEND"):
-                m.d.comb += [busy.eq(1), moe.tokens.valid.eq(1)]
+                m.d.comb += [busy_b.eq(1), moe.tokens.valid.eq(1)]
                 with m.If(moe.tokens.ready):
                     m.next = "MOE_WAIT"
             with m.State("MOE_WAIT"):
-                m.d.comb += busy.eq(1)
+                m.d.comb += busy_b.eq(1)
                 with m.If(moe.out.valid):
-                    m.d.sync += ridx.eq(0)
-                    m.next = "RES2"
-            with m.State("RES2"):
-                m.d.comb += [busy.eq(1), res2.valid.eq(1)]
-                m.d.sync += ridx.eq(ridx + 1)
-                with m.If(ridx == d - 1):
-                    m.next = "RES2_DRAIN"
-            with m.State("RES2_DRAIN"):
-                m.d.comb += busy.eq(1)
+                    m.d.sync += ridx_b.eq(0)
+                    m.next = "RES"
+            with m.State("RES"):
+                m.d.comb += [busy_b.eq(1), res2.valid.eq(1)]
+                m.d.sync += ridx_b.eq(ridx_b + 1)
+                with m.If(ridx_b == d - 1):
+                    m.next = "RES_DRAIN"
+            with m.State("RES_DRAIN"):
+                m.d.comb += busy_b.eq(1)
                 with m.If(res2.wr_en & (res2.wr_idx == d - 1)):
                     m.d.comb += moe.out.ready.eq(1)
-                    m.d.sync += token_cycles.eq(latency + 1)
+                    m.d.sync += token_cycles.eq(lat_b + 1)
                     m.next = "OUTPUT"
             with m.State("OUTPUT"):
-                m.d.comb += [busy.eq(1), self.o.valid.eq(1)]
+                m.d.comb += [busy_b.eq(1), self.o.valid.eq(1)]
                 with m.If(self.o.ready):
                     m.next = "IDLE"
 
-        m.d.comb += [csr.busy.eq(busy), csr.clear_pending.eq(clear_pending),
+        m.d.comb += [csr.busy.eq(busy_a | busy_b), csr.clear_pending.eq(clear_pending),
                      csr.in_waiting.eq(self.i.valid), csr.out_waiting.eq(self.o.valid),
                      csr.ev_token.eq(self.o.valid & self.o.ready),
                      csr.ev_beat.eq(self.wport.resp.valid & self.wport.resp.ready),

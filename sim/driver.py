@@ -30,8 +30,11 @@ import numpy as np
 
 from moekda.config import REPO_ROOT, Config, load_config
 
-VERILATOR_ARGS = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-O1", "-CFLAGS", "-O1",
-                  "--x-assign", "0", "--x-initial", "0"]
+# the chip's generated C++ is one very large evaluation function: -O0 and split
+# functions keep the C++ compile to minutes on a loaded machine (the simulation is
+# still far faster than Icarus)
+VERILATOR_ARGS = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-O1", "-CFLAGS", "-O0",
+                  "--output-split-cfuncs", "2000", "--x-assign", "0", "--x-initial", "0"]
 # Icarus -g2012 applies declaration initialisers without an event, so Amaranth's
 # always @* blocks would not run at time 0 (found by the KDA bench): -g2005
 ICARUS_ARGS = ["-g2005"]
@@ -94,6 +97,7 @@ class RunResult:
     token_cycles: np.ndarray            # TOKEN_CYCLES after each output
     wall_s: float
     problems: list = field(default_factory=list)
+    waves: Path | None = None           # the waveform file when recorded
 
     @property
     def match(self) -> bool:
@@ -110,7 +114,8 @@ class RunResult:
         return (f"{head}: {len(self.idx)} output tokens of {len(self.want)} inputs checked\n"
                 f"cycles/token {self.cycles_per_token:.1f} (busy cycles / tokens), last token "
                 f"{int(self.token_cycles[-1]) if len(self.token_cycles) else 0} cycles\n"
-                f"counters: " + ", ".join(f"{k}={v}" for k, v in c.items()) + f"\nwall time {self.wall_s:.1f} s")
+                f"counters: " + ", ".join(f"{k}={v}" for k, v in c.items()) + f"\nwall time {self.wall_s:.1f} s"
+                + (f"\nwaveforms: {self.waves}" if self.waves else ""))
 
 
 def compare(plan: RunPlan, want: np.ndarray, idx: np.ndarray, got: np.ndarray) -> list[str]:
@@ -209,9 +214,12 @@ class LayerDriver:
             stamp.write_text(key)
         return build_dir
 
-    def run(self, plan: RunPlan, simulator: str = "icarus", xs=None, waves: bool = False,
+    def run(self, plan: RunPlan, simulator: str = "icarus", xs=None, waves: bool | None = None,
             netlist: Path | None = None, name: str | None = None) -> RunResult:
+        """``waves`` None: record waveforms when WAVES=1 is in the environment (as sim/cocotb_util.py)."""
         from cocotb_tools.runner import get_runner
+        if waves is None:
+            waves = os.environ.get("WAVES", "0") not in ("", "0")
         t0 = time.monotonic()
         xs = self.inputs(plan.tokens, seed=plan.seed + 1) if xs is None else np.asarray(xs, np.int64)
         want = self.model(xs, plan.model_resets())
@@ -245,7 +253,12 @@ class LayerDriver:
         counters = {str(k): int(v) for k, v in zip(z["counter_names"], z["counter_values"])}
         problems += [str(p) for p in z["bench_problems"]]
         problems += compare(plan, want, z["idx"], z["got"])
-        return RunResult(want, z["idx"], z["got"], counters, z["token_cycles"], time.monotonic() - t0, problems)
+        wave_file = None
+        if waves:       # Verilator dumps into the run directory, Icarus into the build directory
+            found = [p for d in (run_dir, build_dir) for p in d.glob("*") if p.suffix in (".fst", ".vcd")]
+            wave_file = max(found, key=lambda p: p.stat().st_mtime) if found else None
+        return RunResult(want, z["idx"], z["got"], counters, z["token_cycles"], time.monotonic() - t0, problems,
+                         wave_file)
 
 
 def _cell_models(kit) -> list[Path]:
