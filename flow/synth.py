@@ -2,14 +2,15 @@
 
 The script follows ORFS's synth.tcl in spirit (not its code):
 
-    read_verilog; hierarchy -check -top; synth -top   generic synthesis, hierarchy kept
-    dfflibmap -liberty -dont_use                      flip-flops onto library cells
-    abc -liberty -constr -D period -dont_use          timing-driven mapping; -constr gives
-                                                      ABC a driver (BUF_X1) and a load so
-                                                      it buffers and sizes, -D the target
-    setundef -zero; opt_clean -purge; hilomap; insbuf                   constants through tie cells, no
-                                                      `assign` left for OpenROAD
-    opt_clean -purge; stat -liberty (text + json); write_verilog -noattr
+    read_verilog; hierarchy -check -top
+    synth -top -noabc                   generic synthesis, hierarchy kept, no generic ABC
+    dfflibmap -liberty -dont_use        flip-flops onto library cells
+    abc -liberty -constr -D -script     timing-driven mapping; -constr gives ABC a driver
+                                        (BUF_X1) and a load so it buffers and sizes,
+                                        -D the target, -script the lean script below
+    setundef -zero; opt_clean -purge    constants, then no aliases left ...
+    hilomap; insbuf                     ... tie cells, buffers instead of `assign`s
+    stat -liberty (text + json); write_verilog -noattr
 
 Hierarchy is kept by default: Amaranth gives every submodule its own module,
 named after its instance path (``top.engine.lane0``), so the statistics give
@@ -33,6 +34,9 @@ from flow.yosys_driver import run_yosys
 from pdk.kit import PLATFORM, Kit
 
 
+ABC_SCRIPTS = ("lean", "yosys")
+
+
 @dataclass(frozen=True)
 class SynthOptions:
     top: str
@@ -47,8 +51,9 @@ class SynthOptions:
     # script, which adds SAT sweeping: &fraig -x and scorr)
     abc_script: str = "lean"
 
-
-ABC_SCRIPTS = ("lean", "yosys")
+    def __post_init__(self):
+        if self.abc_script not in ABC_SCRIPTS:
+            raise ValueError(f"abc_script {self.abc_script!r}: one of {', '.join(ABC_SCRIPTS)}")
 
 
 def lean_abc_script(period_ps: int) -> str:

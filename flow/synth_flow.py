@@ -34,6 +34,7 @@ class FlowOptions:
     flatten: bool = False
     clock_port: str = "clk"
     synth_timeout_s: float = 3600.0
+    abc_script: str = "lean"            # see flow/synth.py: lean_abc_script
 
 
 class Steps:
@@ -58,7 +59,7 @@ def _synthesise(rtl, kit, paths, sopts: SynthOptions, on_pass) -> None:
         run_synth(rtl, kit, paths, sopts, on_pass)
         return
     paths.abc_constr.write_text(abc_constraints())  # before either process reads it
-    paths.abc_script.write_text(lean_abc_script(round(sopts.period_ns * 1000)))
+    paths.abc_script.write_text(lean_abc_script(round(sopts.period_ns * 1000)))  # (unused if "yosys")
     with ThreadPoolExecutor(max_workers=1) as pool:
         split = pool.submit(run_block_split, rtl, kit, paths, sopts)
         try:
@@ -104,13 +105,14 @@ def _synth_and_sta(cfg: Config, kit: Kit, paths: BuildPaths, rtl: list[Path], op
                    steps: Steps, on_pass, extra_seconds) -> dict:
     cons = write_sdc(cfg, paths.sdc, opts.clock_port)
     sopts = SynthOptions(top=paths.top, period_ns=cons.period_ns, flatten=opts.flatten,
-                         timeout_s=opts.synth_timeout_s)
+                         timeout_s=opts.synth_timeout_s, abc_script=opts.abc_script)
     steps.run("synth", _synthesise, rtl, kit, paths, sopts, on_pass)
     steps.run("sta", run_sta, kit, paths, cons, opts.n_paths, opts.activity)
     seconds = dict(extra_seconds or {}, **steps.seconds)
     extra = {f"flow__{k}__seconds": round(v, 2) for k, v in seconds.items()}
     extra["flow__yosys__engine"] = yosys_command(paths.synth_script)[1]
     extra["flow__synth__flatten"] = opts.flatten
+    extra["flow__synth__abc_script"] = opts.abc_script
     m = steps.run("metrics", metrics_mod.compute, paths, kit.liberty, cons, cfg.name, cfg.hash(),
                   opts.activity, extra, opts.flatten)
     metrics_mod.write(m, paths.metrics)

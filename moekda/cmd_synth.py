@@ -29,6 +29,8 @@ def configure(p):
     p.add_argument("--flatten", action="store_true",
                    help="synthesise flat (ABC optimises across blocks); the per-block area split "
                         "then comes from a hierarchical pass run alongside")
+    p.add_argument("--abc", choices=("lean", "yosys"), default="lean",
+                   help="ABC mapping script: lean (default; no SAT sweeping) or Yosys's own -constr script")
     p.add_argument("--timeout", type=float, default=3600.0, help="Yosys time limit in seconds")
 
 
@@ -131,7 +133,7 @@ def run(args) -> int:
         steps.run("rtl", write_rtl, cfg, top, paths.rtl, paths.log("rtl"))
         rtl = [paths.rtl]
     opts = FlowOptions(n_paths=args.paths, activity=activity, flatten=args.flatten,
-                       synth_timeout_s=args.timeout)
+                       synth_timeout_s=args.timeout, abc_script=args.abc)
     try:
         m = synth_and_sta(cfg, kit, paths, rtl, opts, steps, on_pass=progress.on_pass,
                           extra_seconds={"rtl": steps.seconds["rtl"]})
