@@ -164,7 +164,8 @@ class MoEUnit(wiring.Component):
         buf = Array(buf_sigs)
         buf_padded = Array(buf_sigs + [Const(0, signed(PROD_BITS + 1))] * (nb_f * pb - f))
         orb = Signal(PROD_BITS)        # OR of |prod| so far in this expert
-        hid_sh = Signal(range(8))      # the hidden vector's exponent (int_expert's ``sh``)
+        hid_sh = Signal(range(PROD_BITS - 6))   # the hidden vector's exponent (int_expert's ``sh``), 0..8
+        half_sh = Signal(PROD_BITS - 7)         # its rounding constant 2**(sh-1) (0 for sh = 0)
         conv_busy = Signal()
         conv_j = Signal(range(nb_f))
         conv_seg = Signal(range(nseg))
@@ -183,9 +184,14 @@ class MoEUnit(wiring.Component):
             return Mux(seg <= S, E + seg - 1, idx[rank])
 
         # ---- counters ----
-        m.d.sync += self.cycles.eq(self.cycles + 1)
-        with m.If(self.wport.resp.valid & self.wport.resp.ready):
-            m.d.sync += self.weight_bytes.eq(self.weight_bytes + pb)
+        # (prefix adders: Yosys's counters are ripple chains; the byte count is
+        # bumped one cycle after the beat, off the ready path)
+        m.d.sync += self.cycles.eq(prefix_add(m, self.cycles, 1, self.counter_bits, "cycles_inc"))
+        beat_seen = Signal()
+        m.d.sync += beat_seen.eq(self.wport.resp.valid & self.wport.resp.ready)
+        with m.If(beat_seen):
+            m.d.sync += self.weight_bytes.eq(prefix_add(m, self.weight_bytes, pb, len(self.weight_bytes),
+                                                        "bytes_inc"))
 
         # ---- token in / out ----
         m.d.comb += [self.tokens.ready.eq(~busy & ~out_valid),
@@ -336,7 +342,8 @@ class MoEUnit(wiring.Component):
                 for i in range(PROD_BITS):
                     with m.If(orb_new[i]):
                         m.d.comb += bl.eq(i + 1)
-                m.d.sync += [hid_sh.eq(Mux(bl > fm.act_bits - 1, bl - (fm.act_bits - 1), 0)),
+                sh_new = Mux(bl > fm.act_bits - 1, bl - (fm.act_bits - 1), 0).as_unsigned()[:4]
+                m.d.sync += [hid_sh.eq(sh_new), half_sh.eq((Const(1, PROD_BITS - 6) << sh_new) >> 1),
                              conv_busy.eq(1), conv_j.eq(0), conv_seg.eq(u_seg)]
         # the hidden vector, pb values per cycle: sat8(round_shift(prod, sh)),
         # in three stages (slice read, rounding add, shift and saturate)
@@ -349,11 +356,12 @@ class MoEUnit(wiring.Component):
             with m.If(conv_j == nb_f - 1):
                 m.d.sync += conv_busy.eq(0)
         # then the rounding add, then shift and saturate
-        half_sh = (Const(1, 8) << hid_sh) >> 1
         cr_valid = reg("cr_valid", 1, cv_valid, reset_less=False)
         cr_j = reg("cr_j", cv_j.shape(), cv_j)
         cr_last = reg("cr_last", 1, cv_last)
-        cr_vals = [reg(f"cr_val{i}", signed(PROD_BITS + 2), cv_vals[i] + half_sh) for i in range(pb)]
+        cr_vals = [reg(f"cr_val{i}", signed(PROD_BITS + 2),
+                       prefix_add(m, cv_vals[i], half_sh, PROD_BITS + 2, f"cr_add{i}").as_signed())
+                   for i in range(pb)]
         with m.If(cr_valid):
             for i in range(pb):
                 hv = Signal(signed(8), name=f"hid_conv{i}")
