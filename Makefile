@@ -23,11 +23,12 @@ help:
 	@echo ""
 	@echo "  make setup            install tools, Python deps and the Nangate45 kit (done by every target)"
 	@echo "  make test             the default test suite (models, RTL simulation, flow checks)"
-	@echo "  make sim    [CONFIG=] cocotb simulations of the generated RTL against the integer model"
+	@echo "  make sim    [CONFIG=] [GL=1] [WAVES=1]  cocotb simulations of the RTL against the integer model"
 	@echo "  make rtl    [CONFIG=] [TOP=]   Verilog into build/<config>/rtl/"
 	@echo "  make synth  [CONFIG=] [TOP=]   Yosys + OpenSTA: area, timing, power in build/<config>/reports/"
 	@echo "  make pnr    [CONFIG=]          OpenROAD place and route (needs openroad on PATH or OPENROAD=)"
 	@echo "  make accuracy [CONFIG=]        error of the integer model against the float model"
+	@echo "  make vectors  [CONFIG=]        export inputs, integer parameters and expected outputs (256 tokens)"
 	@echo "  make clean                     remove build/"
 	@echo ""
 	@echo "  CONFIG is a name under configs/ (tiny, small) or a path to a .toml file; default tiny."
@@ -51,6 +52,13 @@ versions: $(STAMP)
 test: $(STAMP)
 	$(PYTEST) -m "not slow"
 
+# make sim: the simulations only.  tiny: the fast set; another CONFIG: every
+# simulation including the long runs; GL=1: the gate-level run of the netlist.
+# WAVES=1 writes waveforms into each test's build directory.
+SIM_MARK := $(if $(GL),gl,$(if $(filter tiny,$(CONFIG)),not slow,not gl))
+sim: $(STAMP)
+	MOEKDA_CONFIG=$(CONFIG) WAVES=$(WAVES) $(PYTEST) sim/tests -m "$(SIM_MARK)"
+
 # ---- design flow ------------------------------------------------------------
 rtl: $(STAMP)
 	$(MOEKDA) rtl -c $(CONFIG) $(TOPARG)
@@ -69,6 +77,9 @@ pnr-check: $(STAMP)
 
 accuracy: $(STAMP)
 	$(MOEKDA) accuracy -c $(CONFIG)
+
+vectors: $(STAMP)
+	$(MOEKDA) vectors -c $(CONFIG) -n 256 -o build/$(CONFIG)/vectors
 
 clean:
 	rm -rf build
