@@ -1,0 +1,266 @@
+"""`moekda bench`: the measured trade-offs of one configuration.
+
+Three sources, each the single owner of its facts:
+
+* analytic traffic: MACs per token (hw.layer.macs_per_token, the constant behind
+  the chip's MACS counter) and weight bytes per token (hw.memory_map regions,
+  padding included: what the port really fetches);
+* the chip's simulation (sim.driver.LayerDriver, no stalls): cycles per token from
+  the BUSY_CYCLES / TOKENS counters, per-token cycles (TOKEN_CYCLES) at each context
+  position, WEIGHT_BYTES / TOKENS, and the simulators' speed;
+* synthesis (build/<cfg>/reports/metrics.json of the chip top, written by
+  `moekda synth`): Fmax, area, power.
+
+The roofline bound of one token is max(MACs / lanes, bytes / port bytes) cycles:
+the MAC lanes and the weight port cannot go faster, whatever the control does.
+Utilisation is bound / measured (1.0 = at the roofline).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from moekda.config import REPO_ROOT, Config
+
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+
+# the goals of issue 9, stated in every summary
+GOAL_UTILISATION = 0.90          # of the roofline bound, for small
+GOAL_CONTEXT_RATIO = 1.01        # cycles/token at context 4096 over those at 16
+CONTEXTS = (16, 256, 1024, 4096)   # positions whose per-token cycles are recorded (when reached)
+MIN_TOKENS = 1024                  # issue 9: cycles per token over at least this many tokens
+CONTEXT_WINDOW = 8               # tokens averaged just before each context position
+
+
+# ---- analytic traffic ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Traffic:
+    macs: int                # weight MACs per token (what the MAC lanes must do)
+    weight_bytes: int        # bytes per token with top_k routed experts
+    dense_bytes: int         # bytes per token if all routed experts ran (the dense equivalent)
+    lanes: int
+    port_bytes: int
+
+    @property
+    def mac_cycles(self) -> float:
+        return self.macs / self.lanes
+
+    @property
+    def port_cycles(self) -> float:
+        return self.weight_bytes / self.port_bytes
+
+    @property
+    def bound(self) -> float:
+        """Roofline cycles per token: the slower of the two resources."""
+        return roofline_cycles(self.macs, self.weight_bytes, self.lanes, self.port_bytes)
+
+    @property
+    def bound_by(self) -> str:
+        return "weight port" if self.port_cycles >= self.mac_cycles else "MAC lanes"
+
+
+def roofline_cycles(macs: float, weight_bytes: float, lanes: int, port_bytes: int) -> float:
+    if lanes < 1 or port_bytes < 1:
+        raise ValueError("lanes and port_bytes must be at least 1")
+    return max(macs / lanes, weight_bytes / port_bytes)
+
+
+def utilisation(bound: float, measured: float) -> float:
+    """Fraction of the roofline reached: bound / measured cycles per token."""
+    if measured <= 0:
+        raise ValueError("measured cycles per token must be positive")
+    return bound / measured
+
+
+def traffic(cfg: Config) -> Traffic:
+    from hw.layer import macs_per_token
+    from hw.memory_map import memory_map
+    mm = memory_map(cfg)
+    m = cfg.model
+    kda = sum(r.nbytes for name, r in mm.regions.items() if name.startswith("kda."))
+    router = mm["moe.router"].nbytes
+    # every expert has the same shape; expert0 stands for one
+    expert = sum(mm[n].nbytes for n in ("moe.expert0.gate", "moe.expert0.up", "moe.expert0.down"))
+    moe = router + (m.n_shared + m.top_k) * expert
+    dense = router + (m.n_shared + m.n_experts) * expert
+    return Traffic(macs=macs_per_token(cfg), weight_bytes=kda + moe, dense_bytes=kda + dense,
+                   lanes=cfg.hw.lanes, port_bytes=cfg.hw.weight_port_bytes)
+
+
+# ---- derived figures at Fmax -------------------------------------------------------
+
+def at_fmax(macs: int, cycles_per_token: float, fmax_mhz: float | None, area_um2: float | None,
+            power_w: float | None, clock_period_ns: float) -> dict:
+    """Tokens/s and GOPS/mm2 at Fmax (one MAC = 2 ops); energy per token from the
+    synthesised power at the configured clock (dynamic energy per cycle does not
+    depend on the clock to first order, so it is P * T_clk per cycle)."""
+    out = {"tokens_per_s": None, "gops": None, "gops_per_mm2": None, "energy_per_token_nj": None}
+    if fmax_mhz:
+        tps = fmax_mhz * 1e6 / cycles_per_token
+        out["tokens_per_s"] = tps
+        out["gops"] = 2 * macs * tps / 1e9
+        if area_um2:
+            out["gops_per_mm2"] = out["gops"] / (area_um2 * 1e-6)
+    if power_w is not None:
+        out["energy_per_token_nj"] = power_w * cycles_per_token * clock_period_ns
+    return out
+
+
+# ---- synthesis -------------------------------------------------------------------
+
+def synth_metrics(cfg: Config, build_root: Path | None = None) -> tuple[dict | None, str]:
+    """The chip top's metrics.json if it was synthesised from exactly this config."""
+    from flow.paths import BuildPaths
+    path = BuildPaths.for_config(cfg, "layer", build_root=build_root).metrics
+    if not path.is_file():
+        return None, f"no {path.relative_to(REPO_ROOT)} (run `moekda synth -c {cfg.name}`)"
+    m = json.loads(path.read_text())
+    if m.get("design__name") != "layer":
+        return None, f"{path} is of top {m.get('design__name')}, not the chip top layer"
+    if m.get("config__hash") != cfg.hash():
+        return None, f"{path} is of config hash {m.get('config__hash')}, not {cfg.hash()} (re-run synth)"
+    return m, ""
+
+
+# ---- simulation ------------------------------------------------------------------
+
+def window_mean(token_cycles, position: int, window: int = CONTEXT_WINDOW) -> float | None:
+    """Mean per-token cycles of the ``window`` tokens ending at context ``position``."""
+    if position > len(token_cycles) or position < 1:
+        return None
+    lo = max(0, position - window)
+    seg = [int(c) for c in token_cycles[lo:position]]
+    return sum(seg) / len(seg)
+
+
+def simulate(cfg_name: str, tokens: int, simulator: str, seed: int = 0) -> dict:
+    """One stall-free run through the chip; checked bit for bit against the model."""
+    from sim.driver import LayerDriver, RunPlan
+    drv = LayerDriver.from_seed(cfg_name, seed)
+    t0 = time.monotonic()
+    drv.build(simulator)
+    build_s = time.monotonic() - t0
+    res = drv.run(RunPlan(tokens=tokens, stall=False, seed=1), simulator=simulator, name=f"bench_T{tokens}")
+    c = res.counters
+    if not res.match:
+        raise RuntimeError(f"bench run of {cfg_name} on {simulator} does not match the model: {res.problems[0]}")
+    tc = [int(x) for x in res.token_cycles]
+    return {"simulator": simulator, "tokens": tokens, "match": res.match,
+            "cycles": c.get("CYCLES"), "busy_cycles": c.get("BUSY_CYCLES"), "tokens_counted": c.get("TOKENS"),
+            "weight_bytes": c.get("WEIGHT_BYTES"), "macs": c.get("MACS"),
+            "cycles_per_token": res.cycles_per_token,
+            "token_cycles_at": {str(p): window_mean(tc, p) for p in CONTEXTS},
+            "build_s": round(build_s, 2), "run_s": round(res.wall_s, 2),
+            "cycles_per_s": c.get("CYCLES", 0) / res.wall_s if res.wall_s > 0 else None}
+
+
+# ---- the record ------------------------------------------------------------------
+
+def assemble(cfg: Config, tr: Traffic, long_run: dict, speed: dict, synth: dict | None,
+             synth_note: str) -> dict:
+    cpt = long_run["cycles_per_token"]
+    ctx = long_run["token_cycles_at"]
+    reached = [p for p in CONTEXTS if ctx.get(str(p)) is not None]
+    far = max(reached) if reached else None
+    c16, cfar = ctx.get("16"), (ctx.get(str(far)) if far else None)
+    rec = {
+        "config": cfg.name, "config_hash": cfg.hash(),
+        "lanes": cfg.hw.lanes, "weight_port_bytes": cfg.hw.weight_port_bytes,
+        "clock_period_ns": cfg.hw.clock_period_ns,
+        "macs_per_token": tr.macs, "weight_bytes_per_token": tr.weight_bytes,
+        "dense_weight_bytes_per_token": tr.dense_bytes,
+        "moe_bytes_saving": 1 - tr.weight_bytes / tr.dense_bytes,
+        "roofline_mac_cycles": tr.mac_cycles, "roofline_port_cycles": tr.port_cycles,
+        "roofline_bound": tr.bound, "bound_by": tr.bound_by,
+        "cycles_per_token": cpt, "utilisation": utilisation(tr.bound, cpt),
+        "measured_weight_bytes_per_token": (long_run["weight_bytes"] / long_run["tokens_counted"]
+                                            if long_run.get("tokens_counted") else None),
+        "token_cycles_at_context": ctx, "context_far": far,
+        "context_ratio": (cfar / c16) if c16 and cfar and far > 16 else None,
+        "tokens_simulated": long_run["tokens"], "meets_min_tokens": long_run["tokens"] >= MIN_TOKENS,
+        "sim": {"long": long_run, **speed},
+        "synth_note": synth_note,
+    }
+    fmax = area = power = None
+    if synth:
+        fmax, area, power = synth.get("fmax"), synth.get("synth__design__instance__area"), synth.get("power__total")
+        rec.update({"fmax_mhz": fmax, "area_um2": area, "power_w": power,
+                    "power_activity": synth.get("power__activity"),
+                    "wns_ns": synth.get("timing__setup__ws"),
+                    "wall_rtl_s": synth.get("flow__rtl__seconds"),
+                    "wall_synth_s": (synth.get("flow__synth__seconds") or 0) + (synth.get("flow__sta__seconds") or 0)})
+    rec.update(at_fmax(tr.macs, cpt, fmax, area, power, cfg.hw.clock_period_ns))
+    rec["wall_sim_s"] = long_run["run_s"]
+    rec["goals"] = goals(rec)
+    return rec
+
+
+def goals(rec: dict) -> dict:
+    out = {}
+    if rec["config"] == "small":
+        out["utilisation >= 0.90 (small)"] = rec["utilisation"] >= GOAL_UTILISATION
+    if rec.get("context_ratio") is not None:
+        out[f"cycles at context {rec['context_far']} / at 16 <= 1.01"
+            + ("" if rec["context_far"] == 4096 else " (4096 not reached in this run)")] = \
+            rec["context_ratio"] <= GOAL_CONTEXT_RATIO
+    return out
+
+
+def _fmt(v, spec=",.1f", none="n/a"):
+    return none if v is None else format(v, spec)
+
+
+def markdown(rec: dict) -> str:
+    s = rec["sim"]
+    rows = [
+        ("MACs per token", _fmt(rec["macs_per_token"], ",d")),
+        ("weight bytes per token (MoE, top_k)", _fmt(rec["weight_bytes_per_token"], ",d")),
+        ("weight bytes per token, dense equivalent", _fmt(rec["dense_weight_bytes_per_token"], ",d")
+         + f" (MoE fetches {100 * (1 - rec['moe_bytes_saving']):.1f}%)"),
+        ("weight bytes per token, measured on the port", _fmt(rec["measured_weight_bytes_per_token"])),
+        ("roofline bound, cycles/token", f"{rec['roofline_bound']:,.1f} (bound by {rec['bound_by']}: "
+         f"MACs/lanes {rec['roofline_mac_cycles']:,.1f}, bytes/port {rec['roofline_port_cycles']:,.1f})"),
+        (f"cycles/token measured ({s['long']['simulator']}, {s['long']['tokens']} tokens)",
+         f"{rec['cycles_per_token']:,.1f}"),
+        ("utilisation of the roofline", f"{100 * rec['utilisation']:.1f}%"),
+        ("per-token cycles (TOKEN_CYCLES) at context " + " / ".join(rec["token_cycles_at_context"]),
+         " / ".join(_fmt(v) for v in rec["token_cycles_at_context"].values())
+         + f" (ratio {rec['context_far']} to 16: {_fmt(rec['context_ratio'], '.4f')})"),
+        ("Fmax (post-synthesis, reg-to-reg)", _fmt(rec.get("fmax_mhz"), ",.0f") + " MHz"),
+        ("area", _fmt(rec.get("area_um2"), ",.0f") + " um2"),
+        ("power at the configured clock", _fmt(None if rec.get("power_w") is None else rec["power_w"] * 1e3, ".2f")
+         + f" mW (activity {rec.get('power_activity', 'n/a')})"),
+        ("tokens/s at Fmax", _fmt(rec.get("tokens_per_s"), ",.0f")),
+        ("GOPS/mm2 at Fmax", _fmt(rec.get("gops_per_mm2"), ",.2f")),
+        ("energy per token", _fmt(rec.get("energy_per_token_nj"), ",.2f") + " nJ"),
+    ]
+    for sim in ("icarus", "verilator"):
+        if sim in s:
+            rows.append((f"simulation speed, {sim}", f"{_fmt(s[sim]['cycles_per_s'], ',.0f')} cycles/s "
+                         f"({s[sim]['tokens']} tokens, build {s[sim]['build_s']:.0f} s)"))
+    rows.append(("wall time rtl / sim / synth+STA", f"{_fmt(rec.get('wall_rtl_s'))} s / "
+                 f"{_fmt(rec.get('wall_sim_s'))} s / {_fmt(rec.get('wall_synth_s'))} s"))
+    lines = [f"# bench: {rec['config']} (config hash {rec['config_hash']})", "",
+             "| quantity | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    if not rec["meets_min_tokens"]:
+        lines += ["", f"NOTE: this run simulated {rec['tokens_simulated']} tokens, fewer than the "
+                  f"{MIN_TOKENS} issue 9 asks for (time budget); rerun with --tokens {MIN_TOKENS} or more."]
+    lines += ["", "Goals (issue 9):", ""]
+    for g, ok in rec["goals"].items():
+        lines.append(f"- {g}: {'met' if ok else 'NOT met'}")
+    if rec["synth_note"]:
+        lines += ["", f"Synthesis figures missing: {rec['synth_note']}"]
+    lines += ["", f"Rerun: `moekda bench -c {rec['config']}`", ""]
+    return "\n".join(lines)
+
+
+def write(rec: dict, out_dir: Path = RESULTS_DIR) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    j, md = out_dir / f"{rec['config']}.json", out_dir / f"{rec['config']}.md"
+    j.write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    md.write_text(markdown(rec))
+    return j, md

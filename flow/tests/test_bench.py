@@ -1,0 +1,110 @@
+"""The bench's arithmetic: traffic counted by hand from the config, the roofline,
+utilisation, context windows and the figures at Fmax.  No simulation, no synthesis."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from flow import bench
+from moekda.config import load_config
+
+
+def _pad(cols: int, port: int) -> int:
+    """Row bytes as the port fetches them: whole beats."""
+    return -(-cols // port) * port
+
+
+def _hand_traffic(cfg):
+    """MACs and bytes per token from the model's shapes, written out independently of
+    hw.memory_map: (rows, cols) of every matrix a token reads."""
+    m, pb = cfg.model, cfg.hw.weight_port_bytes
+    d, hk, r, H = m.d_model, m.n_heads * m.head_dim, m.gate_rank, m.n_heads
+    kda = [(hk, d)] * 3 + [(r, d), (r, d), (H, d), (hk, r), (hk, r), (d, hk)]
+    router = [(m.n_experts, d)]
+    expert = [(m.d_ff, d), (m.d_ff, d), (d, m.d_ff)]
+    used = kda + router + expert * (m.n_shared + m.top_k)
+    dense = kda + router + expert * (m.n_shared + m.n_experts)
+    macs = sum(a * b for a, b in used)
+    nbytes = sum(a * _pad(b, pb) for a, b in used)
+    dense_bytes = sum(a * _pad(b, pb) for a, b in dense)
+    return macs, nbytes, dense_bytes
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_traffic_matches_the_shapes(name):
+    cfg = load_config(name)
+    tr = bench.traffic(cfg)
+    assert (tr.macs, tr.weight_bytes, tr.dense_bytes) == _hand_traffic(cfg)
+    assert tr.weight_bytes < tr.dense_bytes          # top_k < n_experts: MoE saves bytes
+
+
+def test_small_pads_the_rank_columns():
+    """small's gate_rank (8) is half a 16-byte beat: the up-projections fetch padding,
+    so the port moves more bytes than the MAC lanes use."""
+    tr = bench.traffic(load_config("small"))
+    assert tr.weight_bytes - tr.macs == 2 * 64 * (16 - 8)
+
+
+def test_roofline_takes_the_slower_resource():
+    assert bench.roofline_cycles(1000, 400, lanes=10, port_bytes=8) == 100      # MACs: 100 > 50
+    assert bench.roofline_cycles(1000, 4000, lanes=10, port_bytes=8) == 500     # port: 500 > 100
+    tr = bench.Traffic(macs=1000, weight_bytes=4000, dense_bytes=9000, lanes=10, port_bytes=8)
+    assert tr.bound == 500 and tr.bound_by == "weight port"
+    with pytest.raises(ValueError):
+        bench.roofline_cycles(1, 1, lanes=0, port_bytes=1)
+
+
+def test_utilisation():
+    assert bench.utilisation(900, 1000) == pytest.approx(0.9)
+    assert bench.utilisation(916, 1550.5) == pytest.approx(916 / 1550.5)
+    with pytest.raises(ValueError):
+        bench.utilisation(1, 0)
+
+
+def test_window_mean_ends_at_the_context_position():
+    cycles = list(range(100))                       # token t took t cycles
+    assert bench.window_mean(cycles, 16, window=8) == pytest.approx(sum(range(8, 16)) / 8)
+    assert bench.window_mean(cycles, 4, window=8) == pytest.approx(sum(range(4)) / 4)
+    assert bench.window_mean(cycles, 101) is None   # not reached
+
+
+def test_figures_at_fmax():
+    out = bench.at_fmax(macs=1000, cycles_per_token=500, fmax_mhz=500.0, area_um2=2e6, power_w=0.1,
+                        clock_period_ns=2.0)
+    assert out["tokens_per_s"] == pytest.approx(1e6)                  # 500e6 / 500
+    assert out["gops"] == pytest.approx(2.0)                          # 2 * 1000 * 1e6 / 1e9
+    assert out["gops_per_mm2"] == pytest.approx(1.0)                  # 2 mm2
+    assert out["energy_per_token_nj"] == pytest.approx(100.0)         # 0.1 W * 500 * 2 ns
+    none = bench.at_fmax(1000, 500, None, None, None, 2.0)
+    assert all(v is None for v in none.values())
+
+
+def _long_run(tokens, per_token):
+    return {"simulator": "verilator", "tokens": tokens, "cycles_per_token": 1000.0, "weight_bytes": 3664 * tokens,
+            "tokens_counted": tokens, "run_s": 1.0,
+            "token_cycles_at": {str(p): (per_token[p] if p in per_token else None) for p in bench.CONTEXTS}}
+
+
+def test_record_goals_and_markdown(tmp_path):
+    cfg = load_config("small")
+    tr = bench.traffic(cfg)
+    long_run = _long_run(4096, {16: 4000.0, 256: 4000.0, 1024: 4000.0, 4096: 4060.0})
+    long_run["cycles_per_token"] = tr.bound / 0.95
+    rec = bench.assemble(cfg, tr, long_run, {}, None, "not synthesised")
+    assert rec["utilisation"] == pytest.approx(0.95)
+    assert rec["context_far"] == 4096 and rec["context_ratio"] == pytest.approx(1.015)
+    assert rec["goals"] == {"utilisation >= 0.90 (small)": True, "cycles at context 4096 / at 16 <= 1.01": False}
+    j, md = bench.write(rec, tmp_path)
+    assert json.loads(j.read_text())["config_hash"] == cfg.hash()
+    text = md.read_text()
+    assert "NOT met" in text and "not synthesised" in text
+
+
+def test_short_run_is_flagged():
+    cfg = load_config("tiny")
+    rec = bench.assemble(cfg, bench.traffic(cfg), _long_run(256, {16: 10.0, 256: 10.0}), {}, None, "")
+    assert rec["context_far"] == 256 and not rec["meets_min_tokens"]
+    assert "fewer than the 1024" in bench.markdown(rec)
+    assert not math.isnan(rec["utilisation"])
