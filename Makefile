@@ -67,7 +67,7 @@ synth: $(STAMP)
 	$(MOEKDA) synth -c $(CONFIG) $(TOPARG)
 
 report: $(STAMP)
-	$(MOEKDA) report -c $(CONFIG)
+	$(MOEKDA) report -c $(CONFIG) $(TOPARG)
 
 pnr: $(STAMP)
 	$(MOEKDA) pnr -c $(CONFIG) $(TOPARG)
