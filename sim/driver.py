@@ -98,6 +98,7 @@ class RunResult:
     wall_s: float
     problems: list = field(default_factory=list)
     waves: Path | None = None           # the waveform file when recorded
+    out_cycles: np.ndarray | None = None  # clock cycle of each output (bench time)
 
     @property
     def match(self) -> bool:
@@ -105,14 +106,25 @@ class RunResult:
 
     @property
     def cycles_per_token(self) -> float:
-        """BUSY_CYCLES / TOKENS over the part after the last reset."""
+        """BUSY_CYCLES / TOKENS over the part after the last reset (pipeline fill included)."""
         return self.counters["BUSY_CYCLES"] / max(1, self.counters["TOKENS"])
+
+    @property
+    def token_interval(self) -> float | None:
+        """Steady-state cycles between output tokens: the median gap over the second half
+        of the run (the throughput figure; meaningful without stalls)."""
+        if self.out_cycles is None or len(self.out_cycles) < 4:
+            return None
+        gaps = np.diff(self.out_cycles[len(self.out_cycles) // 2:])
+        return float(np.median(gaps))
 
     def summary(self) -> str:
         c = self.counters
         head = "MATCH" if self.match else f"MISMATCH ({len(self.problems)} problems; first: {self.problems[0]})"
+        interval = self.token_interval
         return (f"{head}: {len(self.idx)} output tokens of {len(self.want)} inputs checked\n"
-                f"cycles/token {self.cycles_per_token:.1f} (busy cycles / tokens), last token "
+                + (f"steady state: one token every {interval:.0f} cycles\n" if interval else "")
+                + f"cycles/token {self.cycles_per_token:.1f} (busy cycles / tokens), last token "
                 f"{int(self.token_cycles[-1]) if len(self.token_cycles) else 0} cycles\n"
                 f"counters: " + ", ".join(f"{k}={v}" for k, v in c.items()) + f"\nwall time {self.wall_s:.1f} s"
                 + (f"\nwaveforms: {self.waves}" if self.waves else ""))
@@ -178,8 +190,11 @@ class LayerDriver:
         return verilog.convert(chip, name="layer", ports=[Value.cast(v) for v in _flat_ports(chip)],
                                emit_src=False)
 
-    def build(self, simulator: str, waves: bool = False, netlist: Path | None = None) -> Path:
-        """Build the simulator once per (sources, simulator, waves); returns the build dir."""
+    def build(self, simulator: str, waves: bool = False, netlist: Path | None = None,
+              verilog_file: Path | None = None) -> Path:
+        """Build the simulator once per (sources, simulator, waves); returns the build dir.
+        Sources: the gate-level ``netlist`` with the kit's cell models, or a Verilog file,
+        or (default) the Verilog generated from this driver's model."""
         from cocotb_tools.runner import get_runner
 
         from sim.cocotb_util import simulator_available
@@ -191,6 +206,9 @@ class LayerDriver:
             sources = [Path(netlist), *models]
             key_text = "".join(p.read_text() for p in sources)
             kind = "gl"
+        elif verilog_file is not None:
+            sources = [Path(verilog_file)]
+            key_text, kind = sources[0].read_text(), "file"
         else:
             text = self.verilog()
             sources, key_text, kind = None, text, "rtl"
@@ -215,7 +233,7 @@ class LayerDriver:
         return build_dir
 
     def run(self, plan: RunPlan, simulator: str = "icarus", xs=None, waves: bool | None = None,
-            netlist: Path | None = None, name: str | None = None) -> RunResult:
+            netlist: Path | None = None, name: str | None = None, verilog_file: Path | None = None) -> RunResult:
         """``waves`` None: record waveforms when WAVES=1 is in the environment (as sim/cocotb_util.py)."""
         from cocotb_tools.runner import get_runner
         if waves is None:
@@ -223,7 +241,7 @@ class LayerDriver:
         t0 = time.monotonic()
         xs = self.inputs(plan.tokens, seed=plan.seed + 1) if xs is None else np.asarray(xs, np.int64)
         want = self.model(xs, plan.model_resets())
-        build_dir = self.build(simulator, waves, netlist)
+        build_dir = self.build(simulator, waves, netlist, verilog_file)
         run_dir = build_dir / "runs" / (name or f"T{plan.tokens}_s{plan.seed}_{os.getpid()}")
         run_dir.mkdir(parents=True, exist_ok=True)
         case, result = run_dir / "case.npz", run_dir / "result.npz"
@@ -258,7 +276,7 @@ class LayerDriver:
             found = [p for d in (run_dir, build_dir) for p in d.glob("*") if p.suffix in (".fst", ".vcd")]
             wave_file = max(found, key=lambda p: p.stat().st_mtime) if found else None
         return RunResult(want, z["idx"], z["got"], counters, z["token_cycles"], time.monotonic() - t0, problems,
-                         wave_file)
+                         wave_file, z["out_cycles"] if "out_cycles" in z.files else None)
 
 
 def _cell_models(kit) -> list[Path]:

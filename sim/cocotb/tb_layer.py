@@ -25,12 +25,16 @@ import numpy as np
 import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly, RisingEdge
+from cocotb.utils import get_sim_time
 
 from hw.csr import CHIP_ID, COUNTERS, CTRL_CLEAR, CTRL_RUN, REGISTERS, config_words
 from hw.layer import token_in_layout, token_out_layout
 from moekda.config import load_config
 from sim.cocotb.streams import LayoutCodec, StreamDriver, StreamMonitor
 from sim.cocotb.weight_memory import WeightMemory
+
+
+CLOCK_NS = 10
 
 
 class Wishbone:
@@ -74,7 +78,7 @@ async def layer_run(dut):
     problems: list[str] = []
     in_codec, out_codec = LayoutCodec(token_in_layout(cfg)), LayoutCodec(token_out_layout(cfg))
 
-    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+    cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns").start())
     bus = Wishbone(dut)
     src = StreamDriver(dut, "i", dut.clk, in_codec, rng, stall=0.3 if stall else 0.0)
     sink = StreamMonitor(dut, "o", dut.clk, out_codec, rng, backpressure=0.4 if stall else 0.0)
@@ -98,6 +102,7 @@ async def layer_run(dut):
 
     idx: list[int] = []         # input index of each output taken
     outputs: list[list[int]] = []
+    out_cycles: list[int] = []  # clock cycle at which each output was collected
     seg = {"base": 0, "taken": 0, "sent_base": 0}   # the current segment (since the last reset)
 
     class Mismatch(Exception):
@@ -110,6 +115,9 @@ async def layer_run(dut):
             seg["taken"] += 1
             idx.append(t)
             outputs.append(y)
+            out_cycles.append(int(get_sim_time(unit="ns")) // CLOCK_NS)
+            if len(idx) % 64 == 0:
+                dut._log.info(f"{len(idx)} output tokens")
             if t >= T:
                 raise Mismatch(f"output {len(idx)} has no input (index {t})")
             if y != [int(v) for v in want[t]]:
@@ -212,5 +220,6 @@ async def layer_run(dut):
              counter_names=np.array(list(counters), dtype=str),
              counter_values=np.array(list(counters.values()), np.int64),
              token_cycles=np.array([counters.get("TOKEN_CYCLES", 0)], np.int64),
+             out_cycles=np.array(out_cycles, np.int64),
              bench_problems=np.array(problems, dtype=str))
     assert failure is None and not problems, failure or "; ".join(problems)
