@@ -242,7 +242,8 @@ def plot(points: list[dict], front: list[dict], path: Path):
 
 
 def write_reports(points: list[dict], skipped: list[str], failed: list[str], out_dir: Path = RESULTS_DIR,
-                  command: str = "moekda sweep") -> tuple[Path, Path]:
+                  command: str = "moekda sweep", pending: list[str] = ()) -> tuple[Path, Path]:
+    """sweep.md (Pareto front, every point, refused, failed and not yet measured points) and sweep.png."""
     front = pareto(points)
     md, png = out_dir / "sweep.md", out_dir / "sweep.png"
     parts = ["# sweep: area against tokens per second", "",
@@ -253,6 +254,9 @@ def write_reports(points: list[dict], skipped: list[str], failed: list[str], out
         parts += ["## Grid points refused by the config checks", ""] + [f"- {s}" for s in skipped] + [""]
     if failed:
         parts += ["## Points that failed", ""] + [f"- {s}" for s in failed] + [""]
+    if pending:
+        parts += ["## Grid points not measured yet (not in the cache when this table was written)", ""] \
+            + [f"- {s}" for s in pending] + [""]
     out_dir.mkdir(parents=True, exist_ok=True)
     md.write_text("\n".join(parts))
     plot(points, front, png)

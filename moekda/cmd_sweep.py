@@ -26,6 +26,8 @@ def configure(p):
     p.add_argument("--local", action="store_true", help="run on a local process pool instead of Ray")
     p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results/)")
     p.add_argument("--list", action="store_true", help="list the grid's points and their cache state, run nothing")
+    p.add_argument("--report", action="store_true",
+                   help="write the table and plot from the cached points only, run nothing")
 
 
 class _Bar:
@@ -94,12 +96,16 @@ def _run_local(todo, grid, jobs, bar, root):
     return done, failed
 
 
+def _command(args) -> str:
+    return "moekda sweep" + (f" --grid {args.grid}" if args.grid else "") + (" --local" if args.local else "")
+
+
 def run(args) -> int:
     from flow import sweep
 
     if not 1 <= args.jobs <= 64:
         raise UserError(f"--jobs = {args.jobs}: allowed range is 1 to 64")
-    if not args.local and not args.list:
+    if not (args.local or args.list or args.report):
         try:
             import ray  # noqa: F401
         except ImportError:
@@ -121,6 +127,14 @@ def run(args) -> int:
         for s in skipped:
             print(f"  refused: {s}")
         return 0
+    if args.report:
+        points = [r for r in have.values() if r is not None]
+        pending = [c.name for c in todo]
+        md, png = sweep.write_reports(points, skipped, [], args.out or sweep.RESULTS_DIR,
+                                      _command(args), pending=pending)
+        print(md.read_text())
+        print(f"wrote {md} and {png}")
+        return 0
     bar = _Bar(len(todo))
     runner = _run_local if args.local else _run_ray
     try:
@@ -128,8 +142,7 @@ def run(args) -> int:
     finally:
         bar.close()
     points = [r for r in have.values() if r is not None] + done
-    cmd = "moekda sweep" + (f" --grid {args.grid}" if args.grid else "") + (" --local" if args.local else "")
-    md, png = sweep.write_reports(points, skipped, failed, args.out or sweep.RESULTS_DIR, cmd)
+    md, png = sweep.write_reports(points, skipped, failed, args.out or sweep.RESULTS_DIR, _command(args))
     print(md.read_text())
     print(f"wrote {md} and {png}")
     if failed:
