@@ -306,7 +306,8 @@ class KdaUnit(wiring.Component):
         shifts = DeltaShifts.of(q)
         nbits = max(fm.qkv_bits, fm.o_bits)
         m.submodules.norm = norm = Normalizer(fm, dk, nbits, 2 * (nbits - 1) + clog2(dk + 1) + 1,
-                                              [q.q_norm, q.k_norm, q.o_norm], [fm.qk_bits, fm.qk_bits, a])
+                                              [q.q_norm, q.k_norm, q.o_norm], [fm.qk_bits, fm.qk_bits, a],
+                                              clock_period_ns=cfg.hw.clock_period_ns)
         nh = Signal(range(H))
         base = nh * dk
         m.d.comb += norm.rd_x.eq(Mux(norm.mode == 0, Array(QS)[base + norm.rd_idx],

@@ -19,18 +19,24 @@ shift); cycles per row: 2 n + rsqrt latency + 10.
 """
 from __future__ import annotations
 
-from amaranth import Array, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.kda_delta import round_shift, saturate
+from hw.booth_multiply import booth_multiply
+from hw.carry_save import sign_extend
+from hw.matvec import saturate
+from hw.pipeline import Pipe, plan_pipeline
 from hw.rsqrt import Rsqrt
 from moekda.formats import Formats
 
 
 class Normalizer(wiring.Component):
-    def __init__(self, fm: Formats, n: int, in_bits: int, ss_bits: int, norms, out_bits):
-        """``norms``: one QNorm per mode; ``out_bits``: one output width per mode (or one for all)."""
+    def __init__(self, fm: Formats, n: int, in_bits: int, ss_bits: int, norms, out_bits,
+                 clock_period_ns: float = 1.0):
+        """``norms``: one QNorm per mode; ``out_bits``: one output width per mode (or one for all);
+        ``clock_period_ns`` (hw.clock_period_ns) sets the depth of the product pipelines."""
+        self.clock_period_ns = clock_period_ns
         if isinstance(out_bits, int):
             out_bits = [out_bits] * len(norms)
         if len(out_bits) != len(norms):
@@ -57,7 +63,8 @@ class Normalizer(wiring.Component):
         m = Module()
         fm = self.fm
         frac = fm.rsqrt_frac
-        m.submodules.rsqrt = rsq = Rsqrt(fm, self.rs_bits)
+        plan = plan_pipeline(self.clock_period_ns)
+        m.submodules.rsqrt = rsq = Rsqrt(fm, self.rs_bits, self.clock_period_ns)
 
         mode = Signal.like(self.mode)
         idx = Signal(range(self.n))
@@ -67,41 +74,68 @@ class Normalizer(wiring.Component):
         e_max = max(E for _, _, E in rsq.norm_table.values())
         s_max = e_max + max(sft for _, _, sft in self.norms) - frac - 1
         s_r = Signal(range(max(2, s_max + 1)))
+        half = Signal(max(1, s_max))   # 2**(s_r-1) in the scale pass, 0 in the squares pass
         eps = Array(e for e, _, _ in self.norms)[mode]
         mul = Array(mm for _, mm, _ in self.norms)[mode]
         sft = Array(s for _, _, s in self.norms)[mode]
 
-        # a three-stage element pipeline shared by both passes:
-        #   [1] x = the owner's register read     [2] x*x or x*m_r     [3] accumulate / shift + saturate
+        # ---- m_r = rs(y * m, frac + 1): a pipelined product, started once per row
+        ym_go = Signal()
+        ym = Pipe(m, plan, "norm_ym")
+        ym_live = booth_multiply(ym, {"valid": ym_go}, rsq.o.payload.y, mul,
+                                 fm.rsqrt_frac + fm.mult_bits + 4, "p", extra_words=[Const(1 << frac)])
+        ym_live = ym.register(ym_live)
+
+        # ---- the element pipeline shared by both passes:
+        #   x = the owner's register read (registered with the other operand), then
+        #   x*x or x*m_r + half (Booth, clock-derived stages); squares: accumulate;
+        #   scale: shift by s_r (one barrel level per bit), saturate, write
         issue = Signal()
         scaling = Signal()                      # pass 2 (scale) rather than pass 1 (squares)
         m.d.comb += self.rd_idx.eq(idx)
-        v1, i1, x1 = Signal(), Signal(range(self.n)), Signal(signed(self.in_bits))
-        v2, i2 = Signal(), Signal(range(self.n))
-        p2 = Signal(signed(2 * self.in_bits + fm.mult_bits + 2))
-        m.d.sync += [v1.eq(issue), i1.eq(idx), x1.eq(self.rd_x),
-                     v2.eq(v1), i2.eq(i1), p2.eq(x1 * Mux(scaling, m_r, x1))]
-        half = Signal(max(1, s_max))  # 2**(s_r-1), the rounding constant
-        m.d.comb += half.eq(Mux(s_r == 0, 0, 1 << (s_r - 1)[:len(s_r)]))
-        y3 = Signal(signed(self.out_bits))
-        w3, i3 = Signal(), Signal(range(self.n))
-        m.d.sync += [w3.eq(v2 & scaling), i3.eq(i2)]
+        b_bits = max(self.in_bits, fm.mult_bits + 2)
+        v1, i1, w1 = Signal(), Signal(range(self.n)), Signal()
+        x1, b1 = Signal(signed(self.in_bits)), Signal(signed(b_bits))
+        m.d.sync += [v1.eq(issue), i1.eq(idx), w1.eq(scaling), x1.eq(self.rd_x),
+                     b1.eq(Mux(scaling, m_r, self.rd_x))]
+        pw = 2 * self.in_bits + fm.mult_bits + 3
+        el = Pipe(m, plan, "norm_el")
+        live = booth_multiply(el, {"valid": v1, "idx": i1, "w": w1}, x1, b1, pw, "p", extra_words=[half])
+        # squares: one register, then the running sum (its own carry chain)
+        sq_valid, sq_p = Signal(), Signal(self.ss_bits)
+        m.d.sync += [sq_valid.eq(live["valid"] & ~live["w"]), sq_p.eq(live["p"])]
+        with m.If(sq_valid):
+            m.d.sync += ss.eq(ss + sq_p)
+        shifted = live.pop("p")
+        for bit in range(len(s_r)):
+            live = el.spend(plan.delays.mux_level, {**live, "v": shifted})
+            v = live.pop("v")
+            amount = 1 << bit
+            moved = sign_extend(v[amount:], pw) if amount < pw else v[-1].replicate(pw)
+            shifted = Signal(pw, name=f"norm_shift{bit}")   # named: keeps the netlist linear
+            m.d.comb += shifted.eq(Mux(s_r[bit], moved, v))
+        live = el.spend(plan.delays.saturate, {**live, "v": shifted})
+        v = live.pop("v")
+        y = Signal(signed(self.out_bits))
         with m.Switch(mode):
             for k, bits in enumerate(self.mode_bits):
                 with m.Case(k):
-                    m.d.sync += y3.eq(saturate((p2 + half) >> s_r, bits))
-        with m.If(v2 & ~scaling):
-            m.d.sync += ss.eq(ss + p2)
-        m.d.comb += [self.wr_en.eq(w3), self.wr_idx.eq(i3), self.wr_y.eq(y3)]
-        in_flight = v1 | v2 | w3
+                    y_k = Signal(signed(bits), name=f"norm_sat{k}")
+                    m.d.comb += [y_k.eq(saturate(v, bits)), y.eq(y_k)]
+        live = el.register({**live, "y": y})
+        m.d.comb += [self.wr_en.eq(live["valid"] & live["w"]), self.wr_idx.eq(live["idx"]),
+                     self.wr_y.eq(live["y"])]
+        # elements issued and not yet out of the pipeline (the depth follows from the clock)
+        pending = Signal(range(self.n + el.stages + 3))
+        m.d.sync += pending.eq(pending + issue - live["valid"])
+        in_flight = (pending != 0) | sq_valid
 
         total = Signal(self.rs_bits)
         m.d.comb += total.eq(ss + eps)
-        y_times_m = Signal(2 * fm.mult_bits + 2)
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [mode.eq(self.mode), idx.eq(0), ss.eq(0), scaling.eq(0)]
+                    m.d.sync += [mode.eq(self.mode), idx.eq(0), ss.eq(0), scaling.eq(0), half.eq(0)]
                     m.next = "SQUARES"
             with m.State("SQUARES"):
                 m.d.comb += [self.busy.eq(1), issue.eq(1)]
@@ -118,15 +152,17 @@ class Normalizer(wiring.Component):
                 with m.If(rsq.i.ready):
                     m.next = "WAIT"
             with m.State("WAIT"):
-                m.d.comb += [self.busy.eq(1), rsq.o.ready.eq(1)]
+                # rsqrt's y stays in its register after the hand-over: the product reads it
+                m.d.comb += [self.busy.eq(1), rsq.o.ready.eq(1), ym_go.eq(rsq.o.valid)]
                 with m.If(rsq.o.valid):
-                    m.d.sync += [y_times_m.eq(rsq.o.payload.y * mul),
-                                 s_r.eq(rsq.o.payload.E + sft - frac - 1)]
+                    m.d.sync += s_r.eq(rsq.o.payload.E + sft - frac - 1)
                     m.next = "MULT"
             with m.State("MULT"):
                 m.d.comb += self.busy.eq(1)
-                m.d.sync += [m_r.eq(round_shift(y_times_m, frac + 1)), scaling.eq(1)]
-                m.next = "SCALE"
+                with m.If(ym_live["valid"]):
+                    m.d.sync += [m_r.eq(ym_live["p"][frac + 1:]), scaling.eq(1),
+                                 half.eq(Mux(s_r == 0, 0, 1 << (s_r - 1)[:len(s_r)]))]
+                    m.next = "SCALE"
             with m.State("SCALE"):
                 m.d.comb += [self.busy.eq(1), issue.eq(1)]
                 m.d.sync += idx.eq(idx + 1)

@@ -10,9 +10,12 @@ integer ``a >= 1`` it returns ``(y, E)`` with ``1/sqrt(a) ~= y * 2**-E``:
 3. each Newton step ``y <- y (3 - u y^2) / 2`` is three products
    ``y*y``, ``a_norm*y2``, ``y*(3<<frac - uy2)``, each round-half-up shifted.
 
-One multiplier (its product registered) does all products in turn: the unit is used a few times per
+One multiplier does all products in turn: the unit is used a few times per
 token (L2 norms of q and k, the output RMSNorm of each head), so latency is
-cheap and area is not.  Latency: 1 (normalise) + 6 * newton_steps cycles.
+cheap and area is not.  The multiplier is a Booth tree whose stage count P
+follows from the clock (hw/pipeline.py); the rounding constant of the shift
+after each product is one more word of its tree.
+Latency: 1 (normalise) + 3 (P + 3) * newton_steps cycles.
 
 Streams: ``i`` payload ``a`` (unsigned ``in_bits``); ``o`` payload
 ``{y, E}``.  One operation at a time (``i.ready`` is low while busy).
@@ -24,6 +27,8 @@ from amaranth import Array, Module, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hw.booth_multiply import booth_multiply
+from hw.pipeline import Pipe, plan_pipeline
 from moekda.formats import Formats
 
 
@@ -32,8 +37,10 @@ def rsqrt_out_layout(fm: Formats) -> data.StructLayout:
 
 
 class Rsqrt(wiring.Component):
-    def __init__(self, fm: Formats, in_bits: int):
+    def __init__(self, fm: Formats, in_bits: int, clock_period_ns: float = 1.0):
+        """``clock_period_ns`` (hw.clock_period_ns) sets the depth of the product pipeline."""
         self.fm = fm
+        self.clock_period_ns = clock_period_ns
         self.in_bits = in_bits
         N, frac = fm.rsqrt_norm_bits, fm.rsqrt_frac
         if N % 2:
@@ -81,15 +88,23 @@ class Rsqrt(wiring.Component):
         seed = Array(int(v) for v in fm.rsqrt_seed)
         seed_idx = (norm >> (N - sb)) - (1 << (sb - 2))
 
-        # the one multiplier and its operands, chosen by the phase; its product is
-        # registered, and the rounding shift happens in the next state
+        # the one multiplier: operands and the rounding constant 2**(s-1) of the shift
+        # that follows are registered by the issuing state, the product + rounding
+        # is a Booth tree over clock-derived stages (hw/booth_multiply.py), and the
+        # matching _R state waits for it and takes the shifted bits
         op_a = Signal(signed(W + 2))
         op_b = Signal(signed(W + N // 2 + 2))
-        prod = Signal(signed(2 * W + N + 4))
-        m.d.sync += prod.eq(op_a * op_b)
+        rnd = Signal(max(frac, N) + 1)
+        go = Signal()
+        m.d.sync += go.eq(0)
+        pipe = Pipe(m, plan_pipeline(self.clock_period_ns), "rsqrt_mul")
+        live = booth_multiply(pipe, {"valid": go}, op_b, op_a, 2 * W + N + 5, "p", extra_words=[rnd])
+        live = pipe.register(live)
+        prod_valid, prod = live["valid"], live["p"]
+        self.mul_stages = pipe.stages
 
-        def rs(x, s):
-            return (x + (1 << (s - 1))) >> s
+        def issue(a, b, s):
+            return [op_a.eq(a), op_b.eq(b), rnd.eq(1 << (s - 1)), go.eq(1)]
 
         m.d.comb += [self.o.payload.y.eq(y), self.o.payload.E.eq(E)]
         with m.FSM():
@@ -102,26 +117,29 @@ class Rsqrt(wiring.Component):
                 m.d.sync += [a_norm.eq(norm), E.eq(exp), y.eq(seed[seed_idx])]
                 m.next = "YY" if fm.rsqrt_newton_steps else "DONE"
             with m.State("YY"):
-                m.d.comb += [op_a.eq(y), op_b.eq(y)]
+                m.d.sync += issue(y, y, frac)
                 m.next = "YY_R"
             with m.State("YY_R"):
-                m.d.sync += y2.eq(rs(prod, frac))
-                m.next = "UY2"
+                with m.If(prod_valid):
+                    m.d.sync += y2.eq(prod[frac:])
+                    m.next = "UY2"
             with m.State("UY2"):
-                m.d.comb += [op_a.eq(y2), op_b.eq(a_norm)]
+                m.d.sync += issue(y2, a_norm, N)
                 m.next = "UY2_R"
             with m.State("UY2_R"):
-                m.d.sync += uy2.eq(rs(prod, N))
-                m.next = "STEP"
+                with m.If(prod_valid):
+                    m.d.sync += uy2.eq(prod[N:])
+                    m.next = "STEP"
             with m.State("STEP"):
-                m.d.comb += [op_a.eq((3 << frac) - uy2), op_b.eq(y)]
+                m.d.sync += issue((3 << frac) - uy2, y, frac + 1)
                 m.next = "STEP_R"
             with m.State("STEP_R"):
-                m.d.sync += [y.eq(rs(prod, frac + 1)), step.eq(step + 1)]
-                with m.If(step == fm.rsqrt_newton_steps - 1):
-                    m.next = "DONE"
-                with m.Else():
-                    m.next = "YY"
+                with m.If(prod_valid):
+                    m.d.sync += [y.eq(prod[frac + 1:]), step.eq(step + 1)]
+                    with m.If(step == fm.rsqrt_newton_steps - 1):
+                        m.next = "DONE"
+                    with m.Else():
+                        m.next = "YY"
             with m.State("DONE"):
                 m.d.comb += self.o.valid.eq(1)
                 with m.If(self.o.ready):
