@@ -99,8 +99,9 @@ class LayerTop(wiring.Component):
         connect(m, moe.wport, arb.up[1])
         connect(m, arb.down, wiring.flipped(self.wport))
         ss_bits = derived_widths(cfg)["ss_rmsnorm"]
-        m.submodules.norm1 = norm1 = Normalizer(fm, d, rb, ss_bits, [q.attn_norm], a)
-        m.submodules.norm2 = norm2 = Normalizer(fm, d, rb, ss_bits, [q.mlp_norm], a)
+        period = cfg.hw.clock_period_ns
+        m.submodules.norm1 = norm1 = Normalizer(fm, d, rb, ss_bits, [q.attn_norm], a, clock_period_ns=period)
+        m.submodules.norm2 = norm2 = Normalizer(fm, d, rb, ss_bits, [q.mlp_norm], a, clock_period_ns=period)
         m.submodules.res1 = res1 = ResidualAdd(q.res1, rb, a, rb, d)
         m.submodules.res2 = res2 = ResidualAdd(q.res2, rb, moe.out_bits, rb, d)
         m.submodules.csr = csr = LayerCsr(cfg, macs_per_token(cfg))

@@ -107,7 +107,7 @@ class RunResult:
     @property
     def cycles_per_token(self) -> float:
         """BUSY_CYCLES / TOKENS over the part after the last reset (pipeline fill included)."""
-        return self.counters["BUSY_CYCLES"] / max(1, self.counters["TOKENS"])
+        return self.counters.get("BUSY_CYCLES", 0) / max(1, self.counters.get("TOKENS", 0))
 
     @property
     def token_interval(self) -> float | None:
@@ -200,24 +200,30 @@ class LayerDriver:
         from sim.cocotb_util import simulator_available
         if not simulator_available(simulator):
             raise RuntimeError(f"simulator {simulator} is not installed")
+        top = "layer"
         if netlist is not None:
             from pdk.kit import find_kit
             models = _cell_models(find_kit(required=("verilog_models",)))
-            sources = [Path(netlist), *models]
-            key_text = "".join(p.read_text() for p in sources)
             kind = "gl"
+            key_text = "".join(p.read_text() for p in (Path(netlist), *models))
         elif verilog_file is not None:
             sources = [Path(verilog_file)]
             key_text, kind = sources[0].read_text(), "file"
         else:
             text = self.verilog()
             sources, key_text, kind = None, text, "rtl"
-        key = hashlib.sha256((key_text + simulator + str(waves)).encode()).hexdigest()
         root = REPO_ROOT / "build" / self.cfg.name / "sim" / "layer"
         build_dir = root / f"{kind}_{self.label}_{simulator}{'_waves' if waves else ''}"
         build_dir.mkdir(parents=True, exist_ok=True)
+        if netlist is not None:
+            # the flow's netlist has one port per bit: a wrapper gives the bench the RTL's vectors
+            wrapper = build_dir / "layer_gl.v"
+            top = write_gl_wrapper(Path(netlist), "layer", wrapper)
+            sources = [wrapper, Path(netlist), *models]
+        key = hashlib.sha256((key_text + simulator + str(waves) + top).encode()).hexdigest()
         with open(root / f".{build_dir.name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            (build_dir / ".toplevel").write_text(top)     # what run() simulates
             stamp = build_dir / ".built"
             if stamp.exists() and stamp.read_text() == key:
                 return build_dir
@@ -226,7 +232,7 @@ class LayerDriver:
                 src.write_text(key_text)
                 sources = [src]
             args = VERILATOR_ARGS if simulator == "verilator" else ICARUS_ARGS
-            get_runner(simulator).build(sources=sources, hdl_toplevel="layer", build_dir=build_dir,
+            get_runner(simulator).build(sources=sources, hdl_toplevel=top, build_dir=build_dir,
                                         build_args=args, always=True, waves=waves,
                                         timescale=("1ns", "1ps"), log_file=build_dir / "build.log")
             stamp.write_text(key)
@@ -255,7 +261,8 @@ class LayerDriver:
                  abandon=plan.abandon, stall=plan.stall, seed=plan.seed)
         try:
             get_runner(simulator).test(
-                test_module="sim.cocotb.tb_layer", hdl_toplevel="layer", hdl_toplevel_lang="verilog",
+                test_module="sim.cocotb.tb_layer", hdl_toplevel=(build_dir / ".toplevel").read_text(),
+                hdl_toplevel_lang="verilog",
                 build_dir=build_dir, test_dir=run_dir, waves=waves, timescale=("1ns", "1ps"),
                 results_xml=str(run_dir / "results.xml"), log_file=run_dir / "sim.log",
                 extra_env={"LAYER_CASE": str(case), "LAYER_RESULT": str(result),
@@ -277,6 +284,40 @@ class LayerDriver:
             wave_file = max(found, key=lambda p: p.stat().st_mtime) if found else None
         return RunResult(want, z["idx"], z["got"], counters, z["token_cycles"], time.monotonic() - t0, problems,
                          wave_file, z["out_cycles"] if "out_cycles" in z.files else None)
+
+
+def write_gl_wrapper(netlist: Path, module: str, out: Path) -> str:
+    """A module ``<module>_gl`` with the RTL's vector ports around the netlist's ``module``
+    whose ports are single bits named ``\\name[i]`` (Yosys splitnets); returns its name."""
+    import re
+    text = netlist.read_text()
+    start = text.find(f"module {module}(")
+    if start < 0:
+        raise ValueError(f"{netlist}: no module {module}")
+    body = text[start:text.find("endmodule", start)]
+    ports: dict[str, tuple[str, int | None]] = {}       # base -> (direction, max bit or None)
+    bits: dict[str, list[str]] = {}
+    for direction, name in re.findall(r"^\s*(input|output)\s+(\\\S+|\w+)\s*;", body, re.M):
+        mm = re.fullmatch(r"\\(\w+)\[(\d+)\]", name)
+        if mm:
+            base, i = mm.group(1), int(mm.group(2))
+            hi = ports.get(base, (direction, -1))[1]
+            ports[base] = (direction, max(hi, i))
+            bits.setdefault(base, []).append(name)
+        else:
+            ports[name] = (direction, None)
+    top = f"{module}_gl"
+    decl = [f"  {d} {'' if hi is None else f'[{hi}:0] '}{n};" for n, (d, hi) in ports.items()]
+    conns = []
+    for n, (_d, hi) in ports.items():
+        if hi is None:
+            conns.append(f"    .{n}({n})")
+        else:
+            conns += [f"    .\\{n}[{i}] ({n}[{i}])" for i in range(hi + 1)]
+    out.write_text(f"// generated by sim/driver.py: vector ports around the gate-level {module}\n"
+                   f"module {top}({', '.join(ports)});\n" + "\n".join(decl) + "\n"
+                   f"  {module} u_{module} (\n" + ",\n".join(conns) + "\n  );\nendmodule\n")
+    return top
 
 
 def _cell_models(kit) -> list[Path]:

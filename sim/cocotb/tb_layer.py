@@ -79,6 +79,11 @@ async def layer_run(dut):
     in_codec, out_codec = LayoutCodec(token_in_layout(cfg)), LayoutCodec(token_out_layout(cfg))
 
     cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns").start())
+    # reset before anything samples the outputs: at gate level the flip-flops start as X
+    dut.rst.value = 1
+    for s in ("i__valid", "o__ready", "wport__req__ready", "wport__resp__valid"):
+        getattr(dut, s).value = 0
+    await ClockCycles(dut.clk, 2)
     bus = Wishbone(dut)
     src = StreamDriver(dut, "i", dut.clk, in_codec, rng, stall=0.3 if stall else 0.0)
     sink = StreamMonitor(dut, "o", dut.clk, out_codec, rng, backpressure=0.4 if stall else 0.0)
