@@ -12,9 +12,10 @@ same tree: the product and the rounding share one carry-propagate add.
 """
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Value
+from amaranth.hdl import Array, Cat, Const, Signal, Value, signed, unsigned
 
-from hw.carry_save import booth_partial_products, pipelined_add, reduce_to_two, zero_extend
+from hw.carry_save import booth_partial_products, pipelined_add, reduce_to_two, sign_extend, zero_extend
+from hw.matvec import saturate
 
 
 def booth_multiply(pipe, live: dict, multiplicand, multiplier, width: int, out_key: str,
@@ -37,3 +38,34 @@ def booth_multiply(pipe, live: dict, multiplicand, multiplier, width: int, out_k
     s, c = live.pop("words")
     return pipelined_add(pipe, {**live, f"{out_key}_s": s, f"{out_key}_c": c},
                          f"{out_key}_s", f"{out_key}_c", out_key, width)
+
+
+def requantise(pipe, live: dict, value, op_key: str, table, width: int, out_key: str) -> dict:
+    """``live[out_key] = sat(rs(value * m_k, s_k), bits_k)`` for ``k = live[op_key]``.
+
+    ``table`` lists ``(m, s, bits)`` per op code (m unsigned, s >= 0), the
+    numerics of moekda.numerics.requantize.  The rounding constant 2**(s-1)
+    is a word of the product's tree; the shift is a per-op choice of wires,
+    folded with the saturation into one mux per op.  ``value`` is read in
+    the current stage, like ``booth_multiply``'s operands; the result is
+    signed ``max(bits)`` wide and not registered (the caller decides).
+    """
+    d = pipe.plan.delays
+    select = d.mux_level * max(1, (len(table) - 1).bit_length())   # an op-indexed mux
+    live = pipe.spend(select, {**live, "rq_value": value})
+    op = live[op_key]
+    mults = Array(Const(int(mm), unsigned(max(1, max(int(t[0]) for t in table).bit_length())))
+                  for mm, _, _ in table)
+    rnds = Array(Const((1 << (s - 1)) if s else 0, width) for _, s, _ in table)
+    mult, rnd = Signal.like(mults[0], name=f"{pipe.name}_mult"), Signal(width, name=f"{pipe.name}_rnd")
+    pipe.m.d.comb += [mult.eq(mults[op]), rnd.eq(rnds[op])]
+    live = booth_multiply(pipe, live, live.pop("rq_value"), mult, width, "rq_p", extra_words=[rnd])
+    live = pipe.spend(d.saturate + select, live)
+    p = live.pop("rq_p")
+    y = Signal(signed(max(int(b) for _, _, b in table)), name=f"{pipe.name}_{out_key}")
+    with pipe.m.Switch(live[op_key]):
+        for k, (_, s, bits) in enumerate(table):
+            with pipe.m.Case(k):
+                y_k = Signal(signed(int(bits)), name=f"{pipe.name}_{out_key}_sat{k}")
+                pipe.m.d.comb += [y_k.eq(saturate(sign_extend(p[int(s):], width), int(bits))), y.eq(y_k)]
+    return {**live, out_key: y}

@@ -46,11 +46,13 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hw.booth_multiply import booth_multiply, requantise
 from hw.kda_delta import DeltaRule, DeltaShifts, round_shift, saturate
 from hw.matvec import MatVecEngine
 from hw.kda_norm import Normalizer
 from hw.lut import LookupTable
 from hw.memory_map import memory_map
+from hw.pipeline import Pipe, plan_pipeline
 from hw.short_conv import ShortConv
 from hw.weight_port import MAX_BEATS, WeightPortSignature
 from moekda.formats import clog2, formats_for
@@ -211,21 +213,20 @@ class KdaUnit(wiring.Component):
         if bias is not None:
             with m.If(res_op == OP["fu"]):
                 m.d.comb += acc_b.eq(eng.o.payload.acc + bias[res_row])
-        # R0: the (biased) accumulator registered; R1: times M; R2: round, shift, saturate
+        # R0: the (biased) accumulator registered; then times M, round, shift, saturate
+        # over clock-derived stages (hw/booth_multiply.py); the last register is R2
         r0_valid, r0_op, r0_row = Signal(), Signal.like(f_op), Signal.like(f_row)
         r0_acc = Signal(signed(fm.acc_bits + 1))
         m.d.sync += [r0_valid.eq(res_valid), r0_op.eq(res_op), r0_row.eq(res_row), r0_acc.eq(acc_b)]
-        r1_valid, r1_op, r1_row = Signal(), Signal.like(f_op), Signal.like(f_row)
-        r1_prod = Signal(signed(fm.acc_bits + 2 + fm.mult_bits))
-        mult = Array(Const(int(lin.m), unsigned(fm.mult_bits)) for lin in lins)[r0_op]
-        m.d.sync += [r1_valid.eq(r0_valid), r1_op.eq(r0_op), r1_row.eq(r0_row), r1_prod.eq(r0_acc * mult)]
-        r2_valid, r2_op, r2_row = Signal(), Signal.like(f_op), Signal.like(f_row)
+        plan = plan_pipeline(cfg.hw.clock_period_ns)
+        rq = Pipe(m, plan, "rq")
+        rq_live = requantise(rq, {"valid": r0_valid, "op": r0_op, "row": r0_row}, r0_acc, "op",
+                             [(int(lin.m), int(lin.s), int(lin.out_bits)) for lin in lins],
+                             fm.acc_bits + 3 + fm.mult_bits, "y")
+        rq_live = rq.register(rq_live)
+        r2_valid, r2_op, r2_row = rq_live["valid"], rq_live["op"], rq_live["row"]
         r2_y = Signal(signed(max(a, fm.lut_in_bits)))
-        m.d.sync += [r2_valid.eq(r1_valid), r2_op.eq(r1_op), r2_row.eq(r1_row)]
-        with m.Switch(r1_op):
-            for n, lin in enumerate(lins):
-                with m.Case(n):
-                    m.d.sync += r2_y.eq(saturate(round_shift(r1_prod, int(lin.s)), int(lin.out_bits)))
+        m.d.comb += r2_y.eq(rq_live["y"])
 
         # ---- routing of requantised rows -----------------------------------------------
         writes = []                       # one-bit signals: a row reached its final register
@@ -272,17 +273,19 @@ class KdaUnit(wiring.Component):
         m.d.comb += [c_sec.eq(Mux(c_chan < hk, 0, Mux(c_chan < 2 * hk, 1, 2))),
                      c_idx.eq(Mux(c_chan < hk, c_chan, Mux(c_chan < 2 * hk, c_chan - hk, c_chan - 2 * hk)))]
         convs = [q.conv_q, q.conv_k, q.conv_v]
+        # CR1: the convolution sum registered with its channel; then requantised like R0
         cr1_valid, cr1_sec, cr1_idx = Signal(), Signal(2), Signal.like(c_idx)
-        cr1_prod = Signal(signed(conv.acc_bits + fm.mult_bits + 1))
+        cr1_acc = Signal.like(conv.o.payload)
         m.d.sync += [cr1_valid.eq(conv.o.valid), cr1_sec.eq(c_sec), cr1_idx.eq(c_idx),
-                     cr1_prod.eq(conv.o.payload * Array(Const(int(c.m), unsigned(fm.mult_bits)) for c in convs)[c_sec])]
-        cr2_valid, cr2_sec, cr2_idx = Signal(), Signal(2), Signal.like(c_idx)
+                     cr1_acc.eq(conv.o.payload)]
+        crq = Pipe(m, plan, "crq")
+        crq_live = crq.register(requantise(crq, {"valid": cr1_valid, "sec": cr1_sec, "idx": cr1_idx},
+                                           cr1_acc, "sec",
+                                           [(int(c.m), int(c.s), int(c.out_bits)) for c in convs],
+                                           conv.acc_bits + fm.mult_bits + 2, "code"))
+        cr2_valid, cr2_sec, cr2_idx = crq_live["valid"], crq_live["sec"], crq_live["idx"]
         cr2_code = Signal(signed(fm.lut_in_bits))
-        m.d.sync += [cr2_valid.eq(cr1_valid), cr2_sec.eq(cr1_sec), cr2_idx.eq(cr1_idx)]
-        with m.Switch(cr1_sec):
-            for n, c in enumerate(convs):
-                with m.Case(n):
-                    m.d.sync += cr2_code.eq(saturate(round_shift(cr1_prod, int(c.s)), int(c.out_bits)))
+        m.d.comb += cr2_code.eq(crq_live["code"])
         s_valid, s_sec, s_idx = Signal(), Signal(2), Signal.like(c_idx)
         m.d.sync += [s_valid.eq(cr2_valid), s_sec.eq(cr2_sec), s_idx.eq(cr2_idx)]
         silu = []
@@ -314,15 +317,27 @@ class KdaUnit(wiring.Component):
                                  Mux(norm.mode == 1, Array(KS)[base + norm.rd_idx],
                                      Array(O16)[base + norm.rd_idx])))
         wi = base + norm.wr_idx
-        gated = round_shift(norm.wr_y * Array(GATE)[wi], fm.unit_frac)
         with m.If(norm.wr_en):
             with m.Switch(norm.mode):
                 with m.Case(0):
                     store(QN, wi, norm.wr_y)
                 with m.Case(1):
                     store(KN, wi, norm.wr_y)
-                with m.Case(2):
-                    store(ZO, wi, gated)
+        # the o norm's output is gated: rs(y * gate, unit_frac) over clock-derived stages
+        # (the gate read is an index mux, the rounding constant a word of the product's tree)
+        gp = Pipe(m, plan, "gate")
+        g_live = {"valid": norm.wr_en & (norm.mode == 2), "idx": wi, "y": norm.wr_y}
+        g_live = gp.spend(plan.delays.mux_level * max(1, (hv - 1).bit_length()), g_live)
+        g_val = Signal.like(GATE[0], name="gate_val")
+        m.d.comb += g_val.eq(Array(GATE)[g_live["idx"]])
+        g_width = len(norm.wr_y) + len(g_val) + 2
+        g_rnd = Const((1 << (fm.unit_frac - 1)) if fm.unit_frac else 0, g_width)
+        g_live = gp.register(booth_multiply(gp, g_live, g_live.pop("y"), g_val, g_width, "z",
+                                            extra_words=[g_rnd]))
+        with m.If(g_live["valid"]):
+            store(ZO, g_live["idx"], g_live["z"][fm.unit_frac:])
+        g_pending = Signal(range(gp.stages + 2))   # gated values not yet in ZO
+        m.d.sync += g_pending.eq(g_pending + (norm.wr_en & (norm.mode == 2)) - g_live["valid"])
 
         # ---- the delta rule ----------------------------------------------------------------
         m.submodules.delta = delta = DeltaRule(fm, H, dk, dv, cfg.hw.state_lanes, shifts)
@@ -361,7 +376,7 @@ class KdaUnit(wiring.Component):
                 m.d.comb += norm.start.eq(1)
                 m.next = "NORM_WAIT"
             with m.State("NORM_WAIT"):
-                with m.If(~norm.busy):
+                with m.If(~norm.busy & (g_pending == 0)):
                     m.next = "NORM_START"
                     m.d.sync += nh.eq(nh + 1)
                     with m.If(nh == H - 1):
