@@ -176,8 +176,8 @@ class KdaUnit(wiring.Component):
         # the shared engine (hw/matvec.py): one port beat per engine beat; its results
         # come back in row order, so a second (op, row) counter walks the same sequence.
         # The unit requantises the raw accumulator itself (f_up adds a bias first), so the
-        # engine's own (M, s) are zero and synthesis drops its requantiser output.
-        m.submodules.engine = eng = MatVecEngine(cfg)
+        # engine is built accumulator-only: no requantiser, (M, s) ignored.
+        m.submodules.engine = eng = MatVecEngine(cfg, requantise=False)
         beat_go = feed_enable & self.wport.resp.valid & eng.i.ready
         m.d.comb += [
             self.wport.resp.ready.eq(feed_enable & eng.i.ready),

@@ -245,10 +245,41 @@ class Requantiser(wiring.Component):
         return self._build()[0]
 
 
+class AccResolver(wiring.Component):
+    """The accumulator-only back end: the carry-save pair resolved, ``y`` = 0.
+
+    For a consumer that requantises the wide ``acc`` itself (the KDA unit adds
+    a bias first): no Booth multiply, no shift, no saturation.  Same ports and
+    stream protocol as ``Requantiser``; the pair's add is split as the clock needs.
+    """
+
+    def __init__(self, fmt: MatVecFormats, plan: PipelinePlan):
+        self.fmt, self.plan = fmt, plan
+        super().__init__({
+            "valid": In(1), "acc_sum": In(fmt.acc_bits), "acc_carry": In(fmt.acc_bits),
+            "scale": In(fmt.scale_layout()),
+            "out_valid": Out(1), "y": Out(signed(fmt.out_bits)), "acc": Out(signed(fmt.acc_bits)),
+        })
+        self.latency = _dry_build_stages(self)
+
+    def _build(self):
+        m = Module()
+        pipe = Pipe(m, self.plan, "acc")
+        live = {"valid": self.valid, "s": self.acc_sum, "c": self.acc_carry}
+        live = pipe.register(pipelined_add(pipe, live, "s", "c", "acc", self.fmt.acc_bits))
+        m.d.comb += [self.out_valid.eq(live["valid"]), self.acc.eq(live["acc"])]
+        return m, pipe.stages
+
+    def elaborate(self, platform):
+        return self._build()[0]
+
+
 class MatVecEngine(wiring.Component):
     """L-lane int8 matrix-vector engine with stream in/out; see the module docstring."""
 
-    def __init__(self, cfg_or_fmt):
+    def __init__(self, cfg_or_fmt, requantise: bool = True):
+        """``requantise=False``: results carry only ``acc`` (``y`` = 0; ``mult``/``shift``
+        are ignored) and the requantiser is not built (``AccResolver`` instead)."""
         fmt = cfg_or_fmt if isinstance(cfg_or_fmt, MatVecFormats) else MatVecFormats.from_config(cfg_or_fmt)
         self.fmt = fmt
         self.plan = plan_pipeline(fmt.clock_period_ns)
@@ -258,7 +289,7 @@ class MatVecEngine(wiring.Component):
         })
         self.dot = DotProduct(fmt, self.plan, fmt.framing_layout())
         self.acc = Accumulator(fmt)
-        self.rq = Requantiser(fmt, self.plan)
+        self.rq = Requantiser(fmt, self.plan) if requantise else AccResolver(fmt, self.plan)
         # beat register + the three blocks; it sets the FIFO depth
         self.latency = 1 + self.dot.latency + self.acc.latency + self.rq.latency
         # every result that can be in flight, plus one cycle for the credit
