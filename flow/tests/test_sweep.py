@@ -114,3 +114,13 @@ def test_sweep_without_ray_says_how_to_get_it(tmp_path):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install -e '.[sweep]'" in lines[0] and "--local" in lines[0]
+
+
+def test_point_config_file_round_trips(tmp_path):
+    """A point's config.toml (what the simulation bench reloads) gives back the same values."""
+    from moekda.config import load_config
+    cfg = _grid(tmp_path, '[grid]\nlanes = [2]\nrouted_scaling = [1.5]\n').points()[0][0]
+    f = tmp_path / "point.toml"
+    f.write_text(sweep.to_toml(cfg.to_dict() | {"name": cfg.name}))
+    back = load_config(f)
+    assert back.to_dict() == cfg.to_dict() and back.name == cfg.name
