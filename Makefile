@@ -29,6 +29,8 @@ help:
 	@echo "  make pnr    [CONFIG=]          OpenROAD place and route (needs openroad on PATH or OPENROAD=)"
 	@echo "  make accuracy [CONFIG=]        error of the integer model against the float model"
 	@echo "  make vectors  [CONFIG=]        export inputs, integer parameters and expected outputs (256 tokens)"
+	@echo "  make bench                     cycles/token vs roofline, Fmax, area, energy for tiny and small"
+	@echo "  make sweep  [CONFIG=]          design-space sweep with Ray: Pareto table and plot"
 	@echo "  make clean                     remove build/"
 	@echo ""
 	@echo "  CONFIG is a name under configs/ (tiny, small) or a path to a .toml file; default tiny."
@@ -80,6 +82,20 @@ accuracy: $(STAMP)
 
 vectors: $(STAMP)
 	$(MOEKDA) vectors -c $(CONFIG) -n 256 -o build/$(CONFIG)/vectors
+
+# make bench: measured performance of tiny and small into bench/results/.
+bench: $(STAMP)
+	$(MOEKDA) bench -c tiny --synth
+	$(MOEKDA) bench -c small --synth
+
+# make sweep: Ray is an optional extra, installed on first use.
+SWEEP_STAMP := $(VENV)/.sweep-stamp
+$(SWEEP_STAMP): $(STAMP)
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[pnr,sweep]'
+	@touch $@
+
+sweep: $(SWEEP_STAMP)
+	$(MOEKDA) sweep -c $(CONFIG)
 
 clean:
 	rm -rf build
