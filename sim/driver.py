@@ -256,7 +256,8 @@ class LayerDriver:
         first[[t for t in plan.first if t < plan.tokens]] = True
         clears = np.zeros(plan.tokens, bool)
         clears[[t for t in plan.clears if t < plan.tokens]] = True
-        np.savez(case, config=self.cfg.source, image=np.frombuffer(self.image(), np.uint8), xs=xs,
+        import json
+        np.savez(case, config=json.dumps({"name": self.cfg.name, **self.cfg.to_dict()}), image=np.frombuffer(self.image(), np.uint8), xs=xs,
                  first=first, clears=clears, want=want, reset_at=-1 if plan.reset_at is None else plan.reset_at,
                  abandon=plan.abandon, stall=plan.stall, seed=plan.seed)
         try:

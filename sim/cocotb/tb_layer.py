@@ -17,6 +17,7 @@ stops at the first wrong token.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 
@@ -29,7 +30,7 @@ from cocotb.utils import get_sim_time
 
 from hw.csr import CHIP_ID, COUNTERS, CTRL_CLEAR, CTRL_RUN, REGISTERS, config_words
 from hw.layer import token_in_layout, token_out_layout
-from moekda.config import load_config
+from moekda.config import config_from_dict
 from sim.cocotb.streams import LayoutCodec, StreamDriver, StreamMonitor
 from sim.cocotb.weight_memory import WeightMemory
 
@@ -70,7 +71,8 @@ class Wishbone:
 @cocotb.test()
 async def layer_run(dut):
     z = np.load(os.environ["LAYER_CASE"])
-    cfg = load_config(str(z["config"]))
+    # the config travels as data: a model from `moekda vectors` has no config file
+    cfg = config_from_dict(json.loads(str(z["config"])), source=os.environ["LAYER_CASE"])
     xs, first, clears, want = z["xs"], z["first"], z["clears"], z["want"]
     reset_at, abandon, stall = int(z["reset_at"]), int(z["abandon"]), bool(z["stall"])
     T = len(xs)
