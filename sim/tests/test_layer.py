@@ -61,7 +61,8 @@ def test_layer_cycles_per_token_without_stalls(driver):
     work per token, no KV cache); the interval is the cycles per token docs/chip.md reports."""
     res = driver.run(RunPlan(tokens=32, stall=False, seed=7), simulator="verilator", name="nostall32")
     _check(res)
-    gaps = np.diff(res.out_cycles[4:])
+    # the last token runs alone (no next token's KDA competing for the port): leave it out
+    gaps = np.diff(res.out_cycles[4:-1])
     assert len(set(gaps.tolist())) == 1, f"output gaps vary without stalls: {gaps.tolist()}"
     print(f"{CONFIG}: one token every {gaps[0]} cycles, latency TOKEN_CYCLES {res.counters['TOKEN_CYCLES']}")
 
