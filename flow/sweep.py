@@ -249,7 +249,7 @@ def plot(points: list[dict], front: list[dict], path: Path):
     ax.plot([p["area_um2"] / 1e6 for p in front], [p["tokens_per_s"] / 1e6 for p in front], "o-", c="tab:red",
             label="Pareto front")
     for p in ok:
-        ax.annotate(f"L{p['lanes']} P{p['weight_port_bytes']}", (p["area_um2"] / 1e6, p["tokens_per_s"] / 1e6),
+        ax.annotate(f"L{p['lanes']} P{p['weight_port_bytes']} k{p.get('top_k')}", (p["area_um2"] / 1e6, p["tokens_per_s"] / 1e6),
                     fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("area (mm2, post-synthesis, Nangate45)")
     ax.set_ylabel("tokens per second at Fmax (millions)")
