@@ -30,7 +30,7 @@ help:
 	@echo "  make accuracy [CONFIG=]        error of the integer model against the float model"
 	@echo "  make vectors  [CONFIG=]        export inputs, integer parameters and expected outputs (256 tokens)"
 	@echo "  make bench                     cycles/token vs roofline, Fmax, area, energy for tiny and small"
-	@echo "  make sweep  [CONFIG=]          design-space sweep with Ray: Pareto table and plot"
+	@echo "  make sweep                     design-space sweep with Ray: Pareto table and plot"
 	@echo "  make clean                     remove build/"
 	@echo ""
 	@echo "  CONFIG is a name under configs/ (tiny, small) or a path to a .toml file; default tiny."
@@ -85,8 +85,8 @@ vectors: $(STAMP)
 
 # make bench: measured performance of tiny and small into bench/results/.
 bench: $(STAMP)
-	$(MOEKDA) bench -c tiny --synth
-	$(MOEKDA) bench -c small --synth
+	$(MOEKDA) bench -c tiny --tokens 1024 --synth
+	$(MOEKDA) bench -c small --tokens 1024 --synth
 
 # make sweep: Ray is an optional extra, installed on first use.
 SWEEP_STAMP := $(VENV)/.sweep-stamp
@@ -95,7 +95,7 @@ $(SWEEP_STAMP): $(STAMP)
 	@touch $@
 
 sweep: $(SWEEP_STAMP)
-	$(MOEKDA) sweep -c $(CONFIG)
+	$(MOEKDA) sweep --grid configs/sweep.toml
 
 clean:
 	rm -rf build
