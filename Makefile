@@ -95,7 +95,7 @@ $(SWEEP_STAMP): $(STAMP)
 	@touch $@
 
 sweep: $(SWEEP_STAMP)
-	$(MOEKDA) sweep --grid configs/sweep.toml
+	$(MOEKDA) sweep --grid bench/sweep.toml
 
 clean:
 	rm -rf build

@@ -1,6 +1,6 @@
 """`moekda sweep`: rtl + synth + STA + cycle count over a grid of configs, in parallel.
 
-    moekda sweep [--grid configs/sweep.toml] [--jobs 2] [--local] [--out DIR]
+    moekda sweep [--grid bench/sweep.toml] [--jobs 2] [--local] [--out DIR]
 
 Points run as Ray tasks (a local Ray started here, or the cluster named by
 RAY_ADDRESS); --local uses a process pool instead and needs no Ray.  Ray and
@@ -21,7 +21,7 @@ INSTALL_HINT = "pip install -e '.[sweep]' (or `make sweep`), or run with --local
 
 def configure(p):
     p.add_argument("--grid", type=Path, default=None,
-                   help="grid TOML (default: the built-in 6-point grid around tiny; see configs/sweep.toml)")
+                   help="grid TOML (default: the built-in 6-point grid around tiny; see bench/sweep.toml)")
     p.add_argument("--jobs", type=int, default=2, help="points run at once (default 2)")
     p.add_argument("--local", action="store_true", help="run on a local process pool instead of Ray")
     p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results/)")
