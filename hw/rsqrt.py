@@ -6,7 +6,7 @@ integer ``a >= 1`` it returns ``(y, E)`` with ``1/sqrt(a) ~= y * 2**-E``:
 1. ``bl`` = bit length of ``a`` (a leading-one detector); ``e`` and the
    normalising shift are constants per ``bl`` (a small case table), which
    brings ``a`` into ``a_norm`` in [2**(N-2), 2**N) by an even shift;
-2. seed ``y`` from the top ``seed_bits`` bits of ``a_norm`` (a tiny ROM);
+2. seed ``y`` from the top ``seed_bits`` bits of ``a_norm`` (a tiny ROM, next cycle);
 3. each Newton step ``y <- y (3 - u y^2) / 2`` is three products
    ``y*y``, ``a_norm*y2``, ``y*(3<<frac - uy2)``, each round-half-up shifted.
 
@@ -15,7 +15,7 @@ token (L2 norms of q and k, the output RMSNorm of each head), so latency is
 cheap and area is not.  The multiplier is a Booth tree whose stage count P
 follows from the clock (hw/pipeline.py); the rounding constant of the shift
 after each product is one more word of its tree.
-Latency: 1 (normalise) + 3 (P + 3) * newton_steps cycles.
+Latency: 2 (normalise, seed) + 3 (P + 3) * newton_steps cycles.
 
 Streams: ``i`` payload ``a`` (unsigned ``in_bits``); ``o`` payload
 ``{y, E}``.  One operation at a time (``i.ready`` is low while busy).
@@ -86,7 +86,7 @@ class Rsqrt(wiring.Component):
                     m.d.comb += [norm.eq((a << left) >> right), exp.eq(e_out)]
 
         seed = Array(int(v) for v in fm.rsqrt_seed)
-        seed_idx = (norm >> (N - sb)) - (1 << (sb - 2))
+        seed_idx = (a_norm >> (N - sb)) - (1 << (sb - 2))
 
         # the one multiplier: operands and the rounding constant 2**(s-1) of the shift
         # that follows are registered by the issuing state, the product + rounding
@@ -114,7 +114,12 @@ class Rsqrt(wiring.Component):
                     m.d.sync += [a.eq(self.i.payload), step.eq(0)]
                     m.next = "NORM"
             with m.State("NORM"):
-                m.d.sync += [a_norm.eq(norm), E.eq(exp), y.eq(seed[seed_idx])]
+                m.d.sync += [a_norm.eq(norm), E.eq(exp)]
+                m.next = "SEED"
+            with m.State("SEED"):
+                # the seed ROM reads the registered a_norm: the leading-one detector,
+                # the shift and the ROM in one cycle were the unit's longest path
+                m.d.sync += y.eq(seed[seed_idx])
                 m.next = "YY" if fm.rsqrt_newton_steps else "DONE"
             with m.State("YY"):
                 m.d.sync += issue(y, y, frac)
