@@ -184,16 +184,10 @@ class Accumulator(wiring.Component):
         return m
 
 
-class Requantiser(wiring.Component):
-    """y = sat8((acc * M + 2**(s-1)) >> s), s = 0: sat8(acc * M); also passes acc on.
-
-    The accumulator arrives in carry-save form and is resolved first (it is
-    an output too).  acc * M is a Booth carry-save multiply in which the
-    rounding constant 2**(s-1) is just one more word of the tree, so one
-    carry-propagate add does both.  The product has ``product_bits`` signed
-    bits; one more bit holds the rounding.  A shift s >= product_bits gives
-    y = 0 exactly as the formula does, so s is clamped to product_bits.
-    """
+class _ResultStage(wiring.Component):
+    """The engine's back end after the accumulator: the carry-save pair in, ``y`` and
+    ``acc`` out.  Subclasses give ``_build() -> (module, stages)``; the latency is
+    counted from a dry build so the engine's FIFO depth follows the real pipeline."""
 
     def __init__(self, fmt: MatVecFormats, plan: PipelinePlan):
         self.fmt, self.plan = fmt, plan
@@ -203,6 +197,21 @@ class Requantiser(wiring.Component):
             "out_valid": Out(1), "y": Out(signed(fmt.out_bits)), "acc": Out(signed(fmt.acc_bits)),
         })
         self.latency = _dry_build_stages(self)
+
+    def elaborate(self, platform):
+        return self._build()[0]
+
+
+class Requantiser(_ResultStage):
+    """y = sat8((acc * M + 2**(s-1)) >> s), s = 0: sat8(acc * M); also passes acc on.
+
+    The accumulator arrives in carry-save form and is resolved first (it is
+    an output too).  acc * M is a Booth carry-save multiply in which the
+    rounding constant 2**(s-1) is just one more word of the tree, so one
+    carry-propagate add does both.  The product has ``product_bits`` signed
+    bits; one more bit holds the rounding.  A shift s >= product_bits gives
+    y = 0 exactly as the formula does, so s is clamped to product_bits.
+    """
 
     def _build(self):
         m = Module()
@@ -241,26 +250,14 @@ class Requantiser(wiring.Component):
         m.d.comb += [self.out_valid.eq(live["valid"]), self.y.eq(live["y"]), self.acc.eq(live["acc"])]
         return m, pipe.stages
 
-    def elaborate(self, platform):
-        return self._build()[0]
 
-
-class AccResolver(wiring.Component):
+class AccResolver(_ResultStage):
     """The accumulator-only back end: the carry-save pair resolved, ``y`` = 0.
 
     For a consumer that requantises the wide ``acc`` itself (the KDA unit adds
     a bias first): no Booth multiply, no shift, no saturation.  Same ports and
     stream protocol as ``Requantiser``; the pair's add is split as the clock needs.
     """
-
-    def __init__(self, fmt: MatVecFormats, plan: PipelinePlan):
-        self.fmt, self.plan = fmt, plan
-        super().__init__({
-            "valid": In(1), "acc_sum": In(fmt.acc_bits), "acc_carry": In(fmt.acc_bits),
-            "scale": In(fmt.scale_layout()),
-            "out_valid": Out(1), "y": Out(signed(fmt.out_bits)), "acc": Out(signed(fmt.acc_bits)),
-        })
-        self.latency = _dry_build_stages(self)
 
     def _build(self):
         m = Module()
@@ -269,9 +266,6 @@ class AccResolver(wiring.Component):
         live = pipe.register(pipelined_add(pipe, live, "s", "c", "acc", self.fmt.acc_bits))
         m.d.comb += [self.out_valid.eq(live["valid"]), self.acc.eq(live["acc"])]
         return m, pipe.stages
-
-    def elaborate(self, platform):
-        return self._build()[0]
 
 
 class MatVecEngine(wiring.Component):
