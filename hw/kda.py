@@ -19,8 +19,8 @@ Ports
 
 Schedule of one token (all phases in sequence; W = weight_port_bytes = lanes)
 --------------------------------------------------------------------------
-1. ACCEPT  latch x; one weight request for all KDA tensors, which the memory
-           map stores contiguously in the order used below.
+1. ACCEPT  latch x; the weight read of the projections (every KDA tensor but
+           W_o, stored contiguously in the order used below).
 2. PROJ    the response beats drive the shared engine (hw/matvec.py) directly,
            one beat per cycle when the memory keeps up: q, k, v, f_down, g_down, b (input x),
            f_up (input fd: waits for the f_down results), g_up (input gd).
@@ -33,7 +33,12 @@ Schedule of one token (all phases in sequence; W = weight_port_bytes = lanes)
 4. DELTA   the state update and read (hw/kda_delta.py):
            about H d_v (2 d_k / state_lanes + 9) cycles.
 5. ONORM   RMSNorm of o per head on the same normaliser, times the gate.
-6. WO      W_o beats (input zo): d ceil(H d_v / W) cycles, then the output.
+6. WO      the weight read of W_o goes out only now, then its beats (input zo):
+           d ceil(H d_v / W) cycles, then the output.  W_o is requested apart
+           because the memory answers in request order: W_o beats requested at
+           ACCEPT would sit in the chip's one weight port (hw/weight_arbiter.py)
+           through NORM, DELTA and ONORM and block the MoE of the previous token.
+           Costs the memory latency once per token.
 No phase depends on the number of tokens seen: cycles per token are constant
 (the tests measure token 16 against token 4096).  Measured without stalls:
 tiny 813, small 3368 cycles per token, against a weight-port floor of 324
@@ -54,7 +59,7 @@ from hw.lut import LookupTable
 from hw.memory_map import memory_map
 from hw.pipeline import Pipe, plan_pipeline
 from hw.short_conv import ShortConv
-from hw.weight_port import MAX_BEATS, WeightPortSignature
+from hw.weight_port import WeightPortSignature, split_request
 from moekda.formats import clog2, formats_for
 
 # the projections in weight-memory order: (op, memory-map tensor, QKDA field, input vector)
@@ -76,11 +81,17 @@ def token_layout(d_model: int, act_bits: int) -> data.StructLayout:
     return data.StructLayout({"x": data.ArrayLayout(signed(act_bits), d_model), "first": 1})
 
 
-def kda_request(cfg) -> tuple[int, int]:
-    """(byte address, beats) of the one weight read per token."""
+def kda_requests(cfg) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The weight reads of one token as ``(byte address, beats)`` requests:
+    (the projections', issued at ACCEPT; W_o's, issued when the unit can take
+    W_o).  Each is cut to what one request's ``beats`` field carries."""
     mm = memory_map(cfg)
-    addr, nbytes = mm.span([t for _, t, _, _ in OPS])
-    return addr, nbytes // cfg.hw.weight_port_bytes
+    W = cfg.hw.weight_port_bytes
+
+    def reads(tensors):
+        addr, nbytes = mm.span(tensors)
+        return split_request(addr, nbytes // W, W)
+    return reads([t for op, t, _, _ in OPS if op != "o"]), reads(["kda.w_o"])
 
 
 class KdaUnit(wiring.Component):
@@ -95,9 +106,7 @@ class KdaUnit(wiring.Component):
             raise ValueError(f"hw.lanes = {hw.lanes}: the KDA unit needs lanes == hw.weight_port_bytes "
                              f"({hw.weight_port_bytes}), one port beat per MAC beat")
         self.mm = memory_map(cfg)
-        self.req_addr, self.req_beats = kda_request(cfg)
-        if self.req_beats > MAX_BEATS:
-            raise ValueError(f"KDA weights need {self.req_beats} beats per token, more than one request carries")
+        self.proj_reqs, self.wo_reqs = kda_requests(cfg)
         a = fm.act_bits
         super().__init__({
             "i": In(stream.Signature(token_layout(self.d, a))),
@@ -145,13 +154,17 @@ class KdaUnit(wiring.Component):
         m.d.sync += cycles.eq(cycles + 1)
         m.d.comb += self.cycles.eq(cycles)
 
-        # ---- weight request: one per token -----------------------------------------
-        req_pending = Signal()
-        m.d.comb += [self.wport.req.valid.eq(req_pending),
-                     self.wport.req.payload.addr.eq(self.req_addr),
-                     self.wport.req.payload.beats.eq(self.req_beats)]
+        # ---- weight requests: the projections' at ACCEPT, W_o's at WO -------------------
+        # one table of requests in memory order; the phase control moves req_end to
+        # open the next group and req_idx walks up to it
+        reqs = self.proj_reqs + self.wo_reqs
+        req_idx = Signal(range(len(reqs) + 1), init=len(reqs))
+        req_end = Signal(range(len(reqs) + 1), init=len(reqs))
+        m.d.comb += [self.wport.req.valid.eq(req_idx != req_end),
+                     self.wport.req.payload.addr.eq(Array(Const(ad, 32) for ad, _ in reqs)[req_idx]),
+                     self.wport.req.payload.beats.eq(Array(Const(n, 16) for _, n in reqs)[req_idx])]
         with m.If(self.wport.req.valid & self.wport.req.ready):
-            m.d.sync += req_pending.eq(0)
+            m.d.sync += req_idx.eq(req_idx + 1)
 
         # ---- the projection feeder: response beats + input groups -> MAC ----------------
         regions = [self.mm[t] for _, t, _, _ in OPS]
@@ -360,7 +373,7 @@ class KdaUnit(wiring.Component):
                 with m.If(self.i.valid):
                     for n in range(d):
                         m.d.sync += X[n].eq(self.i.payload.x[n])
-                    m.d.sync += [req_pending.eq(1), f_op.eq(0), f_row.eq(0), f_beat.eq(0),
+                    m.d.sync += [req_idx.eq(0), req_end.eq(len(self.proj_reqs)), f_op.eq(0), f_row.eq(0), f_beat.eq(0),
                                  res_op.eq(0), res_row.eq(0), token_start.eq(cycles)]
                     with m.If(self.i.payload.first):
                         m.d.comb += [delta.clear.eq(1), conv.restart.eq(1)]
@@ -385,6 +398,7 @@ class KdaUnit(wiring.Component):
                             m.d.sync += o_idx.eq(0)
                             m.next = "DELTA_START"
                         with m.If(norm.mode == 2):
+                            m.d.sync += req_end.eq(len(reqs))
                             m.next = "WO"
             with m.State("DELTA_START"):
                 m.d.comb += delta.start.eq(1)
