@@ -183,7 +183,8 @@ def run_point(cfg_dict: dict, tokens: int, simulator: str, root: str) -> dict:
         steps.run("rtl", write_rtl, cfg, "layer", paths.rtl, paths.log("rtl"))
         m = synth_and_sta(cfg, find_kit(), paths, [paths.rtl], FlowOptions(), steps,
                           on_pass=lambda name: None, extra_seconds={"rtl": steps.seconds["rtl"]})
-    drv = LayerDriver(cfg, default_qlayer(cfg, 0), label="sweep")
+    # the point's simulation builds inside its own directory, next to its synthesis
+    drv = LayerDriver(cfg, default_qlayer(cfg, 0), label="sweep", build_root=out)
     res = drv.run(RunPlan(tokens=tokens, stall=False, seed=1), simulator=simulator, name="sweep")
     if not res.match:
         raise RuntimeError(f"point {cfg.hash()}: simulation does not match the model: {res.problems[0]}")

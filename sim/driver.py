@@ -7,7 +7,10 @@
 
 The chip bakes the model's small constants into the RTL, so the Verilog is
 generated here from the driver's own quantised layer (hw/layer.py LayerTop)
-and built once per (Verilog text, simulator) under build/<config>/sim/layer/.
+and built once per (Verilog text, simulator) under <build_root>/sim/layer/
+(build_root: build/<config>/ by default; the sweep gives each point its own).
+The simulated top is sim/hdl/layer_sim.py: the chip plus the weight memory in
+the HDL, so no Python runs per clock cycle.
 A run hands the bench (sim/cocotb/tb_layer.py) one .npz with the weight
 image, the tokens and the plan, and gets back one .npz with every output
 token it saw (with its input index), the CSR counters and the cycle counts;
@@ -35,6 +38,10 @@ from moekda.config import REPO_ROOT, Config, load_config
 # still far faster than Icarus)
 VERILATOR_ARGS = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-O1", "-CFLAGS", "-O0",
                   "--output-split-cfuncs", "2000", "--x-assign", "0", "--x-initial", "0"]
+# cocotb's runner makes every Verilator signal public (--public-flat-rw), which keeps
+# the chip's thousands of internal nets as separate, unoptimised variables; the layer
+# bench touches only the sim top's ports, so only those are made public (a control file)
+VERILATOR_PUBLIC = '`verilator_config\npublic_flat_rw -module "layer_sim" -var "*"\n'
 # Icarus -g2012 applies declaration initialisers without an event, so Amaranth's
 # always @* blocks would not run at time 0 (found by the KDA bench): -g2005
 ICARUS_ARGS = ["-g2005"]
@@ -58,6 +65,7 @@ class RunPlan:
     abandon: int = 2
     stall: bool = True
     seed: int = 0
+    token_cycles: bool = False      # read TOKEN_CYCLES after every output (the bench's per-context figure)
 
     def __post_init__(self):
         if self.tokens < 1:
@@ -99,6 +107,13 @@ class RunResult:
     problems: list = field(default_factory=list)
     waves: Path | None = None           # the waveform file when recorded
     out_cycles: np.ndarray | None = None  # clock cycle of each output (bench time)
+    sim_cycles: int = 0                 # clock cycles the simulator ran (build excluded)
+    sim_s: float = 0.0                  # the simulator's wall time for them
+
+    @property
+    def cycles_per_s(self) -> float | None:
+        """Simulation speed: clock cycles per wall-clock second of the run itself."""
+        return self.sim_cycles / self.sim_s if self.sim_s > 0 else None
 
     @property
     def match(self) -> bool:
@@ -127,6 +142,8 @@ class RunResult:
                 + f"cycles/token {self.cycles_per_token:.1f} (busy cycles / tokens), last token "
                 f"{int(self.token_cycles[-1]) if len(self.token_cycles) else 0} cycles\n"
                 f"counters: " + ", ".join(f"{k}={v}" for k, v in c.items()) + f"\nwall time {self.wall_s:.1f} s"
+                + (f" (simulation {self.sim_cycles} cycles in {self.sim_s:.1f} s: "
+                   f"{self.cycles_per_s:,.0f} cycles/s)" if self.cycles_per_s else "")
                 + (f"\nwaveforms: {self.waves}" if self.waves else ""))
 
 
@@ -148,8 +165,9 @@ def compare(plan: RunPlan, want: np.ndarray, idx: np.ndarray, got: np.ndarray) -
 
 
 class LayerDriver:
-    def __init__(self, cfg: Config, qlayer, label: str = "custom"):
+    def __init__(self, cfg: Config, qlayer, label: str = "custom", build_root: Path | None = None):
         self.cfg, self.q, self.label = cfg, qlayer, label
+        self.build_root = Path(build_root) if build_root is not None else REPO_ROOT / "build" / cfg.name
 
     # ---- loading ------------------------------------------------------------------
     @classmethod
@@ -193,47 +211,57 @@ class LayerDriver:
     def build(self, simulator: str, waves: bool = False, netlist: Path | None = None,
               verilog_file: Path | None = None) -> Path:
         """Build the simulator once per (sources, simulator, waves); returns the build dir.
-        Sources: the gate-level ``netlist`` with the kit's cell models, or a Verilog file,
-        or (default) the Verilog generated from this driver's model."""
-        from cocotb_tools.runner import get_runner
+        The chip's sources: the gate-level ``netlist`` with the kit's cell models, or a
+        Verilog file (module ``layer``), or (default) the Verilog generated from this
+        driver's model; around it the sim top with the weight memory (sim/hdl/layer_sim.py)."""
 
         from sim.cocotb_util import simulator_available
+        from sim.hdl.layer_sim import sim_top_verilog
         if not simulator_available(simulator):
             raise RuntimeError(f"simulator {simulator} is not installed")
-        top = "layer"
+        top, chip_module = "layer_sim", "layer"
         if netlist is not None:
             from pdk.kit import find_kit
             models = _cell_models(find_kit(required=("verilog_models",)))
             kind = "gl"
             key_text = "".join(p.read_text() for p in (Path(netlist), *models))
         elif verilog_file is not None:
-            sources = [Path(verilog_file)]
-            key_text, kind = sources[0].read_text(), "file"
+            key_text, kind = Path(verilog_file).read_text(), "file"
+            if "module layer(" not in key_text:
+                raise ValueError(f"{verilog_file}: no module layer (the chip top)")
         else:
-            text = self.verilog()
-            sources, key_text, kind = None, text, "rtl"
-        root = REPO_ROOT / "build" / self.cfg.name / "sim" / "layer"
+            key_text, kind = self.verilog(), "rtl"
+        root = self.build_root / "sim" / "layer"
         build_dir = root / f"{kind}_{self.label}_{simulator}{'_waves' if waves else ''}"
         build_dir.mkdir(parents=True, exist_ok=True)
         if netlist is not None:
-            # the flow's netlist has one port per bit: a wrapper gives the bench the RTL's vectors
+            # the flow's netlist has one port per bit: a wrapper gives the sim top the RTL's vectors
             wrapper = build_dir / "layer_gl.v"
-            top = write_gl_wrapper(Path(netlist), "layer", wrapper)
+            chip_module = write_gl_wrapper(Path(netlist), "layer", wrapper)
             sources = [wrapper, Path(netlist), *models]
-        key = hashlib.sha256((key_text + simulator + str(waves) + top).encode()).hexdigest()
+        elif verilog_file is not None:
+            sources = [Path(verilog_file)]
+        else:
+            sources = [build_dir / "layer.v"]
+        top_text = sim_top_verilog(self.cfg, self.image(), chip_module, name=top)
+        key = hashlib.sha256((key_text + top_text + simulator + str(waves) + " ".join(VERILATOR_ARGS)
+                              + VERILATOR_PUBLIC).encode()
+                             ).hexdigest()
         with open(root / f".{build_dir.name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             (build_dir / ".toplevel").write_text(top)     # what run() simulates
             stamp = build_dir / ".built"
             if stamp.exists() and stamp.read_text() == key:
                 return build_dir
-            if sources is None:
-                src = build_dir / "layer.v"
-                src.write_text(key_text)
-                sources = [src]
-            args = VERILATOR_ARGS if simulator == "verilator" else ICARUS_ARGS
-            get_runner(simulator).build(sources=sources, hdl_toplevel=top, build_dir=build_dir,
-                                        build_args=args, always=True, waves=waves,
+            if kind == "rtl":
+                sources[0].write_text(key_text)
+            (build_dir / "layer_sim.v").write_text(top_text)
+            args = ICARUS_ARGS
+            if simulator == "verilator":
+                (build_dir / "public.vlt").write_text(VERILATOR_PUBLIC)
+                args = [*VERILATOR_ARGS, str(build_dir / "public.vlt")]
+            _runner(simulator).build(sources=[build_dir / "layer_sim.v", *sources], hdl_toplevel=top,
+                                        build_dir=build_dir, build_args=args, always=True, waves=waves,
                                         timescale=("1ns", "1ps"), log_file=build_dir / "build.log")
             stamp.write_text(key)
         return build_dir
@@ -241,7 +269,6 @@ class LayerDriver:
     def run(self, plan: RunPlan, simulator: str = "icarus", xs=None, waves: bool | None = None,
             netlist: Path | None = None, name: str | None = None, verilog_file: Path | None = None) -> RunResult:
         """``waves`` None: record waveforms when WAVES=1 is in the environment (as sim/cocotb_util.py)."""
-        from cocotb_tools.runner import get_runner
         if waves is None:
             waves = os.environ.get("WAVES", "0") not in ("", "0")
         t0 = time.monotonic()
@@ -259,9 +286,10 @@ class LayerDriver:
         import json
         np.savez(case, config=json.dumps({"name": self.cfg.name, **self.cfg.to_dict()}), image=np.frombuffer(self.image(), np.uint8), xs=xs,
                  first=first, clears=clears, want=want, reset_at=-1 if plan.reset_at is None else plan.reset_at,
-                 abandon=plan.abandon, stall=plan.stall, seed=plan.seed)
+                 abandon=plan.abandon, stall=plan.stall, seed=plan.seed,
+                 token_cycles=plan.token_cycles)
         try:
-            get_runner(simulator).test(
+            _runner(simulator).test(
                 test_module="sim.cocotb.tb_layer", hdl_toplevel=(build_dir / ".toplevel").read_text(),
                 hdl_toplevel_lang="verilog",
                 build_dir=build_dir, test_dir=run_dir, waves=waves, timescale=("1ns", "1ps"),
@@ -283,8 +311,24 @@ class LayerDriver:
         if waves:       # Verilator dumps into the run directory, Icarus into the build directory
             found = [p for d in (run_dir, build_dir) for p in d.glob("*") if p.suffix in (".fst", ".vcd")]
             wave_file = max(found, key=lambda p: p.stat().st_mtime) if found else None
+        sim_cycles, sim_s = _sim_time(run_dir / "results.xml")
         return RunResult(want, z["idx"], z["got"], counters, z["token_cycles"], time.monotonic() - t0, problems,
-                         wave_file, z["out_cycles"] if "out_cycles" in z.files else None)
+                         wave_file, z["out_cycles"] if "out_cycles" in z.files else None, sim_cycles, sim_s)
+
+
+def _runner(simulator: str):
+    """cocotb's runner; for Verilator one that leaves --public-flat-rw out (see VERILATOR_PUBLIC)."""
+    from cocotb_tools.runner import Verilator, get_runner
+    if simulator != "verilator":
+        return get_runner(simulator)
+
+    class PortsPublicVerilator(Verilator):
+        def _build_command(self):
+            cmds = super()._build_command()
+            cmds[0] = [a for a in cmds[0] if a != "--public-flat-rw"]
+            return cmds
+
+    return PortsPublicVerilator()
 
 
 def write_gl_wrapper(netlist: Path, module: str, out: Path) -> str:
@@ -326,6 +370,19 @@ def _cell_models(kit) -> list[Path]:
     if isinstance(models, (str, Path)):
         models = [models]
     return [Path(p) for p in models]
+
+
+def _sim_time(results_xml: Path) -> tuple[int, float]:
+    """(clock cycles simulated, wall seconds) of the bench from cocotb's results file."""
+    import xml.etree.ElementTree as ET
+
+    from sim.cocotb.tb_layer import CLOCK_NS
+    try:
+        case = next(ET.parse(results_xml).iter("testcase"))
+    except (OSError, ET.ParseError, StopIteration):
+        return 0, 0.0
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    return int(float(props.get("sim_time_duration", 0)) // CLOCK_NS), float(case.get("time", 0))
 
 
 def _first_error(log: Path) -> str:

@@ -10,7 +10,12 @@
 
 Both sample the handshake in the ReadOnly phase of a cycle and change their
 outputs just after the rising edge, so they behave the same on Icarus and
-Verilator.  Ports are found by the Amaranth flattened names
+Verilator.  They run Python every clock cycle: fine for block benches.
+
+``EdgeStreamSource`` / ``EdgeStreamSink`` do the same jobs for long runs
+without per-cycle Python: they sleep on the other side's valid/ready edges
+and draw a random stall as a whole gap of cycles (one Timer), so Python runs
+a handful of times per item however long the design works on it.  Ports are found by the Amaranth flattened names
 ``<name>__valid``, ``<name>__ready``, ``<name>__payload``.
 """
 from __future__ import annotations
@@ -20,7 +25,8 @@ import random
 from collections import deque
 
 from amaranth.lib import data
-from cocotb.triggers import ReadOnly, RisingEdge
+import cocotb
+from cocotb.triggers import Event, FallingEdge, ReadOnly, RisingEdge, Timer
 
 
 class LayoutCodec:
@@ -155,3 +161,141 @@ class StreamMonitor:
             if ready and int(self.valid.value) == 1:
                 self.items.append(self.codec.unpack(int(self.payload.value)))
             await RisingEdge(self.clk)
+
+
+def stall_gap(rng: random.Random, p: float) -> int:
+    """Idle cycles before the next offer when each cycle stalls with probability ``p``
+    (geometric): what a per-cycle coin would give, drawn at once."""
+    gap = 0
+    while p > 0 and rng.random() < p:
+        gap += 1
+    return gap
+
+
+class EdgeStreamSource:
+    """Sends items on ``<prefix>__valid/__ready/__payload`` of a DUT input stream.
+
+    Before each item it waits ``stall_gap(stall)`` cycles (valid low), then
+    holds valid and the payload until a transfer; between items it sleeps on
+    the ready edge, not on the clock.  Outputs change half a cycle after a
+    rising edge (design inputs are stable around the edge, on any simulator)."""
+
+    def __init__(self, dut, prefix: str, clk, codec: LayoutCodec, rng: random.Random,
+                 clock_ns: int, stall: float = 0.0):
+        self.valid = getattr(dut, f"{prefix}__valid")
+        self.ready = getattr(dut, f"{prefix}__ready")
+        self.payload = getattr(dut, f"{prefix}__payload")
+        self.clk, self.codec, self.rng, self.clock_ns, self.stall = clk, codec, rng, clock_ns, stall
+        self.queue: deque = deque()
+        self.sent: list = []          # items the DUT took, in order
+        self._more, self._progress = Event(), Event()
+        self._task = None
+        self.valid.value = 0
+
+    def start(self):
+        self._task = cocotb.start_soon(self._run())
+        return self
+
+    def send(self, items):
+        self.queue.extend(items)
+        self._more.set()
+
+    def flush(self):
+        """Forget everything not yet taken and drop valid (what a producer does on reset)."""
+        if self._task is not None:
+            self._task.cancel()
+        self.queue.clear()
+        self.valid.value = 0
+        self.start()
+
+    async def wait_sent(self, n: int):
+        """Until ``n`` items were taken in total."""
+        while len(self.sent) < n:
+            self._progress.clear()
+            await self._progress.wait()
+
+    async def _run(self):
+        while True:
+            if not self.queue:
+                self._more.clear()
+                await self._more.wait()
+            item = self.queue.popleft()
+            await FallingEdge(self.clk)
+            gap = stall_gap(self.rng, self.stall)
+            if gap:
+                await Timer(gap * self.clock_ns, unit="ns")
+            self.payload.value = self.codec.pack(item)
+            self.valid.value = 1
+            while True:
+                await ReadOnly()
+                if int(self.ready.value):
+                    break
+                await RisingEdge(self.ready)
+                await FallingEdge(self.clk)
+            await RisingEdge(self.clk)          # the transfer
+            self.sent.append(item)
+            self.valid.value = 0
+            self._progress.set()
+
+
+class EdgeStreamSink:
+    """Takes items from ``<prefix>__valid/__ready/__payload`` of a DUT output stream.
+
+    With ``backpressure`` p, ready stays low for ``stall_gap(p)`` cycles after an
+    item is offered, then high for its transfer; with p = 0 ready is always high.
+    ``on_item(item)`` is called for each item as it is taken.  A payload or valid
+    that changes while an item waits for ready breaks the stream rule: it goes
+    to ``problems``."""
+
+    def __init__(self, dut, prefix: str, clk, codec: LayoutCodec, rng: random.Random,
+                 clock_ns: int, backpressure: float = 0.0, on_item=None):
+        self.valid = getattr(dut, f"{prefix}__valid")
+        self.ready = getattr(dut, f"{prefix}__ready")
+        self.payload = getattr(dut, f"{prefix}__payload")
+        self.clk, self.codec, self.rng, self.clock_ns = clk, codec, rng, clock_ns
+        self.backpressure, self.on_item = backpressure, on_item
+        self.items: list = []
+        self.problems: list[str] = []
+        self._progress = Event()
+        self._task = None
+        self.ready.value = int(backpressure == 0)
+
+    def start(self):
+        self._task = cocotb.start_soon(self._run())
+        return self
+
+    def restart(self):
+        """Drop a transfer in progress (the design was reset) and start over."""
+        if self._task is not None:
+            self._task.cancel()
+        self.ready.value = int(self.backpressure == 0)
+        self.start()
+
+    async def wait_items(self, n: int):
+        while len(self.items) < n:
+            self._progress.clear()
+            await self._progress.wait()
+
+    async def _run(self):
+        while True:
+            await ReadOnly()
+            if not int(self.valid.value):
+                await RisingEdge(self.valid)
+            await FallingEdge(self.clk)
+            offered = int(self.payload.value)
+            gap = stall_gap(self.rng, self.backpressure)
+            if gap:
+                await Timer(gap * self.clock_ns, unit="ns")
+            self.ready.value = 1
+            await ReadOnly()
+            if not int(self.valid.value) or int(self.payload.value) != offered:
+                self.problems.append(f"{self.valid._name}: valid or payload changed while waiting for ready")
+            bits = int(self.payload.value)
+            await RisingEdge(self.clk)          # the transfer
+            if self.backpressure:
+                self.ready.value = 0
+            item = self.codec.unpack(bits)
+            self.items.append(item)
+            self._progress.set()
+            if self.on_item is not None:
+                self.on_item(item)

@@ -1,5 +1,12 @@
 """cocotb bench of the layer chip (hw/layer.py): token streams, weight memory, Wishbone CSRs.
 
+The toplevel is sim/hdl/layer_sim.py LayerSimTop: the chip (RTL or gate-level
+netlist) with its weight memory in the HDL; the bench sets the memory's stall
+thresholds and seed and reads its counters.  Nothing here runs every clock
+cycle: the token streams wake on valid/ready edges and draw stalls as gaps
+(sim/cocotb/streams.py EdgeStreamSource/Sink), so a run costs the simulator's
+time plus a few Python wake-ups per token.
+
 Driven by sim/driver.py: the case (.npz in LAYER_CASE: config, weight image,
 tokens, stream ``first`` bits, CSR clears, the reset plan, the integer
 model's outputs) comes in, the result (.npz in LAYER_RESULT: every output
@@ -11,7 +18,9 @@ What the bench checks by itself (protocol, not values):
 * with CTRL.RUN clear the chip takes no token;
 * after the last input no extra output appears (none duplicated);
 * TOKENS, MACS and WEIGHT_BYTES agree with what the bench saw: outputs taken,
-  tokens x MACS_PER_TOKEN, bytes the weight memory served.
+  tokens x MACS_PER_TOKEN, bytes the weight memory served;
+* the weight memory saw no request the port contract forbids (its error flags);
+* the output stream keeps valid and payload while it waits for ready.
 It also compares each output with the model as it arrives, so a failing run
 stops at the first wrong token.
 """
@@ -25,17 +34,18 @@ import numpy as np
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly, RisingEdge
+from cocotb.triggers import ClockCycles, Event, FallingEdge, First, Lock, ReadOnly, RisingEdge, Timer
 from cocotb.utils import get_sim_time
 
 from hw.csr import CHIP_ID, COUNTERS, CTRL_CLEAR, CTRL_RUN, REGISTERS, config_words
 from hw.layer import token_in_layout, token_out_layout
 from moekda.config import config_from_dict
-from sim.cocotb.streams import LayoutCodec, StreamDriver, StreamMonitor
-from sim.cocotb.weight_memory import WeightMemory
+from sim.cocotb.streams import EdgeStreamSink, EdgeStreamSource, LayoutCodec
 
 
 CLOCK_NS = 10
+STALL = {"source": 0.3, "sink": 0.4, "req": 0.2, "resp": 0.2}   # per-cycle stall probabilities
+MEM_ERRORS = ("request address not aligned to the port", "request for zero beats", "read beyond the image")
 
 
 class Wishbone:
@@ -43,10 +53,15 @@ class Wishbone:
 
     def __init__(self, dut):
         self.dut = dut
+        self.lock = Lock()      # the output sink reads TOKEN_CYCLES while the stream writes CLEAR
         for s in ("cyc", "stb", "we", "adr", "dat_w", "sel"):
             getattr(dut, f"bus__{s}").value = 0
 
     async def _access(self, adr: int, we: int, value: int = 0) -> int:
+        async with self.lock:
+            return await self._cycle(adr, we, value)
+
+    async def _cycle(self, adr: int, we: int, value: int) -> int:
         d = self.dut
         await FallingEdge(d.clk)
         d.bus__cyc.value, d.bus__stb.value, d.bus__we.value = 1, 1, we
@@ -75,6 +90,7 @@ async def layer_run(dut):
     cfg = config_from_dict(json.loads(str(z["config"])), source=os.environ["LAYER_CASE"])
     xs, first, clears, want = z["xs"], z["first"], z["clears"], z["want"]
     reset_at, abandon, stall = int(z["reset_at"]), int(z["abandon"]), bool(z["stall"])
+    record_token_cycles = bool(z["token_cycles"]) if "token_cycles" in z.files else False
     T = len(xs)
     rng = random.Random(int(z["seed"]))
     problems: list[str] = []
@@ -83,26 +99,16 @@ async def layer_run(dut):
     cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns").start())
     # reset before anything samples the outputs: at gate level the flip-flops start as X
     dut.rst.value = 1
-    for s in ("i__valid", "o__ready", "wport__req__ready", "wport__resp__valid"):
+    for s in ("i__valid", "o__ready"):
         getattr(dut, s).value = 0
+    # the weight memory's stalls (HDL, per cycle); its random generator is seeded once
+    dut.mem_req_stall.value = round(256 * STALL["req"]) if stall else 0
+    dut.mem_resp_stall.value = round(256 * STALL["resp"]) if stall else 0
+    dut.mem_seed.value = rng.randrange(1, 1 << 32)
+    dut.mem_seed_load.value = 1
     await ClockCycles(dut.clk, 2)
+    dut.mem_seed_load.value = 0
     bus = Wishbone(dut)
-    src = StreamDriver(dut, "i", dut.clk, in_codec, rng, stall=0.3 if stall else 0.0)
-    sink = StreamMonitor(dut, "o", dut.clk, out_codec, rng, backpressure=0.4 if stall else 0.0)
-    cocotb.start_soon(src.run())
-    cocotb.start_soon(sink.run())
-    image = z["image"].tobytes()
-
-    def memory():
-        return WeightMemory(dut, image, cfg.hw.weight_port_bytes, cfg.hw.weight_port_latency,
-                            req_stall=0.2 if stall else 0.0, resp_stall=0.2 if stall else 0.0,
-                            seed=rng.randrange(1 << 30)).start()
-
-    async def reset():
-        dut.rst.value = 1
-        await ClockCycles(dut.clk, 3)
-        await FallingEdge(dut.clk)
-        dut.rst.value = 0
 
     def token(t):
         return {"x": [int(v) for v in xs[t]], "first": int(first[t])}
@@ -110,38 +116,48 @@ async def layer_run(dut):
     idx: list[int] = []         # input index of each output taken
     outputs: list[list[int]] = []
     out_cycles: list[int] = []  # clock cycle at which each output was collected
+    token_cycles: list[int] = []  # TOKEN_CYCLES read after each output (when recorded)
     seg = {"base": 0, "taken": 0, "sent_base": 0}   # the current segment (since the last reset)
+    failed = Event()
+    failure: list[str] = []
 
-    class Mismatch(Exception):
-        pass
+    def on_output(y):
+        t = seg["base"] + seg["taken"]
+        seg["taken"] += 1
+        idx.append(t)
+        outputs.append(y)
+        out_cycles.append(int(get_sim_time(unit="ns")) // CLOCK_NS)
+        if len(idx) % 256 == 0:
+            dut._log.info(f"{len(idx)} output tokens")
+        if t >= T:
+            failure.append(f"output {len(idx)} has no input (index {t})")
+        elif y != [int(v) for v in want[t]]:
+            failure.append(f"token {t}: first wrong output")
+        if failure:
+            failed.set()
+        elif record_token_cycles:
+            cocotb.start_soon(read_token_cycles())
 
-    def collect():
-        while seg["taken"] < len(sink.items):
-            t = seg["base"] + seg["taken"]
-            y = sink.items[seg["taken"]]
-            seg["taken"] += 1
-            idx.append(t)
-            outputs.append(y)
-            out_cycles.append(int(get_sim_time(unit="ns")) // CLOCK_NS)
-            if len(idx) % 64 == 0:
-                dut._log.info(f"{len(idx)} output tokens")
-            if t >= T:
-                raise Mismatch(f"output {len(idx)} has no input (index {t})")
-            if y != [int(v) for v in want[t]]:
-                raise Mismatch(f"token {t}: first wrong output")
+    async def read_token_cycles():
+        token_cycles.append(await bus.read("TOKEN_CYCLES"))
 
-    async def cycles(n):
-        for _ in range(n):
-            await RisingEdge(dut.clk)
-            collect()
+    src = EdgeStreamSource(dut, "i", dut.clk, in_codec, rng, CLOCK_NS, stall=STALL["source"] if stall else 0.0)
+    sink = EdgeStreamSink(dut, "o", dut.clk, out_codec, rng, CLOCK_NS,
+                          backpressure=STALL["sink"] if stall else 0.0, on_item=on_output)
+    src.start()
+    sink.start()
 
-    async def wait_outputs(n, limit=2_000_000):
-        for _ in range(limit):
-            collect()
-            if seg["taken"] >= n:
-                return
-            await RisingEdge(dut.clk)
-        raise AssertionError(f"timeout: {seg['taken']} of {n} outputs after {limit} cycles")
+    async def reset():
+        dut.rst.value = 1
+        await ClockCycles(dut.clk, 3)
+        await FallingEdge(dut.clk)
+        dut.rst.value = 0
+
+    def check_memory(when: str):
+        err = int(dut.mem_error.value)
+        for bit, what in enumerate(MEM_ERRORS):
+            if err >> bit & 1:
+                problems.append(f"weight memory {when}: {what}")
 
     async def stream(lo, hi):
         """Send tokens lo..hi-1, writing CTRL.CLEAR (after the previous token was taken)
@@ -150,14 +166,12 @@ async def layer_run(dut):
         while t < hi:
             end = next((c for c in range(t + 1, hi) if clears[c]), hi)
             src.send([token(k) for k in range(t, end)])
-            while seg["sent_base"] + len(src.sent) < end:
-                await cycles(1)
+            await src.wait_sent(end - seg["sent_base"])
             if end < hi:
                 await bus.write("CTRL", CTRL_RUN | CTRL_CLEAR)
             t = end
 
     async def body():
-        nonlocal mem
         await reset()
         # registers after reset: identity, configuration, RUN clear
         if await bus.read("ID") != CHIP_ID:
@@ -169,25 +183,24 @@ async def layer_run(dut):
         if await bus.read("CTRL") & CTRL_RUN:
             problems.append("RUN set after reset")
         src.send([token(0)])
-        await cycles(20)
+        await ClockCycles(dut.clk, 20)
         if src.sent:
             problems.append("the chip took a token with CTRL.RUN clear")
         await bus.write("CTRL", CTRL_RUN)
-        while not src.sent:
-            await cycles(1)
+        await src.wait_sent(1)
         seg_end = T if reset_at < 0 else reset_at
         await stream(1, seg_end)
-        await wait_outputs(seg_end)
+        await sink.wait_items(seg_end)
         if reset_at >= 0:
             # tokens reset_at.. are sent and the chip is reset with them inside
             resumed = reset_at + abandon
             await stream(reset_at, resumed)
-            await cycles(rng.randrange(10, 300))
+            await ClockCycles(dut.clk, rng.randrange(10, 300))
+            check_memory("before the reset")
             src.flush()
-            mem.stop()
-            await reset()
-            mem = memory()
-            await cycles(2)
+            await reset()          # the memory in the sim top is reset with the chip: nothing in flight
+            sink.restart()
+            await ClockCycles(dut.clk, 2)
             # outputs that made it out before the reset are recorded; start over at ``resumed``
             sink.items.clear()
             seg.update(base=resumed, taken=0, sent_base=resumed)
@@ -196,20 +209,23 @@ async def layer_run(dut):
             # the first token after the reset must start a new sequence by itself
             first[resumed] = False
             await stream(resumed, T)
-            await wait_outputs(T - resumed)
+            await sink.wait_items(T - resumed)
         # nothing more may come out
-        await cycles(200)
+        await ClockCycles(dut.clk, 200)
         if len(sink.items) != T - seg["base"]:
             problems.append(f"{len(sink.items) - (T - seg['base'])} extra output tokens after the last input")
 
-    mem = memory()
-    failure = None
-    try:
-        await body()
-    except Mismatch as e:
-        failure = str(e)
+    # a generous bound so a hung chip ends the run: a million cycles per token
+    limit = Timer((T + 4) * 1_000_000 * CLOCK_NS, unit="ns")
+    task = cocotb.start_soon(body())
+    await First(task, failed.wait(), limit)
+    if not task.done():
+        task.cancel()
+        if not failure:
+            failure.append(f"timeout: {len(idx)} outputs of {T} inputs")
     counters = {}
-    if failure is None:
+    if not failure:
+        await ClockCycles(dut.clk, 20)      # a TOKEN_CYCLES read still in flight
         status = await bus.read("STATUS")
         if status & 1:
             problems.append(f"STATUS.BUSY set after the last token (STATUS {status:#x})")
@@ -219,14 +235,22 @@ async def layer_run(dut):
             problems.append(f"TOKENS = {counters['TOKENS']}, {seg_tokens} outputs taken since reset")
         if counters["MACS"] != (seg_tokens * counters["MACS_PER_TOKEN"]) & 0xFFFF_FFFF:
             problems.append(f"MACS = {counters['MACS']} != TOKENS x MACS_PER_TOKEN")
-        if counters["WEIGHT_BYTES"] != mem.counters.bytes & 0xFFFF_FFFF:
-            problems.append(f"WEIGHT_BYTES = {counters['WEIGHT_BYTES']}, the memory served {mem.counters.bytes}")
-        counters["MEMORY_BYTES"] = mem.counters.bytes
+        served = int(dut.mem_bytes.value)
+        if counters["WEIGHT_BYTES"] != served & 0xFFFF_FFFF:
+            problems.append(f"WEIGHT_BYTES = {counters['WEIGHT_BYTES']}, the memory served {served}")
+        if served != int(dut.mem_beats.value) * cfg.hw.weight_port_bytes:
+            problems.append(f"the memory's byte and beat counters disagree")
+        counters["MEMORY_BYTES"] = served
+        counters["MEMORY_REQUESTS"] = int(dut.mem_requests.value)
+        check_memory("at the end")
+    problems += sink.problems
+    if not token_cycles:
+        token_cycles = [counters.get("TOKEN_CYCLES", 0)]
     np.savez(os.environ["LAYER_RESULT"], idx=np.array(idx, np.int64),
              got=np.array(outputs, np.int64).reshape(len(idx), want.shape[1]),
              counter_names=np.array(list(counters), dtype=str),
              counter_values=np.array(list(counters.values()), np.int64),
-             token_cycles=np.array([counters.get("TOKEN_CYCLES", 0)], np.int64),
+             token_cycles=np.array(token_cycles, np.int64),
              out_cycles=np.array(out_cycles, np.int64),
              bench_problems=np.array(problems, dtype=str))
-    assert failure is None and not problems, failure or "; ".join(problems)
+    assert not failure and not problems, (failure or problems)[0]

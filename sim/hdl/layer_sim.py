@@ -1,0 +1,73 @@
+"""LayerSimTop: the layer chip with its weight memory, the top the layer bench simulates.
+
+Not part of the chip.  The chip is instantiated by module name (``chip_module``)
+with the port names of hw/layer.py LayerTop's flattened signature, so the same
+top wraps the RTL generated from the model (module ``layer``), an RTL file,
+or the gate-level netlist behind sim/driver.py's vector-port wrapper
+(``layer_gl``): one bench for all three.  The weight port is answered by
+HdlWeightMemory (sim/hdl/weight_memory.py) filled with the layer's image;
+the token streams and the Wishbone bus stay the bench's.
+
+Ports: ``i``, ``o``, ``bus`` as the chip's; ``mem_*`` are the memory's stall
+thresholds, seed and counters (HdlWeightMemory).
+"""
+from __future__ import annotations
+
+from amaranth import ClockSignal, Instance, Module, ResetSignal, Value
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out, connect
+
+from hw.csr import WishboneSignature
+from hw.layer import LayerTop, token_in_layout, token_out_layout
+from sim.hdl.weight_memory import COUNT_BITS, STALL_BITS, HdlWeightMemory
+
+
+def chip_signature(cfg) -> wiring.Signature:
+    """The chip's port signature (LayerTop's: no quantised layer needed to know it)."""
+    chip = LayerTop(cfg, None)
+    chip._MustUse__silence = True       # built for its signature only, never elaborated
+    return chip.signature
+
+
+class LayerSimTop(wiring.Component):
+    def __init__(self, cfg, image: bytes, chip_module: str = "layer", max_outstanding: int = 8):
+        self.cfg, self.image, self.chip_module = cfg, bytes(image), chip_module
+        self.max_outstanding = max_outstanding
+        super().__init__({
+            "i": In(stream.Signature(token_in_layout(cfg))),
+            "o": Out(stream.Signature(token_out_layout(cfg))),
+            "bus": In(WishboneSignature()),
+            "mem_seed": In(32), "mem_seed_load": In(1),
+            "mem_req_stall": In(STALL_BITS), "mem_resp_stall": In(STALL_BITS),
+            "mem_requests": Out(COUNT_BITS), "mem_beats": Out(COUNT_BITS), "mem_bytes": Out(COUNT_BITS),
+            "mem_error": Out(3),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.cfg
+        m.submodules.mem = mem = HdlWeightMemory(self.image, cfg.hw.weight_port_bytes,
+                                                 cfg.hw.weight_port_latency, self.max_outstanding)
+        sig = chip_signature(cfg)
+        chip = sig.create(path=("chip",))
+        ports = {"i_clk": ClockSignal(), "i_rst": ResetSignal()}
+        for path, member, value in sig.flatten(chip):
+            name = "__".join(str(p) for p in path)
+            ports[("i_" if member.flow == In else "o_") + name] = Value.cast(value)
+        m.submodules.chip = Instance(self.chip_module, **ports)
+
+        connect(m, wiring.flipped(self.i), chip.i)
+        connect(m, chip.o, wiring.flipped(self.o))
+        connect(m, wiring.flipped(self.bus), chip.bus)
+        connect(m, chip.wport.req, mem.req)
+        connect(m, mem.resp, chip.wport.resp)
+        m.d.comb += [mem.seed.eq(self.mem_seed), mem.seed_load.eq(self.mem_seed_load),
+                     mem.req_stall.eq(self.mem_req_stall), mem.resp_stall.eq(self.mem_resp_stall),
+                     self.mem_requests.eq(mem.requests), self.mem_beats.eq(mem.beats),
+                     self.mem_bytes.eq(mem.bytes), self.mem_error.eq(mem.error)]
+        return m
+
+
+def sim_top_verilog(cfg, image: bytes, chip_module: str = "layer", name: str = "layer_sim") -> str:
+    from amaranth.back import verilog
+    return verilog.convert(LayerSimTop(cfg, image, chip_module), name=name, emit_src=False)
