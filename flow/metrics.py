@@ -2,7 +2,9 @@
 
 Names follow ORFS/OpenROAD's metrics (``stage__object__quantity``, a
 qualifier after a colon): synth__design__instance__area, timing__setup__ws,
-power__total, and per block ``synth__design__instance__area__block:<name>``.
+power__total, per block ``synth__design__instance__area__block:<name>`` and,
+for the chip top, per functional category (flow/categories.py)
+``synth__design__instance__area__category:<key>``.
 Units are fixed and written into the file under "units".
 
 Every value is read back from the raw reports (synth_stat.json, the STA
@@ -15,6 +17,7 @@ import json
 import math
 from pathlib import Path
 
+from flow.categories import category_areas
 from flow.paths import BuildPaths
 from flow.sdc import Constraints
 from flow.sta import IO_SHARE, REPORTS, parse_endpoints, parse_paths, parse_power, parse_summary
@@ -65,9 +68,15 @@ def compute(paths: BuildPaths, liberty: Path, cons: Constraints, config_name: st
     m["synth__design__instance__count__sequential"] = sum(
         n for c, n in stats.flat_cells().items() if c in stats.sequential)
     m["synth__block_split__source"] = "hierarchical pass" if flatten else "this netlist"
-    for block, (area, cells, _seq) in block_areas(split_stats(paths, liberty, flatten)).items():
+    split = split_stats(paths, liberty, flatten)
+    for block, (area, cells, _seq) in block_areas(split).items():
         m[f"synth__design__instance__area__block:{block}"] = round(area, 3)
         m[f"synth__design__instance__count__block:{block}"] = cells
+    if not paths.block:   # the categories describe the chip's hierarchy (flow/categories.py)
+        for key, cat in category_areas(split).items():
+            m[f"synth__design__instance__area__category:{key}"] = round(cat.area, 3)
+            m[f"synth__design__instance__count__category:{key}"] = cat.cells
+            m[f"synth__design__instance__area__sequential__category:{key}"] = round(cat.sequential, 3)
 
     summary = parse_summary(_read(paths, "summary"))
     m["timing__setup__ws"] = summary["worst slack"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from flow.categories import UNMAPPED, category_areas, titles
 from flow.metrics import block_areas, read as read_metrics, split_stats
 from flow.orfs_reference import ORFS_NOTES, read_orfs_designs
 from flow.paths import BuildPaths
@@ -142,6 +143,29 @@ def _area_section(stats: SynthStats, m: dict, reports: Path) -> list[str]:
     return lines
 
 
+def _category_section(stats: SynthStats) -> list[str]:
+    """Area by the issue's functional categories, from the declared table in flow/categories.py."""
+    cats = category_areas(stats)
+    total = stats.area() or 1.0
+    names = titles()
+    rows = [[names[k], f"`{k}`", _fmt(c.area, 1), f"{100 * c.area / total:.1f} %", _fmt(c.cells),
+             _fmt(c.sequential, 1), ", ".join(f"`{p}`" for p in c.instances) or "-"]
+            for k, c in cats.items()]
+    rows.append(["**total**", "", _fmt(sum(c.area for c in cats.values()), 1), "100 %",
+                 _fmt(sum(c.cells for c in cats.values())), _fmt(sum(c.sequential for c in cats.values()), 1), ""])
+    lines = ["## Area by category", "",
+             "Each instance's own cells (not its children's) go to the first category of the table "
+             "in `flow/categories.py` whose pattern matches its path; `unmapped` collects the rest "
+             "and is always listed.  **KDA state** is the named submodule `kda/delta/mem` "
+             "(hw/kda_state.py: the state registers with their write decode and read mux); the "
+             "delta rule's arithmetic is KDA datapath.  The top's own logic `(top)` (the token "
+             "buffers of both stages, their FSMs and counters) is counted with the residual adds.  "
+             "metrics.json: `synth__design__instance__area__category:<key>`.", ""]
+    if cats[UNMAPPED].cells:
+        lines += [f"**{cats[UNMAPPED].cells} cells are unmapped**: extend the table in flow/categories.py.", ""]
+    return lines + _table(["category", "key", "area um²", "share", "cells", "sequential um²", "instances"], rows)
+
+
 def _cell_section(stats: SynthStats) -> list[str]:
     cells = stats.flat_cells()
     total = stats.area() or 1.0
@@ -241,7 +265,10 @@ def build_report(paths: BuildPaths, liberty: Path) -> Path:
              + ", ".join(f"{k.split('__')[1]} {v:.1f} s" for k, v in m.items()
                          if k.startswith("flow__") and k.endswith("__seconds")) + ".", ""]
     lines += _summary(m)
-    lines += _area_section(split_stats(paths, liberty, bool(m.get("flow__synth__flatten"))), m, paths.reports)
+    split = split_stats(paths, liberty, bool(m.get("flow__synth__flatten")))
+    lines += _area_section(split, m, paths.reports)
+    if not paths.block:
+        lines += _category_section(split)
     lines += _cell_section(stats)
     lines += _timing_section(m, paths, registers)
     lines += _power_section(m)

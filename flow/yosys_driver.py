@@ -10,6 +10,10 @@ While it runs, ``on_pass`` is called with each top-level pass header
 and sub-pass header ("12. Executing ABC pass.", "3.25. Executing MEMORY_MAP
 pass.") so the caller can show progress inside a long synthesis.
 
+At the end the log gets a table of wall time per pass (the time from one
+pass header to the next, summed by pass name, and per top-level script
+command), so a slow synthesis says where its time went.
+
 ``python -m flow.yosys_driver SCRIPT`` is the child side of the pyosys path.
 """
 from __future__ import annotations
@@ -30,6 +34,45 @@ from flow.errors import FlowError
 # MEMORY_MAP pass ..." at the start of a line
 _PASS_HEADER = re.compile(r"^(\d+(?:\.\d+)*)\. (Executing .*?|Printing statistics)\.?\s*$")
 _ERROR = re.compile(r"^ERROR: (.*)$")
+_PASS_NAME = re.compile(r"Executing (\S+)")
+PASS_TABLE_ROWS = 15
+
+
+class PassClock:
+    """Wall time per Yosys pass, from the pass headers as they stream by."""
+
+    def __init__(self):
+        self.by_pass: dict[str, float] = {}      # leaf pass name -> seconds (all its runs)
+        self.by_command: dict[str, float] = {}   # top-level script command "7. ABC" -> seconds
+        self._open: tuple[str, str, float] | None = None   # (pass, command, start)
+
+    @staticmethod
+    def _names(number: str, text: str) -> tuple[str, str]:
+        m = _PASS_NAME.match(text)
+        name = m.group(1).upper() if m else text.split()[0].upper()
+        return name, f"{number.split('.')[0]}. {name}"
+
+    def header(self, number: str, text: str, now: float) -> None:
+        name, command = self._names(number, text)
+        if "." in number and self._open:   # a sub-pass: keep the command of its parent
+            command = self._open[1]
+        self.close(now)
+        self._open = (name, command, now)
+
+    def close(self, now: float) -> None:
+        if self._open:
+            name, command, t0 = self._open
+            self.by_pass[name] = self.by_pass.get(name, 0.0) + now - t0
+            self.by_command[command] = self.by_command.get(command, 0.0) + now - t0
+            self._open = None
+
+    def table(self) -> str:
+        rows = ["# wall time per script command (s):"]
+        rows += [f"#   {t:8.1f}  {c}" for c, t in self.by_command.items()]
+        rows.append(f"# wall time per pass, the {PASS_TABLE_ROWS} largest (s):")
+        rows += [f"#   {t:8.1f}  {p}" for p, t in
+                 sorted(self.by_pass.items(), key=lambda kv: -kv[1])[:PASS_TABLE_ROWS]]
+        return "\n".join(rows) + "\n"
 
 
 def yosys_command(script: Path) -> tuple[list[str], str]:
@@ -58,6 +101,7 @@ def run_yosys(script: Path, log: Path, timeout_s: float = 3600.0,
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     last_error = None
+    clock = PassClock()
     with open(log, "w") as out:
         out.write(f"# engine: {engine}\n# command: {' '.join(cmd)}\n")
         out.flush()
@@ -70,12 +114,16 @@ def run_yosys(script: Path, log: Path, timeout_s: float = 3600.0,
             for line in proc.stdout:
                 out.write(line)
                 m = _PASS_HEADER.match(line)
-                if m and on_pass:
-                    on_pass(m.group(2))
+                if m:
+                    clock.header(m.group(1), m.group(2), time.monotonic())
+                    if on_pass:
+                        on_pass(m.group(2))
                 e = _ERROR.match(line)
                 if e:
                     last_error = e.group(1).strip()
             proc.wait()
+            clock.close(time.monotonic())
+            out.write(clock.table())
         finally:
             watchdog.cancel()
             if proc.poll() is None:

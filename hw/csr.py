@@ -43,6 +43,8 @@ from amaranth import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from hw.counter import ChunkedCounter
+
 ADDR_BITS = 6
 DATA_BITS = 32
 CHIP_ID = 0x4D4B4441
@@ -118,22 +120,21 @@ class LayerCsr(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         bus = self.bus
-        counters = {name: Signal(DATA_BITS, name=name.lower()) for name in COUNTERS if name != "TOKEN_CYCLES"}
+        # chunked counters (hw/counter.py): a 32-bit add in one cycle does not fit the clock
+        steps = {"CYCLES": 1, "BUSY_CYCLES": 1, "TOKENS": 1, "MACS": self.macs_per_token,
+                 "WEIGHT_BYTES": self.port_bytes}
+        counters = {name: ChunkedCounter(DATA_BITS, step, name=name.lower()) for name, step in steps.items()}
         run = Signal()
         m.d.comb += self.run.eq(run)
 
         zero = Signal()
-        with m.If(zero):
-            m.d.sync += [c.eq(0) for c in counters.values()]
-        with m.Else():
-            m.d.sync += counters["CYCLES"].eq(counters["CYCLES"] + 1)
-            with m.If(self.busy):
-                m.d.sync += counters["BUSY_CYCLES"].eq(counters["BUSY_CYCLES"] + 1)
-            with m.If(self.ev_token):
-                m.d.sync += [counters["TOKENS"].eq(counters["TOKENS"] + 1),
-                             counters["MACS"].eq(counters["MACS"] + self.macs_per_token)]
-            with m.If(self.ev_beat):
-                m.d.sync += counters["WEIGHT_BYTES"].eq(counters["WEIGHT_BYTES"] + self.port_bytes)
+        events = {"CYCLES": 1, "BUSY_CYCLES": self.busy, "TOKENS": self.ev_token, "MACS": self.ev_token,
+                  "WEIGHT_BYTES": self.ev_beat}
+        for name, counter in counters.items():
+            m.d.comb += counter.inc.eq(events[name])
+            counter.load(zero, 0)
+            counter.elaborate(m)
+        counters = {name: c.value for name, c in counters.items()}
 
         readable = {REGISTERS[name]: sig for name, sig in counters.items()}
         readable[REGISTERS["TOKEN_CYCLES"]] = self.token_cycles

@@ -43,6 +43,7 @@ from amaranth import Array, Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
+from hw.counter import ChunkedCounter
 from hw.csr import LayerCsr, WishboneSignature
 from hw.kda import KdaUnit
 from hw.kda_norm import Normalizer
@@ -102,8 +103,8 @@ class LayerTop(wiring.Component):
         period = cfg.hw.clock_period_ns
         m.submodules.norm1 = norm1 = Normalizer(fm, d, rb, ss_bits, [q.attn_norm], a, clock_period_ns=period)
         m.submodules.norm2 = norm2 = Normalizer(fm, d, rb, ss_bits, [q.mlp_norm], a, clock_period_ns=period)
-        m.submodules.res1 = res1 = ResidualAdd(q.res1, rb, a, rb, d)
-        m.submodules.res2 = res2 = ResidualAdd(q.res2, rb, moe.out_bits, rb, d)
+        m.submodules.res1 = res1 = ResidualAdd(q.res1, rb, a, rb, d, clock_period_ns=period)
+        m.submodules.res2 = res2 = ResidualAdd(q.res2, rb, moe.out_bits, rb, d, clock_period_ns=period)
         m.submodules.csr = csr = LayerCsr(cfg, macs_per_token(cfg))
         connect(m, wiring.flipped(self.bus), csr.bus)
 
@@ -115,11 +116,11 @@ class LayerTop(wiring.Component):
         NB = [Signal(signed(a), name=f"nb{n}") for n in range(d)]     # hn
         first = Signal()
         clear_pending = Signal(init=1)
-        ridx_a, ridx_b = Signal(range(d)), Signal(range(d))
-        lat_a, lat_b = Signal(32), Signal(32)   # cycles since the stage's token was accepted
+        # cycles since the stage's token was accepted (chunked: no 32-bit carry chain)
+        lat_a, lat_b = ChunkedCounter(32, name="lat_a"), ChunkedCounter(32, name="lat_b")
         token_cycles = Signal(32)
-        busy_a, busy_b = Signal(), Signal()
         handoff = Signal()                      # h moves from stage A to stage B this cycle
+        stage_b_idle = Signal()
 
         m.d.comb += norm1.rd_x.eq(Array(XA)[norm1.rd_idx])
         with m.If(norm1.wr_en):
@@ -127,17 +128,17 @@ class LayerTop(wiring.Component):
         m.d.comb += norm2.rd_x.eq(Array(HB)[norm2.rd_idx])
         with m.If(norm2.wr_en):
             m.d.sync += Array(NB)[norm2.wr_idx].eq(norm2.wr_y)
-        # residual adds: element i is read two cycles before it is written back, so the
-        # sum can replace its own input (x by h, h by y); the block's output stays on its
-        # stream (ready low) until the last element is read
-        m.d.comb += [res1.idx.eq(ridx_a), res1.a.eq(Array(XA)[ridx_a]), res1.b.eq(kda.o.payload[ridx_a]),
-                     res2.idx.eq(ridx_b), res2.a.eq(Array(HB)[ridx_b]), res2.b.eq(moe.out.payload[ridx_b])]
+        # residual adds: they select element idx themselves (a pipelined mux) and write it
+        # back a fixed number of cycles later, so the sum replaces its own input (x by h,
+        # h by y); the block's output stays on its stream (ready low) until the last write
+        m.d.comb += [res1.a.eq(Cat(*XA)), res1.b.eq(kda.o.payload),
+                     res2.a.eq(Cat(*HB)), res2.b.eq(moe.out.payload)]
         with m.If(res1.wr_en):
             m.d.sync += Array(XA)[res1.wr_idx].eq(res1.wr_y)
         with m.If(res2.wr_en):
             m.d.sync += Array(HB)[res2.wr_idx].eq(res2.wr_y)
         with m.If(handoff):
-            m.d.sync += [Cat(*HB).eq(Cat(*XA)), lat_b.eq(lat_a + 1)]
+            m.d.sync += Cat(*HB).eq(Cat(*XA))
 
         m.d.comb += [kda.i.payload.x.eq(Cat(*NA)), kda.i.payload.first.eq(first),
                      moe.tokens.payload.eq(Cat(*NB)), self.o.payload.eq(Cat(*HB))]
@@ -147,87 +148,41 @@ class LayerTop(wiring.Component):
             m.d.sync += clear_pending.eq(0)
         with m.Elif(csr.clear):
             m.d.sync += clear_pending.eq(1)
-        with m.If(busy_a):
-            m.d.sync += lat_a.eq(lat_a + 1)
-        with m.If(busy_b & ~handoff):
-            m.d.sync += lat_b.eq(lat_b + 1)
 
-        b_idle = Signal()
-        with m.FSM(name="stage_a"):
+        with m.FSM(name="stage_a") as stage_a:
             with m.State("IDLE"):
                 m.d.comb += self.i.ready.eq(csr.run)
                 with m.If(accept):
                     m.d.sync += [Cat(*XA).eq(self.i.payload.x),
-                                 first.eq(self.i.payload.first | clear_pending | csr.clear),
-                                 lat_a.eq(1)]
+                                 first.eq(self.i.payload.first | clear_pending | csr.clear)]
                     m.next = "NORM_START"
-            with m.State("NORM_START"):
-                m.d.comb += [busy_a.eq(1), norm1.start.eq(1)]
-                m.next = "NORM_WAIT"
-            with m.State("NORM_WAIT"):
-                m.d.comb += busy_a.eq(1)
-                with m.If(~norm1.busy):
-                    m.next = "KDA_SEND"
-            with m.State("KDA_SEND"):
-                m.d.comb += [busy_a.eq(1), kda.i.valid.eq(1)]
-                with m.If(kda.i.ready):
-                    m.next = "KDA_WAIT"
-            with m.State("KDA_WAIT"):
-                m.d.comb += busy_a.eq(1)
-                with m.If(kda.o.valid):
-                    m.d.sync += ridx_a.eq(0)
-                    m.next = "RES"
-            with m.State("RES"):
-                m.d.comb += [busy_a.eq(1), res1.valid.eq(1)]
-                m.d.sync += ridx_a.eq(ridx_a + 1)
-                with m.If(ridx_a == d - 1):
-                    m.next = "RES_DRAIN"
-            with m.State("RES_DRAIN"):
-                m.d.comb += busy_a.eq(1)
-                with m.If(res1.wr_en & (res1.wr_idx == d - 1)):
-                    m.d.comb += kda.o.ready.eq(1)        # the KDA output is used up
-                    m.next = "HOLD"
+            _norm_unit_residual(m, d, norm1, kda.i, kda.o, res1, then="HOLD", name="stage_a")
             with m.State("HOLD"):                         # h waits for stage B
-                m.d.comb += [busy_a.eq(1), handoff.eq(b_idle)]
-                with m.If(b_idle):
+                m.d.comb += handoff.eq(stage_b_idle)
+                with m.If(stage_b_idle):
                     m.next = "IDLE"
 
-        with m.FSM(name="stage_b"):
+        with m.FSM(name="stage_b") as stage_b:
             with m.State("IDLE"):
-                m.d.comb += b_idle.eq(1)
                 with m.If(handoff):
                     m.next = "NORM_START"
-            with m.State("NORM_START"):
-                m.d.comb += [busy_b.eq(1), norm2.start.eq(1)]
-                m.next = "NORM_WAIT"
-            with m.State("NORM_WAIT"):
-                m.d.comb += busy_b.eq(1)
-                with m.If(~norm2.busy):
-                    m.next = "MOE_SEND"
-            with m.State("MOE_SEND"):
-                m.d.comb += [busy_b.eq(1), moe.tokens.valid.eq(1)]
-                with m.If(moe.tokens.ready):
-                    m.next = "MOE_WAIT"
-            with m.State("MOE_WAIT"):
-                m.d.comb += busy_b.eq(1)
-                with m.If(moe.out.valid):
-                    m.d.sync += ridx_b.eq(0)
-                    m.next = "RES"
-            with m.State("RES"):
-                m.d.comb += [busy_b.eq(1), res2.valid.eq(1)]
-                m.d.sync += ridx_b.eq(ridx_b + 1)
-                with m.If(ridx_b == d - 1):
-                    m.next = "RES_DRAIN"
-            with m.State("RES_DRAIN"):
-                m.d.comb += busy_b.eq(1)
-                with m.If(res2.wr_en & (res2.wr_idx == d - 1)):
-                    m.d.comb += moe.out.ready.eq(1)
-                    m.d.sync += token_cycles.eq(lat_b + 1)
-                    m.next = "OUTPUT"
+            done_b = _norm_unit_residual(m, d, norm2, moe.tokens, moe.out, res2, then="OUTPUT", name="stage_b")
             with m.State("OUTPUT"):
-                m.d.comb += [busy_b.eq(1), self.o.valid.eq(1)]
+                m.d.comb += self.o.valid.eq(1)
                 with m.If(self.o.ready):
                     m.next = "IDLE"
+
+        busy_a, busy_b = ~stage_a.ongoing("IDLE"), ~stage_b.ongoing("IDLE")
+        m.d.comb += stage_b_idle.eq(stage_b.ongoing("IDLE"))
+        # a stage counts every cycle it is not idle, the cycle of its last step included,
+        # so "lat + 1" at the handoff and at the end is the counter's own next value
+        m.d.comb += [lat_a.inc.eq(busy_a), lat_b.inc.eq(busy_b)]
+        lat_a.load(accept, 1)
+        lat_b.load(handoff, lat_a.next)
+        lat_a.elaborate(m)
+        lat_b.elaborate(m)
+        with m.If(done_b):
+            m.d.sync += token_cycles.eq(lat_b.next)
 
         m.d.comb += [csr.busy.eq(busy_a | busy_b), csr.clear_pending.eq(clear_pending),
                      csr.in_waiting.eq(self.i.valid), csr.out_waiting.eq(self.o.valid),
@@ -235,6 +190,41 @@ class LayerTop(wiring.Component):
                      csr.ev_beat.eq(self.wport.resp.valid & self.wport.resp.ready),
                      csr.token_cycles.eq(token_cycles)]
         return m
+
+
+def _norm_unit_residual(m, d: int, norm, unit_in, unit_out, res, then: str, name: str) -> Signal:
+    """The states one stage runs per token, inside the caller's FSM, from NORM_START to
+    ``then``: RMSNorm of the stage's vector, the block (``unit_in`` takes the normalised
+    vector, ``unit_out`` gives the branch output), then the residual add over all d
+    elements.  Returns ``done``: high in the cycle the last sum is written back, which
+    is also when the block's output is released."""
+    idx = Signal(range(d), name=f"{name}_idx")
+    done = Signal()
+    m.d.comb += res.idx.eq(idx)
+    with m.State("NORM_START"):
+        m.d.comb += norm.start.eq(1)
+        m.next = "NORM_WAIT"
+    with m.State("NORM_WAIT"):
+        with m.If(~norm.busy):
+            m.next = "SEND"
+    with m.State("SEND"):
+        m.d.comb += unit_in.valid.eq(1)
+        with m.If(unit_in.ready):
+            m.next = "WAIT"
+    with m.State("WAIT"):
+        with m.If(unit_out.valid):
+            m.d.sync += idx.eq(0)
+            m.next = "RES"
+    with m.State("RES"):
+        m.d.comb += res.valid.eq(1)
+        m.d.sync += idx.eq(idx + 1)
+        with m.If(idx == d - 1):
+            m.next = "RES_DRAIN"
+    with m.State("RES_DRAIN"):
+        with m.If(res.wr_en & (res.wr_idx == d - 1)):
+            m.d.comb += [done.eq(1), unit_out.ready.eq(1)]   # the block's output is used up
+            m.next = then
+    return done
 
 
 def default_qlayer(cfg, seed: int = 0):

@@ -1,0 +1,119 @@
+"""Area by functional category (issue 7): the one table that maps the chip's
+instance hierarchy onto the categories the area report is asked for.
+
+A category owns instance paths (``kda/engine``, ``norm1/rsqrt``; ``(top)`` is
+the top module's own logic) by pattern: one ``/``-separated segment per
+level, shell wildcards inside a segment, and a final ``**`` for "this
+instance and everything below it".  Each instance's OWN cells (not its
+children's) go to the first category whose pattern matches, so a block is
+never counted twice.  An instance no pattern matches goes to ``unmapped``,
+which the report and metrics.json always show (never silently dropped), and
+flow/tests/test_categories.py fails when the elaborated layer has one: a
+renamed block breaks the test, not the report.
+
+KDA state is the named submodule ``kda/delta/mem`` (hw/kda_state.py,
+StateMemory: the state registers with their write decode and read mux);
+the rest of the delta rule (its arithmetic) is KDA datapath.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+from flow.synth import SynthStats
+
+TOP = "(top)"
+UNMAPPED = "unmapped"
+
+
+@dataclass(frozen=True)
+class Category:
+    key: str             # the metrics.json qualifier: ...__category:<key>
+    title: str
+    patterns: tuple[str, ...]
+
+
+CATEGORIES: tuple[Category, ...] = (
+    Category("engine", "matrix-vector engine",
+             ("kda/engine/**",            # the KDA's projections (hw/matvec.py)
+              "moe/engine*/**",           # the MoE's projections on engine instances
+              "moe/mac/**")),             # the MoE's interim lane MAC (hw/moe_mac.py)
+    Category("kda_state", "KDA state",
+             ("kda/delta/mem/**",)),
+    Category("norms", "norms (RMSNorm, q/k/o norms, rsqrt)",
+             ("norm1/**", "norm2/**", "kda/norm/**")),
+    Category("kda_datapath", "KDA datapath",
+             ("kda", "kda/delta/**", "kda/conv/**", "kda/lut_*/**")),
+    Category("router_topk", "router and top-k",
+             ("moe/route/**", "moe/topk/**", "moe/score_lut/**")),
+    Category("experts", "experts' datapath (MoE control, SiLU, combine)",
+             ("moe", "moe/silu_lut/**")),
+    Category("residual", "token buffers and residual adds (top)",
+             (TOP, "res1/**", "res2/**")),
+    Category("control", "control (weight arbiter, CSRs)",
+             ("arbiter/**", "csr/**")),
+)
+
+
+def _matches(pattern: str, path: str) -> bool:
+    pat, parts = pattern.split("/"), path.split("/")
+    if pat[-1] == "**":
+        pat = pat[:-1]
+        if len(parts) < len(pat):
+            return False
+        parts = parts[:len(pat)]
+    return len(pat) == len(parts) and all(fnmatchcase(s, p) for s, p in zip(parts, pat))
+
+
+def category_of(path: str) -> str:
+    """The key of the first category with a pattern matching ``path``, else ``unmapped``.
+    ``path`` is an instance path (a/b/c, ``#i`` suffixes of repeated instances ignored)."""
+    clean = "/".join(part.split("#", 1)[0] for part in path.split("/"))
+    for cat in CATEGORIES:
+        if any(_matches(p, clean) for p in cat.patterns):
+            return cat.key
+    return UNMAPPED
+
+
+def titles() -> dict[str, str]:
+    return {**{c.key: c.title for c in CATEGORIES}, UNMAPPED: "unmapped (no pattern matches)"}
+
+
+@dataclass
+class CategoryArea:
+    area: float = 0.0
+    cells: int = 0
+    sequential: float = 0.0
+    instances: list[str] | None = None
+
+
+def category_areas(stats: SynthStats) -> dict[str, CategoryArea]:
+    """Category key -> own area, cells, sequential area and the instances counted, for
+    every category in table order, then ``unmapped`` (always present)."""
+    out = {c.key: CategoryArea(instances=[]) for c in CATEGORIES}
+    out[UNMAPPED] = CategoryArea(instances=[])
+    for path, module in [(TOP, stats.top)] + stats.instances():
+        own = stats.modules[module].cells
+        entry = out[category_of(path)]
+        entry.area += sum(n * stats.cell_area[c] for c, n in own.items())
+        entry.cells += sum(own.values())
+        entry.sequential += sum(n * stats.cell_area[c] for c, n in own.items() if c in stats.sequential)
+        entry.instances.append(path)
+    return out
+
+
+def elaborated_instances(elaboratable) -> list[str]:
+    """Instance paths of every Amaranth submodule below ``elaboratable`` (those that
+    become Verilog modules, so the instances synthesis reports), without synthesis."""
+    from amaranth.hdl import Fragment
+    out = []
+
+    def walk(frag, prefix):
+        for sub, name, _loc in frag.subfragments:
+            if type(sub) is not Fragment:      # memories, instances: no module of their own
+                continue
+            path = prefix + str(name)
+            out.append(path)
+            walk(sub, path + "/")
+    walk(Fragment.get(elaboratable, None), "")
+    return out
