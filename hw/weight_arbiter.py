@@ -78,7 +78,9 @@ class WeightArbiter(wiring.Component):
 
         # ---- response side: beats go to the port at the head of the order queue -----------
         head = data.View(entry, order.r_data)
-        count = Signal(BEATS_BITS)
+        # the number of the arriving beat, counted from 1: the last beat is then an
+        # equality with head.beats (a ``beats - 1`` borrow chain was this block's worst path)
+        nth = Signal(BEATS_BITS, init=1)
         for i in range(n):
             m.d.comb += self.up[i].resp.payload.eq(self.down.resp.payload)
             with m.If(order.r_rdy & (head.port == i)):
@@ -86,8 +88,8 @@ class WeightArbiter(wiring.Component):
                              self.down.resp.ready.eq(self.up[i].resp.ready)]
         beat = self.down.resp.valid & self.down.resp.ready
         with m.If(beat):
-            m.d.sync += count.eq(count + 1)
-            with m.If(count == head.beats - 1):
-                m.d.sync += count.eq(0)
+            m.d.sync += nth.eq(nth + 1)
+            with m.If(nth == head.beats):
+                m.d.sync += nth.eq(1)
                 m.d.comb += order.r_en.eq(1)
         return m
