@@ -33,10 +33,10 @@ import numpy as np
 
 from moekda.config import REPO_ROOT, Config, load_config
 
-# the chip's generated C++ is one very large evaluation function: -O0 and split
-# functions keep the C++ compile to minutes on a loaded machine (the simulation is
-# still far faster than Icarus)
-VERILATOR_ARGS = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-O1", "-CFLAGS", "-O0",
+# with only the sim top public (VERILATOR_PUBLIC) Verilator can optimise the chip
+# (-O3) and its C++ stays small enough for a quick -O1 compile with split functions:
+# tiny builds in ~30 s and runs ~230k cycles/s (C++ -O0: ~48k) on the loaded machine
+VERILATOR_ARGS = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-O3", "-CFLAGS", "-O1",
                   "--output-split-cfuncs", "2000", "--x-assign", "0", "--x-initial", "0"]
 # cocotb's runner makes every Verilator signal public (--public-flat-rw), which keeps
 # the chip's thousands of internal nets as separate, unoptimised variables; the layer
