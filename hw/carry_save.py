@@ -180,3 +180,64 @@ def pipelined_add(pipe, live: dict, a_key: str, b_key: str, out_key: str, width:
         out.pop(k)
     out[out_key] = Cat(*parts)
     return out
+
+
+# ---- the same, over several independent operations side by side ---------------------
+# Lanes of a datapath (the KDA delta rule's state_lanes) do the same arithmetic at the
+# same time: their trees and adders must advance level by level together, so one Pipe
+# stage holds the same level of every lane and a register cuts all lanes at once.
+
+def reduce_all_to_two(pipe, live: dict, keys, widths) -> dict:
+    """``reduce_to_two`` over every word list ``live[k]`` (``k`` in ``keys``, words
+    ``widths[n]`` bits) in lockstep: one ``csa_level`` per level for all of them."""
+    cost = pipe.plan.delays.csa_level
+    widths = dict(zip(keys, widths))
+    while any(len(live[k]) > 2 for k in keys):
+        live = pipe.spend(cost, live)
+        live = dict(live)
+        for k in keys:
+            words = list(live[k])
+            if len(words) <= 2:
+                continue
+            nxt = []
+            for j in range(0, len(words) - 2, 3):
+                nxt += compress_3_2(words[j], words[j + 1], words[j + 2], widths[k])
+            nxt += words[len(words) - len(words) % 3:]
+            named = []
+            for j, value in enumerate(nxt):
+                sig = Signal(widths[k], name=f"{pipe.name}_{k}_l{pipe.levels}_{j}")
+                pipe.m.d.comb += sig.eq(value)
+                named.append(sig)
+            live[k] = named
+        pipe.levels += 1
+    for k in keys:
+        live[k] = list(live[k]) + [Const(0, widths[k])] * (2 - len(live[k]))
+    return live
+
+
+def pipelined_add_all(pipe, live: dict, jobs) -> dict:
+    """``pipelined_add`` of every ``(a_key, b_key, out_key, width)`` in ``jobs`` side by
+    side: chunk n of every sum sits in the same stage (one chunk width for all, so the
+    slowest carry chain of the stage is one chunk)."""
+    d = pipe.plan.delays
+    widest = max(w for *_, w in jobs)
+    chunk = widest if d.adder(widest) <= pipe.plan.budget_ns else pipe.plan.adder_chunk_bits()
+    live = dict(live)
+    for a_key, b_key, out_key, _ in jobs:
+        live[f"{out_key}_lo"], live[f"{out_key}_carry"] = Const(0, 0), Const(0, 1)
+    for lo in range(0, widest, chunk):
+        live = dict(pipe.spend(d.adder(min(chunk, widest - lo)), live))
+        for a_key, b_key, out_key, width in jobs:
+            if lo >= width:
+                continue
+            hi = min(width, lo + chunk)
+            a, b = Value.cast(live[a_key]), Value.cast(live[b_key])
+            total = prefix_add(pipe.m, a[lo:hi], b[lo:hi], live[f"{out_key}_carry"],
+                               name=f"{pipe.name}_{out_key}{lo}")
+            live[f"{out_key}_lo"] = Cat(live[f"{out_key}_lo"], total[:hi - lo])
+            live[f"{out_key}_carry"] = total[hi - lo]
+    for a_key, b_key, out_key, _ in jobs:
+        live[out_key] = live.pop(f"{out_key}_lo")
+        for k in (f"{out_key}_carry", a_key, b_key):
+            live.pop(k)
+    return live

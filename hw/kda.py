@@ -353,7 +353,8 @@ class KdaUnit(wiring.Component):
         m.d.sync += g_pending.eq(g_pending + (norm.wr_en & (norm.mode == 2)) - g_live["valid"])
 
         # ---- the delta rule ----------------------------------------------------------------
-        m.submodules.delta = delta = DeltaRule(fm, H, dk, dv, cfg.hw.state_lanes, shifts)
+        m.submodules.delta = delta = DeltaRule(fm, H, dk, dv, cfg.hw.state_lanes, shifts,
+                                                 clock_period_ns=cfg.hw.clock_period_ns)
         m.d.comb += [delta.k.eq(Cat(*KN)), delta.q.eq(Cat(*QN)), delta.alpha.eq(Cat(*ALPHA)),
                      delta.v.eq(Cat(*V)), delta.beta.eq(Cat(*BETA)), delta.o.ready.eq(1)]
         o_idx = Signal(range(hv + 1))

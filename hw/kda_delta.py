@@ -37,14 +37,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amaranth import Array, Cat, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hw.carry_save import (booth_partial_products, compress_3_2, pipelined_add, pipelined_add_all,
+                           reduce_all_to_two, reduce_to_two, sign_extend)
 from hw.kda_state import StateMemory
+from hw.matvec import saturate as saturate_bits
+from hw.pipeline import Pipe, plan_pipeline
 from moekda.formats import Formats
-
-PIPE = 6  # stages A1, A2, B, C1, C2, D after the read
 
 
 @dataclass(frozen=True)
@@ -70,13 +72,22 @@ def saturate(x, bits: int):
     return Mux(x > hi, hi, Mux(x < lo, lo, x))
 
 
+def clamp(x, bits: int):
+    """``saturate`` as a test of the top bits (no comparator): the sign-extended
+    value fits exactly when its bits from ``bits - 1`` up are all equal."""
+    x = Value.cast(x)
+    return saturate_bits(sign_extend(x, max(len(x), bits + 1)).as_signed(), bits)
+
+
 class DeltaRule(wiring.Component):
-    def __init__(self, fm: Formats, heads: int, d_k: int, d_v: int, lanes: int, shifts: DeltaShifts):
+    def __init__(self, fm: Formats, heads: int, d_k: int, d_v: int, lanes: int, shifts: DeltaShifts,
+                 clock_period_ns: float):
         if shifts.f_s < shifts.f_v:
             raise ValueError(f"delta rule: f_s = {shifts.f_s} < f_v = {shifts.f_v} (v << (f_s - f_v) needs f_s >= f_v)")
         if min(shifts.f_k, shifts.o_shift) < 0:
             raise ValueError("delta rule: shifts must be non-negative")
         self.fm, self.heads, self.d_k, self.d_v, self.lanes, self.shifts = fm, heads, d_k, d_v, lanes, shifts
+        self.clock_period_ns = clock_period_ns
         self.blocks = d_k // lanes
         a = fm.qk_bits               # the normalised q and k
         super().__init__({
@@ -95,156 +106,233 @@ class DeltaRule(wiring.Component):
         m = Module()
         fm, sh = self.fm, self.shifts
         H, dk, dv, P, nb = self.heads, self.d_k, self.d_v, self.lanes, self.blocks
-        sb = fm.state_bits
+        sb, af, uf, qk = fm.state_bits, fm.alpha_frac, fm.unit_frac, fm.qk_bits
+        plan = plan_pipeline(self.clock_period_ns)
+        dl = plan.delays
         m.submodules.mem = mem = StateMemory(H, dk, dv, P, sb)
+        acc_width = sb + qk + (dk - 1).bit_length() + 1
 
-        # lane l of row block g = h*nb + b is row i = b*P + l of head h: flat index g*P + l
-        def lane_select(vec, g):
-            return [Array(vec[gg * P + l] for gg in range(H * nb))[g] for l in range(P)]
-
-        # ---- control: head h, column j, row block b, pass --------------------------
+        # ---- control: head h, column j (hj = h*d_v + j), row block b, pass ----------
         h = Signal(range(H))
         j = Signal(range(dv))
+        hj = Signal(range(H * dv))
         b = Signal(range(nb))
+        g = Signal(range(H * nb))               # row block h*nb + b being issued
+        g_head = Signal(range(H * nb))          # h*nb
+        addr = Signal(range(mem.words))         # word being issued
+        col_word = Signal(range(mem.words))     # first word of column (h, j)
         pass2 = Signal()
         issuing = Signal()
-        col_word = Signal(range(mem.words))     # first word of column (h, j)
         u = Signal(signed(sb))
-        acc_width = sb + fm.qk_bits + (dk - 1).bit_length() + 1
-        acc_k = Signal(signed(acc_width))       # pass 1: sum_i k_i S1_ij
-        acc_o = Signal(signed(acc_width))       # pass 2: sum_i q_i S2_ij
 
-        # ---- datapath ----------------------------------------------------------------
-        # every stage carries a tag: valid, row block g, pass, word address
-        def tag(name, prev=None):
-            t = dict(valid=Signal(name=f"{name}_valid"), g=Signal(range(H * nb), name=f"{name}_g"),
-                     pass2=Signal(name=f"{name}_pass2"), addr=Signal(range(mem.words), name=f"{name}_addr"))
-            if prev is not None:
-                m.d.sync += [t[k].eq(prev[k]) for k in t]
-            return t
+        # ---- issue: the memory read and the lane operands, both one cycle ------------
+        # The lane-select muxes (H*nb row blocks) sit alone in the issue cycle: their
+        # outputs are registered next to the memory's read register, so no product
+        # starts behind a mux.  k and q only travel as far as their product.
+        def lanes_of(vec):
+            return [Array(vec[gg * P + l] for gg in range(H * nb))[g] for l in range(P)]
+        m.d.comb += [mem.rd_en.eq(issuing), mem.rd_addr.eq(addr)]
+        rd = {"valid": Signal(name="rd_valid"), "pass2": Signal(name="rd_pass2"),
+              "addr": Signal.like(addr, name="rd_addr"),
+              "alpha": [Signal(unsigned(af), name=f"rd_alpha{l}") for l in range(P)],
+              "k": [Signal(signed(qk), name=f"rd_k{l}") for l in range(P)],
+              "kq": [Signal(signed(qk), name=f"rd_kq{l}") for l in range(P)]}
+        m.d.sync += [rd["valid"].eq(issuing), rd["pass2"].eq(pass2), rd["addr"].eq(addr)]
+        for l, (al, kl, ql) in enumerate(zip(lanes_of(self.alpha), lanes_of(self.k), lanes_of(self.q))):
+            m.d.sync += [rd["alpha"][l].eq(al), rd["k"][l].eq(kl), rd["kq"][l].eq(Mux(pass2, ql, kl))]
+        rd["s"] = [mem.rd_data[l] for l in range(P)]
 
-        # read: the word arrives one cycle after the issue
-        issue = dict(valid=issuing, g=h * nb + b, pass2=pass2, addr=col_word + b)
-        m.d.comb += [mem.rd_en.eq(issuing), mem.rd_addr.eq(issue["addr"])]
-        rd = tag("rd", issue)
-
-        # A1: S * alpha
-        a1 = tag("a1", rd)
-        alpha_l = lane_select(self.alpha, rd["g"])
-        a1_p = [Signal(signed(sb + fm.alpha_frac + 1), name=f"a1_p{l}") for l in range(P)]
-        m.d.sync += [a1_p[l].eq(mem.rd_data[l] * alpha_l[l]) for l in range(P)]
-
-        # A2: S1 = rs(S * alpha) (decay); k * u for the write, alongside
-        a2 = tag("a2", a1)
-        k_a1 = lane_select(self.k, a1["g"])
-        a_s = [Signal(signed(sb), name=f"a_s{l}") for l in range(P)]
-        a_ku = [Signal(signed(sb + fm.qk_bits), name=f"a_ku{l}") for l in range(P)]
-        m.d.sync += [a_s[l].eq(round_shift(a1_p[l], fm.alpha_frac)) for l in range(P)]
-        m.d.sync += [a_ku[l].eq(k_a1[l] * u) for l in range(P)]
-
-        # B: the rank-1 write S2 = sat(S1 + rs(k u)) in pass 2, S1 passed on in pass 1
-        bt = tag("b", a2)
-        b_s = [Signal(signed(sb), name=f"b_s{l}") for l in range(P)]
+        # ---- the word pipeline, registers placed by the clock (hw/pipeline.py) ---------
+        dp = Pipe(m, plan, "dl")
+        live = dp.spend(dl.mux_level, rd)       # the memory's cleared-state mux
+        # decay S*alpha and the rank-1 term k*u as Booth trees, rounding constants as
+        # words; u is stable while pass-2 words are in flight (it changes only after
+        # the next column's pass 1, issued behind them, has drained)
+        w_dec, w_ku = sb + af + 2, sb + qk + 1
+        live = dp.spend(dl.booth_select, live)
+        rnd_af = Const(1 << (af - 1) if af else 0, w_dec)
+        rnd_fk = Const(1 << (sh.f_k - 1) if sh.f_k else 0, w_ku)
         for l in range(P):
-            written = saturate(a_s[l] + round_shift(a_ku[l], sh.f_k), sb)
-            m.d.sync += b_s[l].eq(Mux(a2["pass2"], written, a_s[l]))
-        m.d.comb += [
-            mem.wr_en.eq(bt["valid"] & bt["pass2"]),
-            mem.wr_addr.eq(bt["addr"]),
-            mem.wr_data.eq(Cat(*b_s)),
-        ]
+            live[f"dec{l}"] = booth_partial_products(m, Cat(live["alpha"][l], Const(0, 1)), live["s"][l], w_dec,
+                                                     name=f"dl_dec{l}") + [rnd_af]
+            live[f"ku{l}"] = booth_partial_products(m, u, live["k"][l], w_ku, name=f"dl_ku{l}") + [rnd_fk]
+        for key in ("alpha", "k", "s"):
+            live.pop(key)
+        keys = [f"{n}{l}" for n in ("dec", "ku") for l in range(P)]
+        live = reduce_all_to_two(dp, live, keys, [w_dec] * P + [w_ku] * P)
+        jobs = []
+        for key, w in zip(keys, [w_dec] * P + [w_ku] * P):
+            live[f"{key}_a"], live[f"{key}_b"] = live.pop(key)
+            jobs.append((f"{key}_a", f"{key}_b", key, w))
+        live = pipelined_add_all(dp, live, jobs)
+        # S1 = rs(S alpha), S2 = sat(S1 + rs(k u)) in pass 2, S1 passed on in pass 1
+        tw = max(sb, w_ku - sh.f_k) + 1
+        live = dp.spend(dl.adder(tw), live)
+        s1s, ts = [], []
+        for l in range(P):
+            s1 = Value.cast(live.pop(f"dec{l}"))[af:af + sb].as_signed()   # |S1| <= |S|: no overflow
+            ku = Value.cast(live.pop(f"ku{l}"))[sh.f_k:].as_signed()
+            t = Signal(signed(tw), name=f"dl_s1ku{l}")
+            m.d.comb += t.eq(s1 + ku)
+            s1s.append(s1)
+            ts.append(t)
+        live = dp.spend(dl.saturate + dl.mux_level, {**live, "s1": s1s, "t": ts})
+        new_s = [Signal(signed(sb), name=f"dl_snew{l}") for l in range(P)]
+        for l in range(P):
+            m.d.comb += new_s[l].eq(Mux(live["pass2"], clamp(live["t"][l], sb), live["s1"][l]))
+        live.pop("s1"), live.pop("t")
+        live["snew"] = new_s
+        # the write-back leaves from its own stage: the memory's write decode after it
+        live = dp.spend(dl.mux_level * 2, live)
+        m.d.comb += [mem.wr_en.eq(live["valid"] & live["pass2"]), mem.wr_addr.eq(live["addr"]),
+                     mem.wr_data.eq(Cat(*live["snew"]))]
+        # the lane products k_i S1_i (pass 1) / q_i S2_i (pass 2), all lanes in one tree
+        live = dp.spend(dl.booth_select, live)
+        words = []
+        for l in range(P):
+            words += booth_partial_products(m, live["snew"][l], live["kq"][l], acc_width, name=f"dl_p{l}")
+        live = {kk: vv for kk, vv in live.items() if kk not in ("snew", "kq", "addr")}
+        live = reduce_to_two(dp, {**live, "prod": words}, "prod", acc_width)
+        # D: one carry-save accumulator per pass (a 4:2 step closes the loop in a
+        # cycle), so pass 2 of column j drains while pass 1 of column j+1 runs
+        live = dp.spend(2 * dl.csa_level, live)
+        c_valid, c_pass2 = live["valid"], live["pass2"]
+        ps, pc = live["prod"]
 
-        # C1: lane products k_i * S1_i (pass 1) or q_i * S2_i (pass 2); C2: their sum
-        c1 = tag("c1", bt)
-        k_b, q_b = lane_select(self.k, bt["g"]), lane_select(self.q, bt["g"])
-        c1_p = [Signal(signed(sb + fm.qk_bits), name=f"c1_p{l}") for l in range(P)]
-        m.d.sync += [c1_p[l].eq(Mux(bt["pass2"], q_b[l], k_b[l]) * b_s[l]) for l in range(P)]
-        c2 = tag("c2", c1)
-        c_sum = Signal(signed(sb + fm.qk_bits + (P - 1).bit_length()))
-        m.d.sync += c_sum.eq(sum(c1_p))
-        c_valid, c_pass2 = c2["valid"], c2["pass2"]
+        def acc_pair(name):
+            return [Signal(acc_width, name=f"{name}_s"), Signal(acc_width, name=f"{name}_c")]
+        acc_k, acc_o = acc_pair("acc_k"), acc_pair("acc_o")
 
-        # D: one accumulator per pass, so pass 2 of column j can drain while
-        # pass 1 of column j+1 runs
+        def accumulate(acc, clear, add):
+            s1, c1 = compress_3_2(acc[0], acc[1], ps, acc_width)
+            s2, c2 = compress_3_2(s1, c1, pc, acc_width)
+            with m.If(clear):
+                m.d.sync += [acc[0].eq(0), acc[1].eq(0)]
+            with m.Elif(add):
+                m.d.sync += [acc[0].eq(s2), acc[1].eq(c2)]
         acc_k_clear, acc_o_clear = Signal(), Signal()
-        with m.If(acc_k_clear):
-            m.d.sync += acc_k.eq(0)
-        with m.Elif(c_valid & ~c_pass2):
-            m.d.sync += acc_k.eq(acc_k + c_sum)
-        with m.If(acc_o_clear):
-            m.d.sync += acc_o.eq(0)
-        with m.Elif(c_valid & c_pass2):
-            m.d.sync += acc_o.eq(acc_o + c_sum)
+        accumulate(acc_k, acc_k_clear, c_valid & ~c_pass2)
+        accumulate(acc_o, acc_o_clear, c_valid & c_pass2)
 
         # reads of each pass whose product is not yet accumulated
-        inflight1, inflight2 = Signal(range(PIPE + 2)), Signal(range(PIPE + 2))
+        depth = dp.stages + 3
+        inflight1, inflight2 = Signal(range(depth + nb + 1)), Signal(range(depth + nb + 1))
         m.d.sync += [
             inflight1.eq(inflight1 + (issuing & ~pass2).as_unsigned() - (c_valid & ~c_pass2).as_unsigned()),
             inflight2.eq(inflight2 + (issuing & pass2).as_unsigned() - (c_valid & c_pass2).as_unsigned()),
         ]
 
-        # per-column steps
-        # per-column step in two cycles: diff = (v_j << (f_s - f_v)) - kS, then u
-        kS = saturate(round_shift(acc_k, sh.f_k), sb)
-        v_j = Array(self.v[i] for i in range(H * dv))[h * dv + j]
-        beta_h = Array(self.beta[i] for i in range(H))[h]
-        diff = Signal(signed(max(sb, fm.qkv_bits + sh.f_s - sh.f_v) + 2))
-        u_next = saturate(round_shift(beta_h * diff, fm.unit_frac), sb)
+        # ---- per column: u_j = sat(rs(beta_h ((v_j << (f_s - f_v)) - kS), unit_frac)) ----------
+        # kS = sat(rs(acc_k, f_k)); the accumulator pair is copied out (and cleared) when
+        # pass 1 has drained, then resolved over clock-derived stages
+        u_go = Signal()
+        dw = max(sb, fm.qkv_bits + sh.f_s - sh.f_v) + 2
+        cu = {"valid": Signal(name="cu_valid"), "s": Signal(acc_width, name="cu_s"),
+              "c": Signal(acc_width, name="cu_c"), "rnd": Const(1 << (sh.f_k - 1) if sh.f_k else 0, acc_width),
+              "vsh": Signal(signed(dw), name="cu_vsh"), "beta": Signal(unsigned(uf + 1), name="cu_beta")}
+        v_j = Array(self.v[i] for i in range(H * dv))[hj]
+        m.d.sync += [cu["valid"].eq(u_go), cu["s"].eq(acc_k[0]), cu["c"].eq(acc_k[1]),
+                     cu["vsh"].eq(v_j << (sh.f_s - sh.f_v)), cu["beta"].eq(Array(self.beta[i] for i in range(H))[h])]
+        up = Pipe(m, plan, "du")
+        live = up.spend(dl.csa_level, cu)
+        live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), live.pop("rnd"), acc_width)
+        live = pipelined_add(up, live, "a", "b", "acc", acc_width)
+        live = up.spend(dl.saturate, live)
+        ks = Signal(signed(sb), name="du_ks")
+        m.d.comb += ks.eq(clamp(Value.cast(live.pop("acc"))[sh.f_k:].as_signed(), sb))
+        live = up.spend(dl.adder(dw), {**live, "ks": ks})
+        diff = Signal(signed(dw), name="du_diff")
+        m.d.comb += diff.eq(live.pop("vsh") - live.pop("ks"))
+        w_u = dw + uf + 3
+        live = up.spend(dl.booth_select, {**live, "diff": diff})
+        live["words"] = booth_partial_products(m, live.pop("diff"), live.pop("beta"), w_u, multiplier_signed=False,
+                                               name="du_bu") + [Const(1 << (uf - 1) if uf else 0, w_u)]
+        live = reduce_to_two(up, live, "words", w_u)
+        live["ba"], live["bb"] = live.pop("words")
+        live = pipelined_add(up, live, "ba", "bb", "bu", w_u)
+        live = up.spend(dl.saturate, live)
+        u_new = Signal(signed(sb), name="du_u")
+        m.d.comb += u_new.eq(clamp(Value.cast(live["bu"])[uf:].as_signed(), sb))
+        u_valid = live["valid"]
+        u_ready = Signal()                      # u_new arrived, pass 2 not started yet
 
-        # the read o_j leaves through a register once pass 2 of its column has drained
-        p2_open = Signal()                      # pass 2 issued, its sum not yet in o
+        # ---- per column: o_j = sat(rs(acc_o, o_shift)) once pass 2 has drained ------------
+        p2_open = Signal()                      # pass 2 issued, its sum not yet copied out
+        o_go = Signal()
+        m.d.comb += o_go.eq(p2_open & (inflight2 == 0))
+        co = {"valid": Signal(name="co_valid"), "s": Signal(acc_width, name="co_s"),
+              "c": Signal(acc_width, name="co_c"),
+              "rnd": Const(1 << (sh.o_shift - 1) if sh.o_shift else 0, acc_width)}
+        m.d.sync += [co["valid"].eq(o_go), co["s"].eq(acc_o[0]), co["c"].eq(acc_o[1])]
+        with m.If(o_go):
+            m.d.sync += p2_open.eq(0)
+            m.d.comb += acc_o_clear.eq(1)
+        op = Pipe(m, plan, "do")
+        live = op.spend(dl.csa_level, co)
+        live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), live.pop("rnd"), acc_width)
+        live = pipelined_add(op, live, "a", "b", "acc", acc_width)
+        live = op.spend(dl.saturate, live)
         o_val = Signal(signed(fm.o_bits))
         o_valid = Signal()
+        o_busy = Signal()                       # an o_j launched and not yet taken on ``o``
         m.d.comb += [self.o.payload.eq(o_val), self.o.valid.eq(o_valid)]
-        with m.If(self.o.ready):
-            m.d.sync += o_valid.eq(0)
-        with m.If(p2_open & (inflight2 == 0)):
-            m.d.sync += [o_val.eq(saturate(round_shift(acc_o, sh.o_shift), fm.o_bits)),
-                         o_valid.eq(1), p2_open.eq(0)]
-            m.d.comb += acc_o_clear.eq(1)
-        pass2_free = ~p2_open & ~o_valid        # acc_o and the o register are free
+        with m.If(o_valid & self.o.ready):
+            m.d.sync += [o_valid.eq(0), o_busy.eq(0)]
+        with m.If(live["valid"]):
+            m.d.sync += [o_val.eq(clamp(Value.cast(live["acc"])[sh.o_shift:].as_signed(), fm.o_bits)),
+                         o_valid.eq(1)]
+        with m.If(o_go):
+            m.d.sync += o_busy.eq(1)
+
+        def next_issue():
+            m.d.sync += [b.eq(b + 1), g.eq(g + 1), addr.eq(addr + 1)]
 
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [h.eq(0), j.eq(0), b.eq(0), col_word.eq(0), pass2.eq(0)]
+                    m.d.sync += [h.eq(0), j.eq(0), hj.eq(0), b.eq(0), g.eq(0), g_head.eq(0),
+                                 addr.eq(0), col_word.eq(0), pass2.eq(0)]
                     m.d.comb += [acc_k_clear.eq(1), acc_o_clear.eq(1)]
                     m.next = "ISSUE1"
             with m.State("ISSUE1"):
                 m.d.comb += [self.busy.eq(1), issuing.eq(1)]
-                m.d.sync += b.eq(b + 1)
-                with m.If(b == nb - 1):
-                    m.d.sync += b.eq(0)
+                next_issue()
+                with m.If(b == nb - 1):   # pass 2 reads the same words again
+                    m.d.sync += [b.eq(0), g.eq(g_head), addr.eq(col_word)]
                     m.next = "WAIT1"
             with m.State("WAIT1"):
-                # u_j needs the whole pass-1 sum; u may change only once the
-                # previous column's pass 2 has left stage B (it has when drained)
+                # u_j needs the whole pass-1 sum, and acc_o must be free (the
+                # previous column's pass 2 copied out) before this column's pass 2
                 m.d.comb += self.busy.eq(1)
-                with m.If((inflight1 == 0) & pass2_free):
-                    m.d.sync += diff.eq((v_j << (sh.f_s - sh.f_v)) - kS)
-                    m.d.comb += acc_k_clear.eq(1)
+                with m.If((inflight1 == 0) & ~p2_open):
+                    m.d.comb += [u_go.eq(1), acc_k_clear.eq(1)]
                     m.next = "U"
             with m.State("U"):
+                # wait for u_j; the o register must be free for this column's o_j
                 m.d.comb += self.busy.eq(1)
-                m.d.sync += [u.eq(u_next), pass2.eq(1)]
-                m.next = "ISSUE2"
+                with m.If(u_valid):
+                    m.d.sync += [u.eq(u_new), u_ready.eq(1)]
+                with m.If((u_valid | u_ready) & ~o_busy):
+                    m.d.sync += [pass2.eq(1), u_ready.eq(0)]
+                    m.next = "ISSUE2"
             with m.State("ISSUE2"):
                 m.d.comb += [self.busy.eq(1), issuing.eq(1)]
-                m.d.sync += b.eq(b + 1)
+                next_issue()
                 with m.If(b == nb - 1):
-                    m.d.sync += [b.eq(0), pass2.eq(0), p2_open.eq(1), col_word.eq(col_word + nb)]
+                    m.d.sync += [b.eq(0), pass2.eq(0), p2_open.eq(1), col_word.eq(addr + 1),
+                                 hj.eq(hj + 1)]
                     m.next = "ISSUE1"
                     with m.If(j == dv - 1):
-                        m.d.sync += j.eq(0)
+                        m.d.sync += [j.eq(0), g_head.eq(g_head + nb)]
                         with m.If(h == H - 1):
                             m.next = "FINISH"
                         with m.Else():
                             m.d.sync += h.eq(h + 1)
                     with m.Else():
-                        m.d.sync += j.eq(j + 1)
+                        m.d.sync += [j.eq(j + 1), g.eq(g_head)]
             with m.State("FINISH"):
                 m.d.comb += self.busy.eq(1)
-                with m.If(pass2_free):
+                with m.If(~p2_open & ~o_busy):
                     # every word was rewritten by this token: the state is valid
                     m.d.comb += mem.commit.eq(1)
                     m.next = "IDLE"

@@ -28,13 +28,15 @@ def random_token(rng, fm, H, dk, extreme=False):
                 alpha=rng.integers(1, 1 << fm.alpha_frac, (H, dk)), beta=rng.integers(0, (1 << fm.unit_frac) + 1, H))
 
 
-@pytest.mark.parametrize("H,dk,P,shifts,qk_bits", [
-    (1, 8, 4, DeltaShifts(f_k=7, f_v=4, f_s=9, o_shift=8), None),
-    (2, 8, 2, DeltaShifts(f_k=6, f_v=6, f_s=6, o_shift=0), None),
-    (1, 4, 4, DeltaShifts(f_k=7, f_v=2, f_s=12, o_shift=12), None),
-    (1, 8, 4, DeltaShifts(f_k=11, f_v=4, f_s=10, o_shift=12), 12),   # the 12-bit q/k option
+# the clock period sets the pipeline depth (hw/pipeline.py): 1.0 ns is the deepest
+# pipeline the configs use, 2.5 ns a shallow one
+@pytest.mark.parametrize("H,dk,P,shifts,qk_bits,period", [
+    (1, 8, 4, DeltaShifts(f_k=7, f_v=4, f_s=9, o_shift=8), None, 1.0),
+    (2, 8, 2, DeltaShifts(f_k=6, f_v=6, f_s=6, o_shift=0), None, 1.25),
+    (1, 4, 4, DeltaShifts(f_k=7, f_v=2, f_s=12, o_shift=12), None, 2.5),
+    (1, 8, 4, DeltaShifts(f_k=11, f_v=4, f_s=10, o_shift=12), 12, 1.0),   # the 12-bit q/k option
 ])
-def test_delta_rule_matches_model(H, dk, P, shifts, qk_bits):
+def test_delta_rule_matches_model(H, dk, P, shifts, qk_bits, period):
     cfg = load_config("tiny")
     fm = formats_for(cfg)
     if qk_bits is not None:
@@ -50,7 +52,7 @@ def test_delta_rule_matches_model(H, dk, P, shifts, qk_bits):
         S, o16 = int_delta_rule(q, fm, S, tok["q"], tok["k"], tok["v"], tok["alpha"], tok["beta"])
         want.append(o16.ravel().tolist())
 
-    dut = DeltaRule(fm, H, dk, dk, P, shifts)
+    dut = DeltaRule(fm, H, dk, dk, P, shifts, clock_period_ns=period)
     stall = random.Random(P)
     got_flat = []
 
