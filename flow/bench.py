@@ -143,13 +143,15 @@ def simulate(cfg_name: str, tokens: int, simulator: str, seed: int = 0) -> dict:
     t0 = time.monotonic()
     drv.build(simulator)
     build_s = time.monotonic() - t0
-    # TOKEN_CYCLES is read after every output: the per-token cycles at each context position
-    res = drv.run(RunPlan(tokens=tokens, stall=False, seed=1, token_cycles=True), simulator=simulator,
+    # TOKEN_CYCLES is read after every output: the per-token cycles at each context position.
+    # One token more than measured: the last token of a run has the chip to itself (no next
+    # token's KDA sharing the port), so it would flatter the window at the last position.
+    res = drv.run(RunPlan(tokens=tokens + 1, stall=False, seed=1, token_cycles=True), simulator=simulator,
                   name=f"bench_T{tokens}")
     c = res.counters
     if not res.match:
         raise RuntimeError(f"bench run of {cfg_name} on {simulator} does not match the model: {res.problems[0]}")
-    tc = [int(x) for x in res.token_cycles]
+    tc = [int(x) for x in res.token_cycles][:tokens]
     return {"simulator": simulator, "tokens": tokens, "match": res.match,
             "cycles": c.get("CYCLES"), "busy_cycles": c.get("BUSY_CYCLES"), "tokens_counted": c.get("TOKENS"),
             "weight_bytes": c.get("WEIGHT_BYTES"), "macs": c.get("MACS"),

@@ -280,7 +280,9 @@ class EdgeStreamSink:
         while True:
             await ReadOnly()
             if not int(self.valid.value):
+                # an edge may be a zero-delay glitch (gate level): the settled value decides
                 await RisingEdge(self.valid)
+                continue
             await FallingEdge(self.clk)
             offered = int(self.payload.value)
             gap = stall_gap(self.rng, self.backpressure)
@@ -290,6 +292,9 @@ class EdgeStreamSink:
             await ReadOnly()
             if not int(self.valid.value) or int(self.payload.value) != offered:
                 self.problems.append(f"{self.valid._name}: valid or payload changed while waiting for ready")
+                if not int(self.valid.value):
+                    await RisingEdge(self.clk)
+                    continue        # no transfer
             bits = int(self.payload.value)
             await RisingEdge(self.clk)          # the transfer
             if self.backpressure:
