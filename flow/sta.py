@@ -24,7 +24,6 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from flow.errors import FlowError
 from flow.paths import BuildPaths

@@ -39,7 +39,7 @@ reset always starts a new sequence).
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Module, Mux, Signal, signed
+from amaranth import Array, Cat, Module, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
@@ -128,7 +128,7 @@ class LayerTop(wiring.Component):
         m.d.comb += norm2.rd_x.eq(Array(HB)[norm2.rd_idx])
         with m.If(norm2.wr_en):
             m.d.sync += Array(NB)[norm2.wr_idx].eq(norm2.wr_y)
-        # residual adds: they select element idx themselves (a pipelined mux) and write it
+        # residual adds: they select element idx themselves (registered one-hot select) and write it
         # back a fixed number of cycles later, so the sum replaces its own input (x by h,
         # h by y); the block's output stays on its stream (ready low) until the last write
         m.d.comb += [res1.a.eq(Cat(*XA)), res1.b.eq(kda.o.payload),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from amaranth import Module
+from amaranth import Module, Signal
 from amaranth.sim import Simulator
 
 from hw.counter import ChunkedCounter
@@ -16,7 +16,6 @@ def test_counter_matches_integers(width, step):
     m = Module()
     a = ChunkedCounter(width, step, name="a")
     b = ChunkedCounter(width, 1, name="b")
-    from amaranth import Signal
     load_a, load_b, start = Signal(), Signal(), Signal(width)
     a.load(load_a, start)
     b.load(load_b, a.next)
