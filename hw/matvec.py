@@ -17,6 +17,11 @@ Interface (amaranth.lib.stream, valid/ready):
   (int8, moekda/numerics.py) and ``acc``, the wrapped ``acc_bits`` sum, for
   consumers that need the wide value (the KDA state path).
 
+Options (docs/matvec.md): several output widths chosen per row (``out_sel``),
+a ``tag`` carried from the ``last`` beat to the result, ``requantise=False``
+(accumulator only) and ``always_ready`` (no FIFO, for a consumer that never
+stalls).  The defaults give exactly the interface above.
+
 Structure: an input register, ``DotProduct`` (Booth partial products of all
 lanes merged in one carry-save tree), ``Accumulator`` (carry-save, so the
 loop is one full-adder deep), ``Requantiser`` (carry-save multiply, one
@@ -49,13 +54,21 @@ class MatVecFormats:
     """The widths the engine needs, from a Config (one source of truth)."""
 
     def __init__(self, lanes: int, act_bits: int = 8, weight_bits: int = 8, acc_bits: int = 32,
-                 mult_bits: int = 16, clock_period_ns: float = 1.0):
+                 mult_bits: int = 16, clock_period_ns: float = 1.0, out_widths=None, tag_shape=None):
+        """``out_widths``: the signed widths a row may be saturated to, chosen per row by the
+        beat's ``out_sel`` (index into the tuple); default one width, ``act_bits``, and no
+        ``out_sel`` field.  ``tag_shape``: a value carried from a row's ``last`` beat to its
+        result (``tag``), for consumers that route results by it; default none."""
         self.lanes = lanes
         self.act_bits = act_bits
         self.weight_bits = weight_bits
         self.acc_bits = acc_bits
         self.mult_bits = mult_bits
-        self.out_bits = act_bits
+        self.out_widths = tuple(out_widths) if out_widths else (act_bits,)
+        if any(not 2 <= w <= acc_bits + mult_bits for w in self.out_widths):
+            raise ValueError(f"engine output widths {self.out_widths}: each must be 2 to acc_bits + mult_bits")
+        self.out_bits = max(self.out_widths)
+        self.tag_shape = tag_shape
         # acc * M needs acc_bits + mult_bits signed bits; any larger shift gives 0
         # (see Requantiser), so the shift field only has to count up to that.
         self.product_bits = acc_bits + mult_bits
@@ -69,11 +82,21 @@ class MatVecFormats:
         self.clock_period_ns = clock_period_ns
 
     @classmethod
-    def from_config(cls, cfg) -> "MatVecFormats":
+    def from_config(cls, cfg, out_widths=None, tag_shape=None) -> "MatVecFormats":
         f = cfg.formats
         return cls(lanes=cfg.hw.lanes, act_bits=f.act_bits, weight_bits=f.weight_bits,
                    acc_bits=f.acc_bits, mult_bits=f.requant_mult_bits,
-                   clock_period_ns=cfg.hw.clock_period_ns)
+                   clock_period_ns=cfg.hw.clock_period_ns, out_widths=out_widths, tag_shape=tag_shape)
+
+    def row_fields(self) -> dict:
+        """What a row's ``last`` beat tells the back end: (M, s), and if configured the
+        output width selector and the tag."""
+        fields = {"mult": unsigned(self.mult_bits), "shift": unsigned(self.shift_bits)}
+        if len(self.out_widths) > 1:
+            fields["out_sel"] = unsigned(ceil_log2(len(self.out_widths)))
+        if self.tag_shape is not None:
+            fields["tag"] = self.tag_shape
+        return fields
 
     def beat_layout(self) -> data.StructLayout:
         return data.StructLayout({
@@ -81,20 +104,22 @@ class MatVecFormats:
             "x": data.ArrayLayout(signed(self.act_bits), self.lanes),
             "first": unsigned(1),
             "last": unsigned(1),
-            "mult": unsigned(self.mult_bits),
-            "shift": unsigned(self.shift_bits),
+            **self.row_fields(),
         })
 
     def scale_layout(self) -> data.StructLayout:
-        """The requantisation pair (M, s) of one result."""
-        return data.StructLayout({"mult": unsigned(self.mult_bits), "shift": unsigned(self.shift_bits)})
+        """The per-row fields of one result: (M, s) [, out_sel] [, tag]."""
+        return data.StructLayout(self.row_fields())
 
     def framing_layout(self) -> data.StructLayout:
         """What travels with a beat's data down the pipeline."""
         return data.StructLayout({"first": unsigned(1), "last": unsigned(1), "scale": self.scale_layout()})
 
     def result_layout(self) -> data.StructLayout:
-        return data.StructLayout({"y": signed(self.out_bits), "acc": signed(self.acc_bits)})
+        fields = {"y": signed(self.out_bits), "acc": signed(self.acc_bits)}
+        if self.tag_shape is not None:
+            fields["tag"] = self.tag_shape
+        return data.StructLayout(fields)
 
 
 def saturate(value, bits: int):
@@ -103,7 +128,7 @@ def saturate(value, bits: int):
     hi, lo = (1 << (bits - 1)) - 1, -(1 << (bits - 1))
     top = value[bits - 1:]            # all equal to the sign bit exactly when value fits
     fits = (top == 0) | (top == (1 << len(top)) - 1)
-    return Mux(fits, value[:bits], Mux(value[-1], Const(lo, signed(bits)), Const(hi, signed(bits))))
+    return Mux(fits, value[:bits].as_signed(), Mux(value[-1], Const(lo, signed(bits)), Const(hi, signed(bits))))
 
 
 def _dry_build_stages(block) -> int:
@@ -191,12 +216,30 @@ class _ResultStage(wiring.Component):
 
     def __init__(self, fmt: MatVecFormats, plan: PipelinePlan):
         self.fmt, self.plan = fmt, plan
-        super().__init__({
+        ports = {
             "valid": In(1), "acc_sum": In(fmt.acc_bits), "acc_carry": In(fmt.acc_bits),
             "scale": In(fmt.scale_layout()),
             "out_valid": Out(1), "y": Out(signed(fmt.out_bits)), "acc": Out(signed(fmt.acc_bits)),
-        })
+        }
+        if fmt.tag_shape is not None:
+            ports["tag"] = Out(fmt.tag_shape)
+        super().__init__(ports)
         self.latency = _dry_build_stages(self)
+
+    def _tag(self) -> dict:
+        """The row's tag as a live value (empty without one): it rides the back end's stages."""
+        return {} if self.fmt.tag_shape is None else {"tag": Value.cast(self.scale.tag)}
+
+    @staticmethod
+    def _tag_of(live: dict) -> dict:
+        return {"tag": live["tag"]} if "tag" in live else {}
+
+    def _outputs(self, m, live: dict):
+        m.d.comb += [self.out_valid.eq(live["valid"]), self.acc.eq(live["acc"])]
+        if "y" in live:
+            m.d.comb += self.y.eq(live["y"])
+        if self.fmt.tag_shape is not None:
+            m.d.comb += Value.cast(self.tag).eq(live["tag"])
 
     def elaborate(self, platform):
         return self._build()[0]
@@ -204,6 +247,9 @@ class _ResultStage(wiring.Component):
 
 class Requantiser(_ResultStage):
     """y = sat8((acc * M + 2**(s-1)) >> s), s = 0: sat8(acc * M); also passes acc on.
+
+    With several ``out_widths`` the row's ``out_sel`` picks the saturation width
+    (sat_b instead of sat8) and ``y`` is the result sign-extended to ``out_bits``.
 
     The accumulator arrives in carry-save form and is resolved first (it is
     an output too).  acc * M is a Booth carry-save multiply in which the
@@ -220,7 +266,9 @@ class Requantiser(_ResultStage):
         width = f.product_bits + 1
         shift = Mux(self.scale.shift > f.product_bits, f.product_bits, self.scale.shift)
         live = {"valid": self.valid, "mult": self.scale.mult, "shift": shift,
-                "s": self.acc_sum, "c": self.acc_carry}
+                "s": self.acc_sum, "c": self.acc_carry, **self._tag()}
+        if len(f.out_widths) > 1:
+            live["out_sel"] = self.scale.out_sel
         live = pipelined_add(pipe, live, "s", "c", "acc", f.acc_bits)
         live = pipe.spend(d.booth_select, live)
         # 2**(s-1) for s >= 1, nothing for s == 0: one-hot decode of s-1.  Taken
@@ -243,11 +291,20 @@ class Requantiser(_ResultStage):
             moved = sign_extend(v[amount:], width) if amount < width else v[-1].replicate(width)
             shifted = Signal(width, name=f"rq_shift{bit}")   # named: keeps the netlist linear
             m.d.comb += shifted.eq(Mux(live["shift"][bit], moved, v))
-        live = pipe.spend(d.saturate, {**live, "v": shifted})
-        v = live.pop("v")
-        y = saturate(v, f.out_bits)
-        live = pipe.register({"valid": live["valid"], "acc": live["acc"], "y": y})
-        m.d.comb += [self.out_valid.eq(live["valid"]), self.y.eq(live["y"]), self.acc.eq(live["acc"])]
+        if len(f.out_widths) == 1:
+            live = pipe.spend(d.saturate, {**live, "v": shifted})
+            y = saturate(live.pop("v"), f.out_bits)
+        else:
+            # every width's clamp in parallel, then the row's pick: one mux level more
+            live = pipe.spend(d.saturate + d.mux_level, {**live, "v": shifted})
+            v = live.pop("v")
+            y = Signal(signed(f.out_bits), name="rq_saturated")
+            with m.Switch(live.pop("out_sel")):
+                for sel, bits in enumerate(f.out_widths):
+                    with m.Case(sel):
+                        m.d.comb += y.eq(saturate(v, bits))
+        live = pipe.register({"valid": live["valid"], "acc": live["acc"], "y": y, **self._tag_of(live)})
+        self._outputs(m, live)
         return m, pipe.stages
 
 
@@ -262,24 +319,31 @@ class AccResolver(_ResultStage):
     def _build(self):
         m = Module()
         pipe = Pipe(m, self.plan, "acc")
-        live = {"valid": self.valid, "s": self.acc_sum, "c": self.acc_carry}
+        live = {"valid": self.valid, "s": self.acc_sum, "c": self.acc_carry, **self._tag()}
         live = pipe.register(pipelined_add(pipe, live, "s", "c", "acc", self.fmt.acc_bits))
-        m.d.comb += [self.out_valid.eq(live["valid"]), self.acc.eq(live["acc"])]
+        self._outputs(m, live)
         return m, pipe.stages
 
 
 class MatVecEngine(wiring.Component):
     """L-lane int8 matrix-vector engine with stream in/out; see the module docstring."""
 
-    def __init__(self, cfg_or_fmt, requantise: bool = True):
+    def __init__(self, cfg_or_fmt, requantise: bool = True, always_ready: bool = False):
         """``requantise=False``: results carry only ``acc`` (``y`` = 0; ``mult``/``shift``
-        are ignored) and the requantiser is not built (``AccResolver`` instead)."""
+        are ignored) and the requantiser is not built (``AccResolver`` instead).
+
+        ``always_ready=True``: for a consumer that takes every result the cycle it
+        appears (a fixed pipeline that never stalls).  Both streams are then
+        ``always_ready``: no result FIFO and no credit counter are built, ``i.ready``
+        is constant 1 (also right after reset) and a result leaves ``latency`` cycles
+        after its ``last`` beat was taken."""
         fmt = cfg_or_fmt if isinstance(cfg_or_fmt, MatVecFormats) else MatVecFormats.from_config(cfg_or_fmt)
         self.fmt = fmt
+        self.always_ready = always_ready
         self.plan = plan_pipeline(fmt.clock_period_ns)
         super().__init__({
-            "i": In(stream.Signature(fmt.beat_layout())),
-            "o": Out(stream.Signature(fmt.result_layout())),
+            "i": In(stream.Signature(fmt.beat_layout(), always_ready=always_ready)),
+            "o": Out(stream.Signature(fmt.result_layout(), always_ready=always_ready)),
         })
         self.dot = DotProduct(fmt, self.plan, fmt.framing_layout())
         self.acc = Accumulator(fmt)
@@ -288,7 +352,7 @@ class MatVecEngine(wiring.Component):
         self.latency = 1 + self.dot.latency + self.acc.latency + self.rq.latency
         # every result that can be in flight, plus one cycle for the credit
         # to come back, so a consumer that is always ready sees full throughput
-        self.fifo_depth = self.latency + 2
+        self.fifo_depth = 0 if always_ready else self.latency + 2
 
     def elaborate(self, platform):
         m = Module()
@@ -296,17 +360,20 @@ class MatVecEngine(wiring.Component):
         m.submodules.dot_product = dot = self.dot
         m.submodules.accumulator = acc = self.acc
         m.submodules.requantiser = rq = self.rq
-        m.submodules.result_fifo = fifo = SyncFIFO(width=f.result_layout().size, depth=self.fifo_depth)
 
-        # credits: results accepted but not yet handed out; i.ready is a register
-        outstanding = Signal(range(self.fifo_depth + 1))
-        ready = Signal()
-        take = self.i.valid & ready
-        emits = take & self.i.p.last
-        gives = fifo.r_en & fifo.r_rdy
-        nxt = outstanding + emits - gives
-        m.d.sync += [outstanding.eq(nxt), ready.eq(nxt < self.fifo_depth)]
-        m.d.comb += self.i.ready.eq(ready)
+        if self.always_ready:
+            take = self.i.valid
+        else:
+            m.submodules.result_fifo = fifo = SyncFIFO(width=f.result_layout().size, depth=self.fifo_depth)
+            # credits: results accepted but not yet handed out; i.ready is a register
+            outstanding = Signal(range(self.fifo_depth + 1))
+            ready = Signal()
+            take = self.i.valid & ready
+            emits = take & self.i.p.last
+            gives = fifo.r_en & fifo.r_rdy
+            nxt = outstanding + emits - gives
+            m.d.sync += [outstanding.eq(nxt), ready.eq(nxt < self.fifo_depth)]
+            m.d.comb += self.i.ready.eq(ready)
 
         # input register: the ports see one flip-flop, nothing else
         w = Signal.like(self.i.p.w, name="w_q", reset_less=True)
@@ -315,15 +382,20 @@ class MatVecEngine(wiring.Component):
         beat_valid = Signal(name="beat_valid_q")
         p = self.i.p
         m.d.sync += [beat_valid.eq(take), w.eq(p.w), x.eq(p.x),
-                     framing.first.eq(p.first), framing.last.eq(p.last),
-                     framing.scale.mult.eq(p.mult), framing.scale.shift.eq(p.shift)]
+                     framing.first.eq(p.first), framing.last.eq(p.last)]
+        m.d.sync += [getattr(framing.scale, name).eq(getattr(p, name)) for name in f.row_fields()]
 
         m.d.comb += [dot.valid.eq(beat_valid), dot.w.eq(w), dot.x.eq(x), dot.tag.eq(framing)]
         m.d.comb += [acc.valid.eq(dot.out_valid), acc.framing.eq(dot.out_tag), acc.dot.eq(dot.dot)]
         m.d.comb += [rq.valid.eq(acc.out_valid), rq.acc_sum.eq(acc.acc_sum), rq.acc_carry.eq(acc.acc_carry),
                      rq.scale.eq(acc.out_scale)]
         result = Signal(f.result_layout())
-        m.d.comb += [result.y.eq(rq.y), result.acc.eq(rq.acc),
-                     fifo.w_en.eq(rq.out_valid), fifo.w_data.eq(result),
-                     self.o.valid.eq(fifo.r_rdy), self.o.p.eq(fifo.r_data), fifo.r_en.eq(self.o.ready)]
+        m.d.comb += [result.y.eq(rq.y), result.acc.eq(rq.acc)]
+        if f.tag_shape is not None:
+            m.d.comb += Value.cast(result.tag).eq(Value.cast(rq.tag))
+        if self.always_ready:
+            m.d.comb += [self.o.valid.eq(rq.out_valid), self.o.p.eq(result)]
+        else:
+            m.d.comb += [fifo.w_en.eq(rq.out_valid), fifo.w_data.eq(result),
+                         self.o.valid.eq(fifo.r_rdy), self.o.p.eq(fifo.r_data), fifo.r_en.eq(self.o.ready)]
         return m

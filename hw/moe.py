@@ -26,21 +26,32 @@ request (its gate, up and down matrices are contiguous), issued as soon as
 the top-k selector has its indices - while the shared experts still stream,
 so the memory latency is hidden when n_shared >= 1.
 
-Every response beat is one MAC beat (lanes = weight_port_bytes): the port is
-the roofline and the MAC keeps up with it.  A beat waits only (a) before the
-first down-projection beat of an expert, until that expert's hidden vector
-is complete (MAC and product pipelines drain, exponent, conversion: ~30 +
-d_ff/port_bytes cycles per expert), and (b) for a routed expert, until its weight is known.
+Every projection (router, and gate, up, down of every shared and chosen
+expert) runs on ONE matrix-vector engine (hw/matvec.py), shared in time:
+the weights arrive one port beat per cycle and the engine takes one beat per
+cycle (hw.lanes == hw.weight_port_bytes), so the port is the roofline and a
+second engine would only wait.  The engine saturates each row to the width
+its consumer takes (table code, int8, 16-bit expert output: ``out_widths``),
+hands back a tag (matrix, row, segment) with each result, and is built
+``always_ready`` (no FIFO: the pipeline after it never stalls).  A beat
+waits only (a) before the first down-projection beat of an expert, until
+that expert's hidden vector is complete (engine and product pipelines drain,
+exponent, conversion: ~35 + d_ff/port_bytes cycles per expert), and (b) for
+a routed expert, until its weight is known.
 
-Results leave the MAC with a tag (matrix, row, segment) and go through a
-fixed pipeline that never stalls: router code -> sigmoid table -> (+ bias)
--> top-k; gate code -> SiLU table -> buffer; up -> SiLU * up (15 bits) ->
-buffer, OR of magnitudes; after the last up row the hidden exponent
-sh = max(0, bitlen(max|prod|) - 7) and the conversion hid = sat8(prod >> sh,
-rounded), port_bytes values per cycle; the down projection's shift is
-down_s - sh.  Down results: weighted add into the d_model accumulators, and
-for the last expert requantised into the output.  Routing weights
-(divisions) are computed by hw/moe_route.py while the shared experts run.
+Results go through a fixed pipeline that never stalls: router code ->
+sigmoid table -> (+ bias) -> top-k; gate code -> SiLU table -> buffer; up ->
+SiLU * up (15 bits) -> buffer, OR of magnitudes; a cycle after the last up
+row the hidden exponent sh = max(0, bitlen(max|prod|) - 7), then the
+conversion hid = sat8(prod >> sh, rounded), port_bytes values per cycle; the
+down projection's shift is down_s - sh.  Down results: weight * output +
+running sum in one Booth tree into the d_model accumulators, and for the
+last expert requantised (comb_m, comb_s), saturated in a stage of its own
+and shifted into the output register (rows arrive in order: no decode).
+Every product is hw/booth_multiply.py over stages that hw/pipeline.py places
+from the clock period; the counters are chunked (hw/moe_arith.py).  Routing
+weights (divisions) are computed by hw/moe_route.py while the shared
+experts run.
 """
 from __future__ import annotations
 
@@ -48,11 +59,14 @@ from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigne
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hw.booth_multiply import booth_multiply
+from hw.carry_save import sign_extend
 from hw.lut import LookupTable
+from hw.matvec import MatVecEngine, MatVecFormats, saturate
 from hw.memory_map import memory_map
-from hw.moe_arith import Staged, const_products, csa_levels, partial_products, prefix_add
-from hw.moe_mac import LaneMacRequant, saturate
+from hw.moe_arith import chunked_counter, prefix_add
 from hw.moe_route import RouteWeights
+from hw.pipeline import Pipe, plan_pipeline
 from hw.topk import TopK
 from hw.weight_port import MAX_BEATS, WeightPortSignature, beats_per_row
 from moekda.config import ConfigError
@@ -74,6 +88,10 @@ class MoEUnit(wiring.Component):
         self.widths = derived_widths(cfg)
         self.E, self.k, self.S, self.d, self.f = m.n_experts, m.top_k, m.n_shared, m.d_model, m.d_ff
         self.pb = cfg.hw.weight_port_bytes
+        if cfg.hw.lanes != self.pb:
+            # one response beat is one engine beat: the port is the roofline and the engine keeps up
+            raise ConfigError(f"hw.lanes = {cfg.hw.lanes}: the MoE unit needs lanes == hw.weight_port_bytes "
+                              f"({self.pb}), one port beat per engine beat")
         if fm.act_bits != 8 or fm.weight_bits != 8:
             raise ConfigError("formats.act_bits/weight_bits: the MoE unit is built for 8-bit activations and weights")
         for lin in (qmoe.router,):
@@ -94,8 +112,26 @@ class MoEUnit(wiring.Component):
             raise ConfigError(f"model.d_ff = {self.f}: an expert needs {self.expert_beats} beats, more than one "
                               f"weight request carries ({MAX_BEATS}); use a smaller d_ff/d_model")
         self.nseg = 1 + self.S + self.k
-        # 3:2 compressor levels per pipeline stage, from the clock period
-        self.levels = csa_levels(cfg.hw.clock_period_ns)
+        self.plan = plan_pipeline(cfg.hw.clock_period_ns)
+        # per-bank constants: banks 0..E-1 routed experts, E..E+S-1 shared experts
+        self.consts = {n: [int(v) for v in getattr(qmoe.routed, n)] + [int(v) for v in getattr(qmoe.shared, n)]
+                       for n in ("gate_m", "gate_s", "up_m", "up_s", "down_m", "down_s")}
+        # ONE engine for every projection: the weights of router, gate, up, down and
+        # shared experts arrive one port beat per cycle in sequence, and the engine
+        # takes one beat per cycle, so a second engine would only wait.  Rows are
+        # saturated to the width their consumer takes: table codes (router, gate),
+        # int8 (up), expert outputs (down); the tag routes each result.
+        widths = {ROUTER: fm.lut_in_bits, GATE: fm.lut_in_bits, UP: fm.act_bits, DOWN: fm.expert_out_bits}
+        out_widths = tuple(dict.fromkeys(widths.values()))
+        self.out_sel = {kind: out_widths.index(w) for kind, w in widths.items()}
+        tag = data.StructLayout({"kind": unsigned(2), "row": range(max(self.E, self.d, self.f)),
+                                 "seg": range(self.nseg)})
+        self.engine = MatVecEngine(MatVecFormats.from_config(cfg, out_widths=out_widths, tag_shape=tag),
+                                   always_ready=True)
+        max_shift = max(max(self.consts["gate_s"]), max(self.consts["up_s"]), max(self.consts["down_s"]),
+                        qmoe.router.s)
+        if max_shift >= 1 << self.engine.fmt.shift_bits:
+            raise ValueError(f"MoE requantisation shift {max_shift} does not fit the engine's shift field")
         # the output goes straight into the residual add: resid_bits wide
         self.out_bits = fm.resid_bits
         super().__init__({
@@ -119,18 +155,11 @@ class MoEUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cfg, q, fm = self.cfg, self.q, self.fm
+        cfg, q, fm, plan = self.cfg, self.q, self.fm, self.plan
         E, k, S, d, f, pb = self.E, self.k, self.S, self.d, self.f, self.pb
         nseg, nb_d, nb_f = self.nseg, self.nb_d, self.nb_f
-        routed, shared = q.routed, q.shared
-
-        # per-bank constants: banks 0..E-1 routed experts, E..E+S-1 shared experts
-        def bank_consts(name):
-            vals = [int(v) for v in getattr(routed, name)] + [int(v) for v in getattr(shared, name)]
-            return vals
-
-        consts = {n: bank_consts(n) for n in ("gate_m", "gate_s", "up_m", "up_s", "down_m", "down_s")}
-        max_shift = max(max(consts["gate_s"]), max(consts["up_s"]), max(consts["down_s"]), q.router.s)
+        delays = plan.delays
+        consts = self.consts
 
         def const_array(vals):
             w = _bits_for(vals)
@@ -143,29 +172,26 @@ class MoEUnit(wiring.Component):
         m.submodules.route = route = RouteWeights(
             E, k, key_bits, score_bits, wn_frac=fm.wn_frac, rs=q.rs, rs_frac=fm.rs_frac,
             div_num_bits=self.widths["div_num"], div_den_bits=self.widths["div_den"],
-            weight_bits=self.widths["route_weight"], counter_bits=self.counter_bits)
+            weight_bits=self.widths["route_weight"], counter_bits=self.counter_bits,
+            clock_period_ns=cfg.hw.clock_period_ns)
         wiring.connect(m, topk.out, route.sel)
         m.submodules.score_lut = score_lut = LookupTable([int(v) for v in q.score.table], q.score.in_bits)
         m.submodules.silu_lut = silu_lut = LookupTable([int(v) for v in q.silu.table], q.silu.in_bits)
-
-        tag_layout = data.StructLayout({"kind": unsigned(2), "row": range(max(E, d, f)), "seg": range(nseg)})
-        # MAC output widths: table codes (router, gate), int8 (up), expert outputs (down)
-        out_widths = (fm.lut_in_bits, fm.act_bits, fm.expert_out_bits)
-        m.submodules.mac = mac = LaneMacRequant(pb, fm.acc_bits, fm.mult_bits, max_shift, tag_layout,
-                                                out_widths=out_widths, levels=self.levels)
+        m.submodules.engine = eng = self.engine
         for i in range(E):
             m.d.comb += self.hits[i].eq(route.hits[i])
 
         # ---- token state ----
         x = Signal(data.ArrayLayout(signed(8), nb_d * pb))          # zero-padded to whole beats
-        h = Array(Signal(signed(8), name=f"h{j}") for j in range(nb_f * pb))   # hidden vector, padded
+        h = [Signal(signed(8), name=f"h{j}") for j in range(nb_f * pb)]   # hidden vector, padded
         # per hidden unit: the SiLU value from the gate row, then the product SiLU * up
-        buf_sigs = [Signal(signed(PROD_BITS + 1), name=f"buf{j}") for j in range(f)]
-        buf = Array(buf_sigs)
-        buf_padded = Array(buf_sigs + [Const(0, signed(PROD_BITS + 1))] * (nb_f * pb - f))
+        buf = [Signal(signed(PROD_BITS + 1), name=f"buf{j}") for j in range(f)]
+        buf_padded = buf + [Const(0, signed(PROD_BITS + 1))] * (nb_f * pb - f)
         orb = Signal(PROD_BITS)        # OR of |prod| so far in this expert
         hid_sh = Signal(range(PROD_BITS - 6))   # the hidden vector's exponent (int_expert's ``sh``), 0..8
         half_sh = Signal(PROD_BITS - 7)         # its rounding constant 2**(sh-1) (0 for sh = 0)
+        exp_go = Signal()              # orb is final: find the exponent next
+        exp_seg = Signal(range(nseg))
         conv_busy = Signal()
         conv_j = Signal(range(nb_f))
         conv_seg = Signal(range(nseg))
@@ -183,15 +209,14 @@ class MoEUnit(wiring.Component):
             rank = (seg - 1 - S)[:len(route.idx[0]) + 8]
             return Mux(seg <= S, E + seg - 1, idx[rank])
 
-        # ---- counters ----
-        # (prefix adders: Yosys's counters are ripple chains; the byte count is
-        # bumped one cycle after the beat, off the ready path)
-        m.d.sync += self.cycles.eq(prefix_add(m, self.cycles, 1, self.counter_bits, "cycles_inc"))
+        # ---- counters: carries registered between chunks that fit the clock ----
+        m.d.comb += self.cycles.eq(chunked_counter(m, plan, self.counter_bits, Const(1), "cycles"))
         beat_seen = Signal()
         m.d.sync += beat_seen.eq(self.wport.resp.valid & self.wport.resp.ready)
-        with m.If(beat_seen):
-            m.d.sync += self.weight_bytes.eq(prefix_add(m, self.weight_bytes, pb, len(self.weight_bytes),
-                                                        "bytes_inc"))
+        # bytes = beats * port_bytes (a power of two): count beats, shift by wiring
+        lg_pb = pb.bit_length() - 1
+        beats_seen = chunked_counter(m, plan, len(self.weight_bytes) - lg_pb, beat_seen, "beats")
+        m.d.comb += self.weight_bytes.eq(Cat(Const(0, lg_pb), beats_seen))
 
         # ---- token in / out ----
         m.d.comb += [self.tokens.ready.eq(~busy & ~out_valid),
@@ -200,8 +225,11 @@ class MoEUnit(wiring.Component):
         m.d.comb += start.eq(self.tokens.valid & self.tokens.ready)
         with m.If(start):
             m.d.sync += [busy.eq(1), h_ok.eq(0), x.as_value().eq(self.tokens.payload.as_value())]
-        with m.If(self.out.valid & self.out.ready):
-            m.d.sync += [out_valid.eq(0), self.tokens_done.eq(self.tokens_done + 1)]
+        delivered = Signal()
+        m.d.comb += delivered.eq(self.out.valid & self.out.ready)
+        with m.If(delivered):
+            m.d.sync += out_valid.eq(0)
+        m.d.comb += self.tokens_done.eq(chunked_counter(m, plan, self.counter_bits, delivered, "tokens"))
 
         # ---- requests: router, shared experts, then the chosen experts ----
         rq_seg = Signal(range(nseg + 1))
@@ -220,7 +248,7 @@ class MoEUnit(wiring.Component):
             with m.If(rq_seg == nseg - 1):
                 m.d.sync += rq_busy.eq(0)
 
-        # ---- beat sequencer: response beats -> MAC beats ----
+        # ---- beat sequencer: response beats -> engine beats ----
         c_seg = Signal(range(nseg))
         c_mat = Signal(2)              # GATE, UP, DOWN within an expert; ROUTER in segment 0
         c_row = Signal(range(max(E, d, f)))
@@ -241,6 +269,7 @@ class MoEUnit(wiring.Component):
                             ~(h_ok & (h_seg == c_seg) & ((c_seg <= S) | route.wt_valid)))
         resp = self.wport.resp
         beat = Signal()
+        # the engine is always ready (its results go into a pipeline that never stalls)
         m.d.comb += [resp.ready.eq(c_busy & ~hold), beat.eq(resp.valid & resp.ready)]
         with m.If(beat & is_down & (c_row == 0) & (c_beat == 0)):
             m.d.sync += h_ok.eq(0)     # h now belongs to this segment's down rows only
@@ -252,21 +281,19 @@ class MoEUnit(wiring.Component):
         # the down projection's shift absorbs the hidden exponent of this expert
         kind_s = {ROUTER: Const(q.router.s), GATE: const_array(consts["gate_s"])[bank],
                   UP: const_array(consts["up_s"])[bank], DOWN: const_array(consts["down_s"])[bank] - hid_sh}
-        mult = Signal(fm.mult_bits)
-        shift = Signal(range(max_shift + 1))
+        ei = eng.i.payload
         with m.Switch(c_mat):
             for kind in (ROUTER, GATE, UP, DOWN):
                 with m.Case(kind):
-                    m.d.comb += [mult.eq(kind_m[kind]), shift.eq(kind_s[kind])]
+                    m.d.comb += [ei.mult.eq(kind_m[kind]), ei.shift.eq(kind_s[kind]),
+                                 ei.out_sel.eq(self.out_sel[kind])]
         m.d.comb += [
-            mac.valid.eq(beat),
-            mac.w.as_value().eq(resp.payload.data),
-            mac.x.as_value().eq(Mux(is_down, h_slices[c_beat], x_slices[c_beat])),
-            mac.first.eq(c_beat == 0),
-            mac.last.eq(c_beat == row_beats - 1),
-            mac.mult.eq(mult), mac.shift.eq(shift),
-            mac.out_sel.eq(Mux(is_down, 2, Mux(c_mat == UP, 1, 0))),
-            mac.tag.kind.eq(c_mat), mac.tag.row.eq(c_row), mac.tag.seg.eq(c_seg),
+            eng.i.valid.eq(beat),
+            ei.w.as_value().eq(resp.payload.data),
+            ei.x.as_value().eq(Mux(is_down, h_slices[c_beat], x_slices[c_beat])),
+            ei.first.eq(c_beat == 0),
+            ei.last.eq(c_beat == row_beats - 1),
+            ei.tag.kind.eq(c_mat), ei.tag.row.eq(c_row), ei.tag.seg.eq(c_seg),
         ]
         with m.If(beat):
             m.d.sync += c_beat.eq(c_beat + 1)
@@ -282,10 +309,11 @@ class MoEUnit(wiring.Component):
                         m.d.sync += c_mat.eq(c_mat + 1)
 
         # ---- result pipeline (never stalls) ----
-        # stage C: MAC result; tables addressed by the requantised code
-        c_valid, c_kind, c_row_r, c_seg_r = mac.y_valid, mac.y_tag.kind, mac.y_tag.row, mac.y_tag.seg
-        m.d.comb += [score_lut.addr.eq(mac.y), score_lut.en.eq(c_valid & (c_kind == ROUTER)),
-                     silu_lut.addr.eq(mac.y), silu_lut.en.eq(c_valid & (c_kind == GATE))]
+        # stage C: engine result; tables addressed by the requantised code
+        eo = eng.o.payload
+        c_valid, c_kind, c_row_r, c_seg_r = eng.o.valid, eo.tag.kind, eo.tag.row, eo.tag.seg
+        m.d.comb += [score_lut.addr.eq(eo.y), score_lut.en.eq(c_valid & (c_kind == ROUTER)),
+                     silu_lut.addr.eq(eo.y), silu_lut.en.eq(c_valid & (c_kind == GATE))]
 
         def reg(name, shape, value, reset_less=True):
             r = Signal(shape, name=name, reset_less=reset_less)
@@ -296,19 +324,22 @@ class MoEUnit(wiring.Component):
         t_kind = reg("t_kind", 2, c_kind)
         t_row = reg("t_row", c_row_r.shape(), c_row_r)
         t_seg = reg("t_seg", c_seg_r.shape(), c_seg_r)
-        t_y = reg("t_y", signed(mac.out_bits), mac.y)
+        t_y = reg("t_y", eo.y.shape(), eo.y)
+        # the selection bias of this router row, looked up while the table reads
         bias = Array(Const(int(b), signed(key_bits)) for b in q.bias)
+        t_bias = reg("t_bias", signed(key_bits), bias[c_row_r[:max(1, (E - 1).bit_length())]])
 
         # stage T: table outputs valid.  Router: the choice key is registered
         # before the top-k compare; gate: the SiLU value goes into the buffer;
         # up/down: the multiplier operands are registered (buffer / weight read)
         k_valid = reg("k_valid", 1, t_valid & (t_kind == ROUTER), reset_less=False)
-        k_key = reg("k_key", signed(key_bits), score_lut.data + bias[t_row])
+        k_key = reg("k_key", signed(key_bits), score_lut.data + t_bias)
         k_tag = reg("k_tag", unsigned(score_bits), score_lut.data)
         m.d.comb += [topk.inp.valid.eq(k_valid), topk.inp.payload.key.eq(k_key),
                      topk.inp.payload.tag.eq(k_tag)]
-        with m.If(t_valid & (t_kind == GATE)):
-            m.d.sync += buf[t_row].eq(silu_lut.data)
+        for j in range(f):
+            with m.If(t_valid & (t_kind == GATE) & (t_row == j)):
+                m.d.sync += buf[j].eq(silu_lut.data)
         rank = (t_seg - 1 - S)[:max(1, (k - 1).bit_length())]
         # down: routed experts weigh by wt, shared ones by 1.0 = 1 << wn_frac
         weight = Mux(t_seg <= S, 1 << fm.wn_frac, wt[rank])
@@ -317,87 +348,98 @@ class MoEUnit(wiring.Component):
         o_row = reg("o_row", t_row.shape(), t_row)
         o_seg = reg("o_seg", t_seg.shape(), t_seg)
         o_a = reg("o_a", signed(max(PROD_BITS + 1, self.widths["route_weight"] + 1)),
-                  Mux(t_kind == UP, buf[t_row], weight))
+                  Mux(t_kind == UP, Array(buf)[t_row[:max(1, (f - 1).bit_length())]], weight))
         o_b = reg("o_b", t_y.shape(), t_y)
 
-        # stage O: the product (SiLU * up, or weight * expert output) in carry-save,
-        # then one add; the down path reads its accumulator one stage early
-        prod_bits = self.widths["moe_combine_acc"] + 1
-        mul = Staged(m, "mul", {"valid": o_valid, "kind": o_kind, "row": o_row, "seg": o_seg})
-        s_w, c_w = mul.reduce(partial_products(o_a, o_b, prod_bits), prod_bits, self.levels)
-        mul.ctl["prev"] = Mux(mul.ctl["seg"] == 1, 0, acc[mul.ctl["row"]])   # first expert assigns
-        u_val = mul.add(s_w, c_w, signed(prod_bits))
-        u_valid, u_kind, u_row, u_seg, u_prev = (mul.ctl[n] for n in ("valid", "kind", "row", "seg", "prev"))
+        # stage O: the product, SiLU * up, or for the down rows weight * expert
+        # output + the row's running sum (one more word of the same carry-save
+        # tree; the first contributing segment starts from zero).  Registers
+        # where the clock needs them (hw/pipeline.py).
+        acc_bits = self.widths["moe_combine_acc"]
+        prod_bits = acc_bits + 1
+        mul = Pipe(m, plan, "mul")
+        live = {"valid": o_valid, "kind": o_kind, "row": o_row, "seg": o_seg, "a": o_a, "b": o_b}
+        live = mul.spend(delays.mux_level * max(1, (d - 1).bit_length()), live)
+        prev = Signal(signed(acc_bits), name="mul_prev")
+        m.d.comb += prev.eq(Mux((live["kind"] == DOWN) & (live["seg"] != 1),
+                                acc[live["row"][:max(1, (d - 1).bit_length())]], 0))
+        live = booth_multiply(mul, live, live.pop("a"), live.pop("b"), prod_bits, "p",
+                              extra_words=[sign_extend(prev, prod_bits)])
+        live = mul.register(live)
+        u_valid, u_kind, u_row, u_seg = (live[n] for n in ("valid", "kind", "row", "seg"))
+        u_val = live["p"].as_signed()
 
         # stage U, up: the product replaces the SiLU value in the buffer; the OR of
         # the magnitudes has the bit length of max|prod| (the hidden exponent)
         prod16 = u_val[:PROD_BITS + 1].as_signed()
         magnitude = Mux(prod16 < 0, -prod16, prod16)[:PROD_BITS]
-        orb_new = Signal(PROD_BITS)
-        m.d.comb += orb_new.eq(Mux(u_row == 0, 0, orb) | magnitude)
         with m.If(u_valid & (u_kind == UP)):
-            m.d.sync += [buf[u_row].eq(prod16), orb.eq(orb_new)]
+            for j in range(f):
+                with m.If(u_row == j):
+                    m.d.sync += buf[j].eq(prod16)
+            m.d.sync += orb.eq(Mux(u_row == 0, 0, orb) | magnitude)
             with m.If(u_row == f - 1):
-                bl = Signal(range(PROD_BITS + 1))
-                for i in range(PROD_BITS):
-                    with m.If(orb_new[i]):
-                        m.d.comb += bl.eq(i + 1)
-                sh_new = Mux(bl > fm.act_bits - 1, bl - (fm.act_bits - 1), 0).as_unsigned()[:4]
-                m.d.sync += [hid_sh.eq(sh_new), half_sh.eq((Const(1, PROD_BITS - 6) << sh_new) >> 1),
-                             conv_busy.eq(1), conv_j.eq(0), conv_seg.eq(u_seg)]
-        # the hidden vector, pb values per cycle: sat8(round_shift(prod, sh)),
-        # in three stages (slice read, rounding add, shift and saturate)
-        cv_valid = reg("cv_valid", 1, conv_busy, reset_less=False)
-        cv_j = reg("cv_j", conv_j.shape(), conv_j)
-        cv_last = reg("cv_last", 1, conv_j == nb_f - 1)
-        cv_vals = [reg(f"cv_val{i}", signed(PROD_BITS + 1), buf_padded[conv_j * pb + i]) for i in range(pb)]
+                m.d.sync += [exp_go.eq(1), exp_seg.eq(u_seg)]
+        # a cycle later, orb final: the leading one gives sh = max(0, bitlen - 7)
+        with m.If(exp_go):
+            bl = Signal(range(PROD_BITS + 1))
+            for i in range(PROD_BITS):
+                with m.If(orb[i]):
+                    m.d.comb += bl.eq(i + 1)
+            sh_new = Mux(bl > fm.act_bits - 1, bl - (fm.act_bits - 1), 0).as_unsigned()[:4]
+            m.d.sync += [exp_go.eq(0), hid_sh.eq(sh_new), half_sh.eq((Const(1, PROD_BITS - 6) << sh_new) >> 1),
+                         conv_busy.eq(1), conv_j.eq(0), conv_seg.eq(exp_seg)]
+
+        # the hidden vector, pb values per cycle: sat8(round_shift(prod, sh)):
+        # slice read, rounding add, shift, saturate, staged by the clock
         with m.If(conv_busy):
             m.d.sync += conv_j.eq(conv_j + 1)
             with m.If(conv_j == nb_f - 1):
                 m.d.sync += conv_busy.eq(0)
-        # then the rounding add, then shift and saturate
-        cr_valid = reg("cr_valid", 1, cv_valid, reset_less=False)
-        cr_j = reg("cr_j", cv_j.shape(), cv_j)
-        cr_last = reg("cr_last", 1, cv_last)
-        cr_vals = [reg(f"cr_val{i}", signed(PROD_BITS + 2),
-                       prefix_add(m, cv_vals[i], half_sh, PROD_BITS + 2, f"cr_add{i}").as_signed())
-                   for i in range(pb)]
-        with m.If(cr_valid):
-            for i in range(pb):
-                hv = Signal(signed(8), name=f"hid_conv{i}")
-                saturate(m, cr_vals[i] >> hid_sh, 8, hv)
-                m.d.sync += h[cr_j * pb + i].eq(hv)
-            with m.If(cr_last):
+        cv = Pipe(m, plan, "cv")
+        live = {"valid": conv_busy, "j": conv_j, "last": conv_j == nb_f - 1}
+        live = cv.spend(delays.mux_level * max(1, (nb_f - 1).bit_length()), live)
+        lanes_in = [Array(buf_padded[j * pb + i] for j in range(nb_f))[live["j"]] for i in range(pb)]
+        live = cv.spend(delays.adder(PROD_BITS + 2), {**live, "v": lanes_in})
+        rounded = [prefix_add(m, sign_extend(v, PROD_BITS + 2), half_sh, PROD_BITS + 2, f"cv_round{i}")
+                   for i, v in enumerate(live.pop("v"))]
+        live = cv.spend(delays.mux_level * len(hid_sh), {**live, "v": rounded})
+        shifted = [(v.as_signed() >> hid_sh) for v in live.pop("v")]
+        live = cv.spend(delays.saturate, {**live, "v": shifted})
+        live = cv.register({**live, "v": [saturate(v, fm.hid_bits) for v in live.pop("v")]})
+        with m.If(live["valid"]):
+            for j in range(nb_f):
+                with m.If(live["j"] == j):
+                    m.d.sync += [h[j * pb + i].eq(v) for i, v in enumerate(live["v"])]
+            with m.If(live["last"]):
                 m.d.sync += [h_ok.eq(1), h_seg.eq(conv_seg)]
 
-        # stage U, down: weighted add into the accumulators
-        # (the sum is registered before it fans out to the d_model accumulators;
-        # the early read above is safe: the same row comes back >= d_model results later)
-        acc_new = Signal(signed(self.widths["moe_combine_acc"]))
-        m.d.comb += acc_new.eq(prefix_add(m, u_prev, u_val, len(acc_new), "acc_new"))
-        last_seg = u_seg == nseg - 1
-        v_down = reg("v_down", 1, u_valid & (u_kind == DOWN), reset_less=False)
-        v_valid = reg("v_valid", 1, u_valid & (u_kind == DOWN) & last_seg, reset_less=False)
-        v_row = reg("v_row", u_row.shape(), u_row)
-        v_acc = reg("v_acc", acc_new.shape(), acc_new)
-        with m.If(v_down):
-            m.d.sync += acc[v_row].eq(v_acc)
+        # stage U, down: the running sum goes back into the accumulators (a
+        # registered value into a decoded write; the same row is read again
+        # at least d_model results later)
+        with m.If(u_valid & (u_kind == DOWN)):
+            for i in range(d):
+                with m.If(u_row == i):
+                    m.d.sync += acc[i].eq(u_val[:acc_bits])
 
-        # stage V: acc * comb_m + rounding constant in carry-save, one add; then the
-        # constant shift (wiring) and saturation into the output token
-        rq_bits = self.widths["moe_combine_acc"] + fm.mult_bits + 2
-        comb = Staged(m, "comb", {"valid": v_valid, "row": v_row})
-        s_w, c_w = comb.reduce(const_products(v_acc, q.comb_m, rq_bits) + [(1 << q.comb_s) >> 1],
-                               rq_bits, self.levels)
-        x_sum = comb.add(s_w, c_w, signed(rq_bits))
-        x_valid, x_row = comb.ctl["valid"], comb.ctl["row"]
-        x_sat = Signal(signed(self.out_bits))
-        saturate(m, x_sum >> q.comb_s, self.out_bits, x_sat)
-        with m.If(x_valid):
-            m.d.sync += y_out[x_row].eq(x_sat)
-            with m.If(x_row == d - 1):
+        # stage V, the last segment's sums: requantised by the constant
+        # (comb_m, comb_s): Booth tree with the rounding word, one split add,
+        # the shift (wiring), saturation in its own stage, then into the output
+        comb = Pipe(m, plan, "comb")
+        last_seg = u_seg == nseg - 1
+        live = {"valid": u_valid & (u_kind == DOWN) & last_seg, "row": u_row}
+        rq_bits = acc_bits + fm.mult_bits + 2
+        live = booth_multiply(comb, live, u_val[:acc_bits].as_signed(), Const(q.comb_m, unsigned(fm.mult_bits)),
+                              rq_bits, "p", extra_words=[Const((1 << q.comb_s) >> 1, rq_bits)])
+        live = comb.spend(delays.saturate, live)
+        y_new = saturate(sign_extend(live.pop("p")[q.comb_s:], rq_bits), self.out_bits)
+        live = comb.register({**live, "y": y_new})
+        # rows arrive in order: the output is a shift register, no row decode
+        with m.If(live["valid"]):
+            m.d.sync += y_out.as_value().eq(Cat(y_out.as_value()[self.out_bits:], live["y"]))
+            with m.If(live["row"] == d - 1):
                 m.d.sync += [out_valid.eq(1), busy.eq(0)]
-        m.d.comb += route.release.eq(x_valid & (x_row == d - 1))
+        m.d.comb += route.release.eq(live["valid"] & (live["row"] == d - 1))
         return m
 
 

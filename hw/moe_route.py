@@ -14,22 +14,31 @@ sum runs one entry per cycle and also bumps the per-expert hit counters, so
 no k-wide adder tree or k x E comparator array is needed.
 
 ``release`` (one cycle) empties the unit for the next token.
+
+Timing: the scaling product wn * rs is a Booth tree over stages the clock
+decides (hw/pipeline.py), a quotient at a time (divisions are sequential,
+so the products never overlap); the hit counters are chunked counters.
 """
 from __future__ import annotations
 
-from amaranth.hdl import Array, Module, Signal, unsigned
+from amaranth.hdl import Array, Const, Module, Signal, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.moe_arith import prefix_add
+from hw.booth_multiply import booth_multiply
+from hw.moe_arith import chunked_counter, prefix_add
 from hw.moe_divider import SequentialDivider
+from hw.pipeline import Pipe, plan_pipeline
 from hw.topk import index_bits, selection_layout
 
 
 class RouteWeights(wiring.Component):
     def __init__(self, n_experts: int, k: int, key_bits: int, score_bits: int, *, wn_frac: int,
                  rs: int, rs_frac: int, div_num_bits: int, div_den_bits: int, weight_bits: int,
-                 counter_bits: int = 32):
+                 counter_bits: int = 32, clock_period_ns: float = 1.0):
+        self.plan = plan_pipeline(clock_period_ns)
+        self.clock_period_ns = clock_period_ns
+        self.counter_bits = counter_bits
         self.E, self.k = n_experts, k
         self.score_bits, self.wn_frac, self.rs, self.rs_frac = score_bits, wn_frac, rs, rs_frac
         self.div_num_bits, self.div_den_bits, self.weight_bits = div_num_bits, div_den_bits, weight_bits
@@ -48,31 +57,47 @@ class RouteWeights(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         k = self.k
-        m.submodules.div = div = SequentialDivider(self.div_num_bits, self.div_den_bits)
+        m.submodules.div = div = SequentialDivider(self.div_num_bits, self.div_den_bits, self.clock_period_ns)
 
         score = Array(Signal(self.score_bits, name=f"score{i}") for i in range(k))
         idx = Array(Signal.like(self.idx[i], name=f"idx{i}") for i in range(k))
         wt = Array(Signal.like(self.wt[i], name=f"wt{i}") for i in range(k))
-        hits = Array(Signal.like(self.hits[e], name=f"hits{e}") for e in range(self.E))
         tot = Signal(self.div_den_bits)
+        den = Signal(self.div_den_bits)
         step = Signal(range(k + 1))
         sent = Signal(range(k + 1))   # divisions issued
         got = Signal(range(k + 1))    # quotients received
 
         for i in range(k):
             m.d.comb += [self.idx[i].eq(idx[i]), self.wt[i].eq(wt[i])]
-        for e in range(self.E):
-            m.d.comb += self.hits[e].eq(hits[e])
-
-        # hit counters: one registered increment per chosen entry, prefix adders
+        # hit counters: one registered increment per chosen entry
         hit_e = Signal(range(self.E))
         hit_go = Signal()
         m.d.sync += hit_go.eq(0)
         for e in range(self.E):
-            with m.If(hit_go & (hit_e == e)):
-                m.d.sync += hits[e].eq(prefix_add(m, hits[e], 1, len(hits[e]), f"hit{e}"))
+            m.d.comb += self.hits[e].eq(chunked_counter(m, self.plan, self.counter_bits, hit_go & (hit_e == e),
+                                                        f"hit{e}"))
+
+        # wt = round_shift(wn * rs, rs_frac): rs a constant, the rounding one more word
+        scale = Pipe(m, self.plan, "scale")
+        quotient = Signal(self.div_num_bits)
+        q_valid = Signal()
+        q_slot = Signal(range(k))
+        m.d.sync += [q_valid.eq(0)]
+        rs_bits = max(1, self.rs.bit_length())
+        prod_bits = self.div_num_bits + rs_bits + 1
+        live = booth_multiply(scale, {"valid": q_valid, "slot": q_slot}, quotient, Const(self.rs, unsigned(rs_bits)),
+                              prod_bits, "p", extra_words=[Const((1 << self.rs_frac) >> 1, prod_bits)])
+        live = scale.register(live)
+        with m.If(live["valid"]):
+            m.d.sync += wt[live["slot"]].eq(live["p"][self.rs_frac:])
+            with m.If(live["slot"] == k - 1):
+                m.d.sync += self.wt_valid.eq(1)
 
         m.d.comb += self.sel.ready.eq(0)
+        # operands driven in every state (only valid depends on the state): the
+        # divider's input negation then starts at the den register, not at the FSM
+        m.d.comb += [div.inp.payload.num.eq(score[sent] << self.wn_frac), div.inp.payload.den.eq(den)]
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.sel.ready.eq(1)
@@ -89,24 +114,20 @@ class RouteWeights(wiring.Component):
                              step.eq(step + 1)]
                 with m.If(step == k - 1):
                     m.d.sync += [sent.eq(0), got.eq(0)]
-                    m.next = "DIVIDE"
+                    m.next = "DENOMINATOR"
+            with m.State("DENOMINATOR"):
+                # max(tot, 1) into a register: the divider negates it on the way in
+                m.d.sync += den.eq(tot | (tot == 0))
+                m.next = "DIVIDE"
             with m.State("DIVIDE"):
-                den = Signal(self.div_den_bits)
-                m.d.comb += [den.eq(tot | (tot == 0)),    # max(tot, 1)
-                             div.inp.valid.eq(sent < k),
-                             div.inp.payload.num.eq(score[sent] << self.wn_frac),
-                             div.inp.payload.den.eq(den),
-                             div.out.ready.eq(1)]
+                m.d.comb += [div.inp.valid.eq(sent < k), div.out.ready.eq(1)]
                 with m.If(div.inp.valid & div.inp.ready):
                     m.d.sync += sent.eq(sent + 1)
                 with m.If(div.out.valid):
-                    # round_shift(wn * rs, rs_frac), round half up
-                    scaled = div.out.payload.quotient * self.rs
-                    if self.rs_frac:
-                        scaled = (scaled + (1 << (self.rs_frac - 1))) >> self.rs_frac
-                    m.d.sync += [wt[got].eq(scaled), got.eq(got + 1)]
+                    # into the scaling product above; wt_valid rises when the last lands
+                    m.d.sync += [quotient.eq(div.out.payload.quotient), q_slot.eq(got), q_valid.eq(1),
+                                 got.eq(got + 1)]
                     with m.If(got == k - 1):
-                        m.d.sync += self.wt_valid.eq(1)
                         m.next = "DONE"
             with m.State("DONE"):
                 with m.If(self.release):

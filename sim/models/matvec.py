@@ -15,6 +15,11 @@ Each beat carries two framing flags, independent of each other:
 A result is the wide accumulator ``acc`` (int, ``acc_bits`` two's complement,
 wrapping modulo 2**acc_bits exactly like the hardware register) and
 ``y = requantize(acc, mult, shift)`` from moekda.numerics (int8).
+
+An engine built with several output widths saturates each row to
+``out_widths[out_sel]`` of its ``last`` beat instead of int8 (the MoE's
+table codes, int8 activations and 16-bit expert outputs share one engine);
+an engine with a tag hands the ``last`` beat's ``tag`` back with the result.
 """
 from __future__ import annotations
 
@@ -34,6 +39,8 @@ class Beat:
     last: bool
     mult: int = 0
     shift: int = 0
+    out_sel: int = 0
+    tag: int = 0
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,7 @@ class Result:
     """One output of the engine: requantised int8 and the raw accumulator."""
     y: int
     acc: int
+    tag: int = 0
 
 
 def wrap(value: int, bits: int) -> int:
@@ -83,8 +91,11 @@ def matrix_beats(W, x, lanes: int, mult, shift) -> list[Beat]:
     return beats
 
 
-def run_beats(beats, acc_bits: int = 32, out_bits: int = 8) -> list[Result]:
-    """What the engine emits for a stream of beats (the cycle-free behaviour)."""
+def run_beats(beats, acc_bits: int = 32, out_bits: int = 8, out_widths=None) -> list[Result]:
+    """What the engine emits for a stream of beats (the cycle-free behaviour).
+
+    ``out_widths``: the engine's output widths, indexed by each row's ``out_sel``
+    (default: every row saturates to ``out_bits``)."""
     acc = 0  # the register after reset
     out = []
     for b in beats:
@@ -93,8 +104,9 @@ def run_beats(beats, acc_bits: int = 32, out_bits: int = 8) -> list[Result]:
         dot = sum(int(wi) * int(xi) for wi, xi in zip(b.w, b.x))
         acc = wrap((0 if b.first else acc) + dot, acc_bits)
         if b.last:
-            y = int(requantize(acc, b.mult, b.shift, out_bits))
-            out.append(Result(y=y, acc=acc))
+            bits = out_widths[b.out_sel] if out_widths else out_bits
+            y = int(requantize(acc, b.mult, b.shift, bits))
+            out.append(Result(y=y, acc=acc, tag=b.tag))
     return out
 
 

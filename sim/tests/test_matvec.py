@@ -9,7 +9,7 @@ import pytest
 
 from moekda.config import load_config
 from sim.cocotb_util import run_cocotb, simulator_available
-from sim.models.matvec import Beat, matrix_beats, matvec, row_beats, run_beats, wrap
+from sim.models.matvec import Beat, Result, matrix_beats, matvec, row_beats, run_beats, wrap
 
 
 # ---- the model, against plain Python integers and floats -----------------
@@ -175,3 +175,61 @@ def test_accumulator_only_engine_matches_model_acc(period):
     sim.add_testbench(bench)
     sim.run()
     assert got == expected
+
+
+# ---- several output widths, a tag, always ready (the MoE unit's engine) -----
+
+@pytest.mark.parametrize("period,widths", [(4.0, (8, 16)), (1.0, (8, 6, 16)), (1.0, (8, 12))])
+def test_width_select_and_tag_engine_matches_model(period, widths):
+    """Amaranth simulation: every row saturated to its own out_widths[out_sel], its tag
+    handed back with the result, exactly ``latency`` cycles after the last beat,
+    with gaps in the input (the consumer never stalls; there is no FIFO)."""
+    from amaranth.hdl import unsigned
+    from amaranth.sim import Simulator
+    from hw.matvec import MatVecEngine, MatVecFormats
+    fmt = MatVecFormats(lanes=4, clock_period_ns=period, out_widths=widths, tag_shape=unsigned(7))
+    dut = MatVecEngine(fmt, always_ready=True)
+    assert dut.fifo_depth == 0
+    rng = random.Random(len(widths) * 10 + int(period))
+    beats = []
+    for row in range(60):
+        length = rng.randint(1, 11)
+        w = [rng.choice([-128, 127, rng.randint(-128, 127)]) for _ in range(length)]
+        x = [rng.choice([-128, 127, rng.randint(-128, 127)]) for _ in range(length)]
+        m, s = rng.randrange(1 << fmt.mult_bits), rng.randint(0, 30)
+        sel = rng.randrange(len(widths))
+        beats += [Beat(b.w, b.x, b.first, b.last, b.mult, b.shift, out_sel=sel if b.last else 0,
+                       tag=row % 128 if b.last else 0)
+                  for b in row_beats(w, x, fmt.lanes, m, s)]
+    want = run_beats(beats, fmt.acc_bits, out_widths=widths)
+    assert {r.y for r in want} & {-(1 << (w - 1)) for w in widths}, "no row saturated"
+    got, last_at, out_at = [], [], []
+
+    async def bench(ctx):
+        sent, cycle = 0, 0
+        while len(got) < len(want) and cycle < 20 * len(beats):
+            offer = sent < len(beats) and rng.random() < 0.7
+            if offer:
+                b = beats[sent]
+                ctx.set(dut.i.valid, 1)
+                ctx.set(dut.i.p, {"w": list(b.w), "x": list(b.x), "first": b.first, "last": b.last,
+                                  "mult": b.mult, "shift": b.shift, "out_sel": b.out_sel, "tag": b.tag})
+            else:
+                ctx.set(dut.i.valid, 0)
+            await ctx.delay(1e-9)
+            if ctx.get(dut.o.valid):
+                got.append(Result(y=ctx.get(dut.o.p.y), acc=ctx.get(dut.o.p.acc), tag=ctx.get(dut.o.p.tag)))
+                out_at.append(cycle)
+            if offer:
+                if beats[sent].last:
+                    last_at.append(cycle)
+                sent += 1
+            await ctx.tick()
+            cycle += 1
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert got == want
+    assert [o - l for o, l in zip(out_at, last_at)] == [dut.latency] * len(want)

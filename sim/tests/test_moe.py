@@ -132,7 +132,8 @@ def test_moe_bit_exact_icarus(name, tmp_path):
     over, n, zero_bias = CASES[name]
     if name == "padded_rows":
         cfg = make_config("tiny", **over)
-        cfg = type(cfg)(**{**cfg.__dict__, "hw": type(cfg.hw)(**{**cfg.hw.__dict__, "weight_port_bytes": 8})})
+        cfg = type(cfg)(**{**cfg.__dict__, "hw": type(cfg.hw)(**{**cfg.hw.__dict__, "weight_port_bytes": 8,
+                                                                   "lanes": 8})})
     else:
         cfg = make_config("tiny", **over)
     case = build_case(cfg, n, seed=3, zero_bias=zero_bias)
@@ -140,6 +141,17 @@ def test_moe_bit_exact_icarus(name, tmp_path):
     check_counters(case, res)
     if zero_bias:
         assert any(len(set(c)) == 1 for c in case.choice)
+
+
+def test_lanes_must_equal_port_bytes():
+    """One port beat is one engine beat: any other pairing is a one-line config error."""
+    from moekda.config import ConfigError
+    from sim.models.params import random_params
+    from sim.models.quantize import quantize_layer
+    cfg = make_config("tiny")
+    cfg = type(cfg)(**{**cfg.__dict__, "hw": type(cfg.hw)(**{**cfg.hw.__dict__, "weight_port_bytes": 8})})
+    with pytest.raises(ConfigError, match="hw.lanes = 4: .*weight_port_bytes"):
+        MoEUnit(cfg, quantize_layer(random_params(cfg, 0), cfg).moe)
 
 
 def _long_run(cfg, n, tmp_path, zero_bias=False, seed=5):

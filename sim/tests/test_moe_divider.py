@@ -7,12 +7,14 @@ from amaranth.sim import Simulator
 from hw.moe_divider import SequentialDivider
 
 
-@pytest.mark.parametrize("num_bits,den_bits", [(8, 8), (24, 12), (17, 5)])
-def test_divider_floor_quotient(num_bits, den_bits):
+@pytest.mark.parametrize("num_bits,den_bits,period,cycles_per_bit",
+                         [(8, 8, 4.0, 1), (24, 12, 4.0, 1), (17, 5, 4.0, 1), (28, 18, 1.0, 2), (28, 18, 1.25, 1)])
+def test_divider_floor_quotient(num_bits, den_bits, period, cycles_per_bit):
     rng = random.Random(num_bits)
     cases = [(0, 1), ((1 << num_bits) - 1, 1), ((1 << num_bits) - 1, (1 << den_bits) - 1), (5, 7), (7, 7)]
     cases += [(rng.randrange(1 << num_bits), rng.randrange(1, 1 << den_bits)) for _ in range(60)]
-    dut = SequentialDivider(num_bits, den_bits)
+    dut = SequentialDivider(num_bits, den_bits, clock_period_ns=period)
+    assert dut.cycles_per_bit == cycles_per_bit   # the clock decides the step
     got = []
 
     async def source(ctx):
