@@ -132,8 +132,8 @@ def window_mean(token_cycles, position: int, window: int = CONTEXT_WINDOW) -> fl
     if position > len(token_cycles) or position < 1:
         return None
     lo = max(0, position - window)
-    seg = [int(c) for c in token_cycles[lo:position]]
-    return sum(seg) / len(seg)
+    seg = [int(c) for c in token_cycles[lo:position] if c is not None]   # None: not read
+    return sum(seg) / len(seg) if seg else None
 
 
 def simulate(cfg_name: str, tokens: int, simulator: str, seed: int = 0) -> dict:
@@ -143,15 +143,19 @@ def simulate(cfg_name: str, tokens: int, simulator: str, seed: int = 0) -> dict:
     t0 = time.monotonic()
     drv.build(simulator)
     build_s = time.monotonic() - t0
-    # TOKEN_CYCLES is read after every output: the per-token cycles at each context position.
+    # TOKEN_CYCLES is read after the outputs of the windows before each context position.
     # One token more than measured: the last token of a run has the chip to itself (no next
     # token's KDA sharing the port), so it would flatter the window at the last position.
-    res = drv.run(RunPlan(tokens=tokens + 1, stall=False, seed=1, token_cycles=True), simulator=simulator,
+    windows = tuple(t for p in CONTEXTS if p <= tokens for t in range(max(0, p - CONTEXT_WINDOW), p))
+    res = drv.run(RunPlan(tokens=tokens + 1, stall=False, seed=1, token_cycles=windows), simulator=simulator,
                   name=f"bench_T{tokens}")
     c = res.counters
     if not res.match:
         raise RuntimeError(f"bench run of {cfg_name} on {simulator} does not match the model: {res.problems[0]}")
-    tc = [int(x) for x in res.token_cycles][:tokens]
+    tc: list[int | None] = [None] * tokens
+    for t, cycles in zip(res.token_cycles_idx, res.token_cycles):
+        if t < tokens:
+            tc[int(t)] = int(cycles)
     return {"simulator": simulator, "tokens": tokens, "match": res.match,
             "cycles": c.get("CYCLES"), "busy_cycles": c.get("BUSY_CYCLES"), "tokens_counted": c.get("TOKENS"),
             "weight_bytes": c.get("WEIGHT_BYTES"), "macs": c.get("MACS"),

@@ -65,7 +65,8 @@ class RunPlan:
     abandon: int = 2
     stall: bool = True
     seed: int = 0
-    token_cycles: bool = False      # read TOKEN_CYCLES after every output (the bench's per-context figure)
+    token_cycles: tuple = ()        # tokens after whose output the bench reads TOKEN_CYCLES (a bus
+                                    # read per token halves Verilator's speed: only those asked for)
 
     def __post_init__(self):
         if self.tokens < 1:
@@ -102,13 +103,14 @@ class RunResult:
     idx: np.ndarray                     # (K,) input index of each output the chip gave
     got: np.ndarray                     # (K, d)
     counters: dict                      # CSR counters at the end (since the last reset)
-    token_cycles: np.ndarray            # TOKEN_CYCLES after each output
+    token_cycles: np.ndarray            # TOKEN_CYCLES after the outputs of plan.token_cycles (else the last)
     wall_s: float
     problems: list = field(default_factory=list)
     waves: Path | None = None           # the waveform file when recorded
     out_cycles: np.ndarray | None = None  # clock cycle of each output (bench time)
     sim_cycles: int = 0                 # clock cycles the simulator ran (build excluded)
     sim_s: float = 0.0                  # the simulator's wall time for them
+    token_cycles_idx: np.ndarray | None = None   # the token of each token_cycles value
 
     @property
     def cycles_per_s(self) -> float | None:
@@ -287,7 +289,7 @@ class LayerDriver:
         np.savez(case, config=json.dumps({"name": self.cfg.name, **self.cfg.to_dict()}), image=np.frombuffer(self.image(), np.uint8), xs=xs,
                  first=first, clears=clears, want=want, reset_at=-1 if plan.reset_at is None else plan.reset_at,
                  abandon=plan.abandon, stall=plan.stall, seed=plan.seed,
-                 token_cycles=plan.token_cycles)
+                 token_cycles=np.isin(np.arange(plan.tokens), plan.token_cycles))
         try:
             _runner(simulator).test(
                 test_module="sim.cocotb.tb_layer", hdl_toplevel=(build_dir / ".toplevel").read_text(),
@@ -313,7 +315,8 @@ class LayerDriver:
             wave_file = max(found, key=lambda p: p.stat().st_mtime) if found else None
         sim_cycles, sim_s = _sim_time(run_dir / "results.xml")
         return RunResult(want, z["idx"], z["got"], counters, z["token_cycles"], time.monotonic() - t0, problems,
-                         wave_file, z["out_cycles"] if "out_cycles" in z.files else None, sim_cycles, sim_s)
+                         wave_file, z["out_cycles"] if "out_cycles" in z.files else None, sim_cycles, sim_s,
+                         z["token_cycles_idx"] if "token_cycles_idx" in z.files else None)
 
 
 def _runner(simulator: str):

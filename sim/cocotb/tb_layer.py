@@ -90,7 +90,8 @@ async def layer_run(dut):
     cfg = config_from_dict(json.loads(str(z["config"])), source=os.environ["LAYER_CASE"])
     xs, first, clears, want = z["xs"], z["first"], z["clears"], z["want"]
     reset_at, abandon, stall = int(z["reset_at"]), int(z["abandon"]), bool(z["stall"])
-    record_token_cycles = bool(z["token_cycles"]) if "token_cycles" in z.files else False
+    # tokens after whose output TOKEN_CYCLES is read (a bus read each: only those asked for)
+    record_token_cycles = z["token_cycles"] if "token_cycles" in z.files else np.zeros(len(xs), bool)
     T = len(xs)
     rng = random.Random(int(z["seed"]))
     problems: list[str] = []
@@ -116,7 +117,7 @@ async def layer_run(dut):
     idx: list[int] = []         # input index of each output taken
     outputs: list[list[int]] = []
     out_cycles: list[int] = []  # clock cycle at which each output was collected
-    token_cycles: list[int] = []  # TOKEN_CYCLES read after each output (when recorded)
+    token_cycles: list[tuple[int, int]] = []  # (token, TOKEN_CYCLES read after its output)
     seg = {"base": 0, "taken": 0, "sent_base": 0}   # the current segment (since the last reset)
     failed = Event()
     failure: list[str] = []
@@ -135,11 +136,11 @@ async def layer_run(dut):
             failure.append(f"token {t}: first wrong output")
         if failure:
             failed.set()
-        elif record_token_cycles:
-            cocotb.start_soon(read_token_cycles())
+        elif record_token_cycles[t]:
+            cocotb.start_soon(read_token_cycles(t))
 
-    async def read_token_cycles():
-        token_cycles.append(await bus.read("TOKEN_CYCLES"))
+    async def read_token_cycles(t):
+        token_cycles.append((t, await bus.read("TOKEN_CYCLES")))
 
     src = EdgeStreamSource(dut, "i", dut.clk, in_codec, rng, CLOCK_NS, stall=STALL["source"] if stall else 0.0)
     sink = EdgeStreamSink(dut, "o", dut.clk, out_codec, rng, CLOCK_NS,
@@ -245,12 +246,13 @@ async def layer_run(dut):
         check_memory("at the end")
     problems += sink.problems
     if not token_cycles:
-        token_cycles = [counters.get("TOKEN_CYCLES", 0)]
+        token_cycles = [(T - 1, counters.get("TOKEN_CYCLES", 0))]
     np.savez(os.environ["LAYER_RESULT"], idx=np.array(idx, np.int64),
              got=np.array(outputs, np.int64).reshape(len(idx), want.shape[1]),
              counter_names=np.array(list(counters), dtype=str),
              counter_values=np.array(list(counters.values()), np.int64),
-             token_cycles=np.array(token_cycles, np.int64),
+             token_cycles=np.array([c for _, c in token_cycles], np.int64),
+             token_cycles_idx=np.array([t for t, _ in token_cycles], np.int64),
              out_cycles=np.array(out_cycles, np.int64),
              bench_problems=np.array(problems, dtype=str))
     assert not failure and not problems, (failure or problems)[0]

@@ -1,5 +1,10 @@
 """Testbench weight memory: the other end of a block's weight port (hw/weight_port.py).
 
+Runs Python every clock cycle: the block benches (KDA, MoE) use it.  The layer
+bench uses its HDL twin sim/hdl/weight_memory.py (same timing rule, checked
+against it in sim/tests/test_layer_weight_memory.py), which needs no Python per
+cycle.
+
 It answers read requests from a byte image (hw.memory_map.build_image) with
 a fixed latency, inserts random stalls on both streams, honours
 ``resp.ready``, keeps several requests in flight, and counts what it serves,

@@ -1,7 +1,8 @@
 """End-to-end tests of the layer chip (hw/layer.py) against the integer layer model.
 
-Every run goes through sim/driver.py (RTL from the quantised model, cocotb
-bench sim/cocotb/tb_layer.py, comparison with sim.models.int_layer): bit-exact
+Every run goes through sim/driver.py (RTL from the quantised model inside
+sim/hdl/layer_sim.py with the weight memory in the HDL, cocotb bench
+sim/cocotb/tb_layer.py, comparison with sim.models.int_layer): bit-exact
 outputs, every input token exactly one output in order, random stalls on both
 token streams and on the weight port, CSR clears, a reset with tokens inside.
 
