@@ -70,6 +70,13 @@ def test_window_mean_ends_at_the_context_position():
     assert bench.window_mean(cycles, 101) is None   # not reached
 
 
+def test_window_mean_skips_tokens_not_read():
+    """The bench reads TOKEN_CYCLES only inside the windows; the other tokens are None."""
+    cycles = [None] * 12 + [10, 20, 30, 40]
+    assert bench.window_mean(cycles, 16, window=8) == pytest.approx(25)
+    assert bench.window_mean([None] * 16, 16) is None
+
+
 def test_figures_at_fmax():
     out = bench.at_fmax(macs=1000, cycles_per_token=500, fmax_mhz=500.0, area_um2=2e6, power_w=0.1,
                         clock_period_ns=2.0)
