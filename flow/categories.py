@@ -36,8 +36,7 @@ class Category:
 CATEGORIES: tuple[Category, ...] = (
     Category("engine", "matrix-vector engine",
              ("kda/engine/**",            # the KDA's projections (hw/matvec.py)
-              "moe/engine*/**",           # the MoE's projections on engine instances
-              "moe/mac/**")),             # the MoE's interim lane MAC (hw/moe_mac.py)
+              "moe/engine*/**")),         # router, gate, up, down on the MoE's engine
     Category("kda_state", "KDA state",
              ("kda/delta/mem/**",)),
     Category("norms", "norms (RMSNorm, q/k/o norms, rsqrt)",
