@@ -74,6 +74,27 @@ def test_block_areas_add_up_and_twin_blocks_match(run):
     assert yosys_total == pytest.approx(m["synth__design__instance__area"], abs=0.01)
 
 
+def test_category_areas_add_up_and_unmapped_blocks_are_shown(run):
+    """The two-MAC design has none of the chip's blocks: both MACs are unmapped (its top
+    glue counts as the top's), and the page and metrics.json say so rather than dropping them."""
+    m = run["metrics"]
+    cats = {k.split(":", 1)[1]: v for k, v in m.items()
+            if k.startswith("synth__design__instance__area__category:")}
+    block = {k.split(":", 1)[1]: v for k, v in m.items() if k.startswith("synth__design__instance__area__block:")}
+    assert sum(cats.values()) == pytest.approx(m["synth__design__instance__area"], abs=0.01)
+    assert cats["unmapped"] == pytest.approx(block["mac_a"] + block["mac_b"], abs=0.01)
+    assert cats["residual"] == pytest.approx(block["(top)"], abs=0.01)
+    page = run["paths"].report_md.read_text()
+    assert "## Area by category" in page and "cells are unmapped" in page
+
+
+def test_synth_log_ends_with_time_per_pass(run):
+    log = run["paths"].log("synth").read_text()
+    tail = log[log.index("# wall time per script command"):]
+    assert ". SYNTH" in tail and ". ABC" in tail and "# wall time per pass" in tail
+    assert "time " in run["paths"].log("sta").read_text()   # the STA log's laps
+
+
 def test_slack_is_consistent_with_the_period(run):
     paths, m = run["paths"], run["metrics"]
     period = m["clock__period"]
