@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moekda.config import REPO_ROOT, Config
+from moekda.fingerprint import generator_hash
 
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
@@ -122,6 +123,9 @@ def synth_metrics(cfg: Config, build_root: Path | None = None) -> tuple[dict | N
         return None, f"{path} is of top {m.get('design__name')}, not the chip top layer"
     if m.get("config__hash") != cfg.hash():
         return None, f"{path} is of config hash {m.get('config__hash')}, not {cfg.hash()} (re-run synth)"
+    if m.get("generator__hash") != generator_hash():
+        return None, (f"{path} is of generator {m.get('generator__hash')}, not the current {generator_hash()} "
+                      f"(hw/ changed since; re-run synth)")
     return m, ""
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moekda.config import REPO_ROOT, SECTIONS, Config, ConfigError, config_from_dict, load_config
+from moekda.fingerprint import generator_hash
 
 SWEEP_ROOT = REPO_ROOT / "build" / "sweep"
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
@@ -137,7 +138,10 @@ def cached(cfg: Config, root: Path = SWEEP_ROOT) -> dict | None:
     if not f.is_file():
         return None
     rec = json.loads(f.read_text())
-    return rec if rec.get("config") == json.loads(json.dumps(cfg.to_dict())) else None
+    if rec.get("config") != json.loads(json.dumps(cfg.to_dict())):
+        return None
+    # a point measured on an older generator describes an older chip: recompute it
+    return rec if rec.get("generator_hash") == generator_hash() else None
 
 
 # ---- one point (runs in a worker) -----------------------------------------------------
@@ -177,7 +181,8 @@ def run_point(cfg_dict: dict, tokens: int, simulator: str, root: str) -> dict:
     t0 = time.monotonic()
     paths = BuildPaths.for_config(cfg, "layer", build_root=root_p).make_dirs()
     m = json.loads(paths.metrics.read_text()) if paths.metrics.is_file() else {}
-    if m.get("config__hash") != cfg.hash() or m.get("design__name") != "layer":
+    if (m.get("config__hash") != cfg.hash() or m.get("design__name") != "layer"
+            or m.get("generator__hash") != generator_hash()):
         # synthesis is the long step: kept when a later step of the point failed
         steps = Steps(lambda s: None, lambda s, t: None)
         steps.run("rtl", write_rtl, cfg, "layer", paths.rtl, paths.log("rtl"))
@@ -190,7 +195,7 @@ def run_point(cfg_dict: dict, tokens: int, simulator: str, root: str) -> dict:
         raise RuntimeError(f"point {cfg.hash()}: simulation does not match the model: {res.problems[0]}")
     tr = bench.traffic(cfg)
     cpt = res.cycles_per_token
-    rec = {"config_hash": cfg.name, "config": cfg.to_dict(),
+    rec = {"config_hash": cfg.name, "config": cfg.to_dict(), "generator_hash": generator_hash(),
            "lanes": cfg.hw.lanes, "weight_port_bytes": cfg.hw.weight_port_bytes,
            "n_experts": cfg.model.n_experts, "top_k": cfg.model.top_k, "d_model": cfg.model.d_model,
            "clock_period_ns": cfg.hw.clock_period_ns,

@@ -13,6 +13,7 @@ import pytest
 
 from flow import sweep
 from moekda.config import ConfigError
+from moekda.fingerprint import generator_hash
 
 
 def _grid(tmp_path, text):
@@ -61,12 +62,19 @@ def test_cache_hit_only_for_the_same_values(tmp_path):
     assert sweep.cached(cfg, tmp_path) is None
     d = sweep.point_dir(cfg, tmp_path)
     d.mkdir(parents=True)
-    (d / sweep.RESULT_FILE).write_text(json.dumps({"config_hash": cfg.name, "config": cfg.to_dict()}))
+    gen = generator_hash()
+    (d / sweep.RESULT_FILE).write_text(json.dumps({"config_hash": cfg.name, "config": cfg.to_dict(),
+                                                   "generator_hash": gen}))
     assert sweep.cached(cfg, tmp_path)["config_hash"] == cfg.name
     assert sweep.cached(other, tmp_path) is None
     # a result left by other values under this name is not taken
-    (d / sweep.RESULT_FILE).write_text(json.dumps({"config_hash": cfg.name, "config": other.to_dict()}))
+    (d / sweep.RESULT_FILE).write_text(json.dumps({"config_hash": cfg.name, "config": other.to_dict(),
+                                                   "generator_hash": gen}))
     assert sweep.cached(cfg, tmp_path) is None
+    # nor one measured on another version of the generator (or before it was recorded)
+    for stale in ({"generator_hash": "0" * 12}, {}):
+        (d / sweep.RESULT_FILE).write_text(json.dumps({"config_hash": cfg.name, "config": cfg.to_dict(), **stale}))
+        assert sweep.cached(cfg, tmp_path) is None
 
 
 def test_pareto_small_example():
