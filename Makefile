@@ -85,7 +85,7 @@ vectors: $(STAMP)
 
 # make bench: measured performance of tiny and small into bench/results/.
 bench: $(STAMP)
-	$(MOEKDA) bench -c tiny --tokens 1024 --synth
+	$(MOEKDA) bench -c tiny --tokens 4096 --synth
 	$(MOEKDA) bench -c small --tokens 1024 --synth
 
 # make sweep: Ray is an optional extra, installed on first use.
