@@ -161,6 +161,10 @@ def _check_relations(cfg: Config):
         raise ConfigError(f"hw.lanes = {hw.lanes}: must be a power of two (1, 2, 4, ... 256)")
     if hw.weight_port_bytes & (hw.weight_port_bytes - 1):
         raise ConfigError(f"hw.weight_port_bytes = {hw.weight_port_bytes}: must be a power of two (1 to 256)")
+    # the engine multiplies one weight-port beat per cycle, one byte per lane (hw/matvec.py)
+    if hw.lanes != hw.weight_port_bytes:
+        raise ConfigError(f"hw.lanes = {hw.lanes}: must equal hw.weight_port_bytes ({hw.weight_port_bytes}); "
+                          f"the engine takes one port beat per cycle, one byte per lane")
     if m.head_dim % hw.state_lanes:
         raise ConfigError(f"hw.state_lanes = {hw.state_lanes}: must divide model.head_dim ({m.head_dim})")
     # global placement cannot spread cells thinner than they sit in the core

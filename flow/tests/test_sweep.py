@@ -34,8 +34,8 @@ def test_grid_expands_every_combination(tmp_path):
 
 
 def test_grid_names_are_stable_and_value_based(tmp_path):
-    a = _grid(tmp_path, '[grid]\nlanes = [2]\n').points()[0][0]
-    b = _grid(tmp_path, '[grid]\nlanes = [2]\nn_shared = [1]\n').points()[0][0]   # tiny's own value
+    a = _grid(tmp_path, '[grid]\n"lanes+weight_port_bytes" = [[2, 2]]\n').points()[0][0]
+    b = _grid(tmp_path, '[grid]\n"lanes+weight_port_bytes" = [[2, 2]]\nn_shared = [1]\n').points()[0][0]   # tiny's own value
     assert a.name == b.name
 
 
@@ -58,7 +58,7 @@ def test_bad_grids_are_one_line_errors(tmp_path, text, word):
 
 
 def test_cache_hit_only_for_the_same_values(tmp_path):
-    cfg, other = _grid(tmp_path, '[grid]\nlanes = [2, 4]\n').points()[0]
+    cfg, other = _grid(tmp_path, '[grid]\n"lanes+weight_port_bytes" = [[2, 2], [4, 4]]\n').points()[0]
     assert sweep.cached(cfg, tmp_path) is None
     d = sweep.point_dir(cfg, tmp_path)
     d.mkdir(parents=True)
@@ -127,7 +127,7 @@ def test_sweep_without_ray_says_how_to_get_it(tmp_path):
 def test_point_config_file_round_trips(tmp_path):
     """A point's config.toml (what the simulation bench reloads) gives back the same values."""
     from moekda.config import load_config
-    cfg = _grid(tmp_path, '[grid]\nlanes = [2]\nrouted_scaling = [1.5]\n').points()[0][0]
+    cfg = _grid(tmp_path, '[grid]\n"lanes+weight_port_bytes" = [[2, 2]]\nrouted_scaling = [1.5]\n').points()[0][0]
     f = tmp_path / "point.toml"
     f.write_text(sweep.to_toml(cfg.to_dict() | {"name": cfg.name}))
     back = load_config(f)

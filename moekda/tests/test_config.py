@@ -35,6 +35,7 @@ def test_issue_sizes():
     (base(model={"d_model": 2}), "model.d_model = 2: allowed range is 4 to 4096"),
     (base(model={"top_k": 5, "n_experts": 4}), "model.top_k = 5: allowed range is 1 to model.n_experts (4)"),
     (base(hw={"lanes": 3}), "hw.lanes = 3: must be a power of two"),
+    (base(hw={"lanes": 8, "weight_port_bytes": 4}), "hw.lanes = 8: must equal hw.weight_port_bytes (4)"),
     (base(hw={"clock_period_ns": "fast"}), "hw.clock_period_ns = 'fast': must be a number"),
     (base(formats={"act_bits": 16}), "formats.act_bits = 16: allowed values are 8"),
     (base(formats={"acc_bits": 40, "requant_mult_bits": 24}),
@@ -55,7 +56,7 @@ def test_bad_values_name_field_and_range(raw, needle):
 def test_hash_changes_with_values_only():
     a = config_from_dict(base(), source="a")
     b = config_from_dict(base(), source="b")
-    c = config_from_dict(base(hw={"lanes": 8}))
+    c = config_from_dict(base(hw={"lanes": 8, "weight_port_bytes": 8}))
     assert a.hash() == b.hash() != c.hash()
 
 

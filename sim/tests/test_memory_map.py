@@ -22,7 +22,7 @@ def test_regions_aligned_disjoint_and_ordered(name):
 
 def test_moe_shapes_and_expert_contiguity():
     cfg = config_from_dict({"name": "t", "model": {"d_model": 12, "d_ff": 20, "n_experts": 3, "top_k": 1,
-                                                    "n_shared": 2}, "hw": {"weight_port_bytes": 8, "lanes": 4}})
+                                                    "n_shared": 2}, "hw": {"weight_port_bytes": 8, "lanes": 8}})
     mm = memory_map(cfg)
     assert (mm["moe.router"].rows, mm["moe.router"].cols, mm["moe.router"].row_bytes) == (3, 12, 16)
     for p in ["moe.expert0", "moe.expert2", "moe.shared1"]:
