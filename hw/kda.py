@@ -30,8 +30,9 @@ Schedule of one token (all phases in sequence; W = weight_port_bytes = lanes)
            ~ (3 H d_k + 2 r + H) ceil(d/W) + 2 H d_k ceil(r/W) cycles.
 3. NORM    L2 normalisation of q then k, head by head, on the shared
            normaliser (hw/kda_norm.py): 2 H (2 d_k + rsqrt latency + 12) cycles.
-4. DELTA   the state update and read (hw/kda_delta.py):
-           about H d_v (2 d_k / state_lanes + 9) cycles.
+4. DELTA   the state update and read (hw/kda_delta.py): the two passes of
+           neighbouring columns interleave, about H d_v max(2 d_k / state_lanes,
+           the column latency of its clock-derived pipelines) cycles.
 5. ONORM   RMSNorm of o per head on the same normaliser, times the gate.
 6. WO      the weight read of W_o goes out only now, then its beats (input zo):
            d ceil(H d_v / W) cycles, then the output.  W_o is requested apart
@@ -40,18 +41,20 @@ Schedule of one token (all phases in sequence; W = weight_port_bytes = lanes)
            through NORM, DELTA and ONORM and block the MoE of the previous token.
            Costs the memory latency once per token.
 No phase depends on the number of tokens seen: cycles per token are constant
-(the tests measure token 16 against token 4096).  Measured without stalls:
-tiny 813, small 3368 cycles per token, against a weight-port floor of 324
-and 1224 (bytes / port width); the delta rule is the next thing to overlap.
+(the tests measure token 16 against token 4096).  Measured without stalls
+(``token_cycles``; sim/tests/test_kda_unit.py's run_kda with stall=False):
+tiny 875, small SMALLCYC cycles per token, against a weight-port floor of 324
+and 1224 (bytes / port width).
 """
 from __future__ import annotations
 
 import numpy as np
-from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.booth_multiply import booth_multiply, requantise
+from hw.carry_save import pipelined_add
 from hw.kda_delta import DeltaRule, DeltaShifts, round_shift, saturate
 from hw.matvec import MatVecEngine
 from hw.kda_norm import Normalizer
@@ -149,10 +152,22 @@ class KdaUnit(wiring.Component):
         OUT = vec("out", d, signed(a))
 
         # ---- counters ------------------------------------------------------------
-        cycles = Signal(32)
-        token_start = Signal(32)
-        m.d.sync += cycles.eq(cycles + 1)
+        # 32-bit counters as two 16-bit halves: the high half steps on a flag registered
+        # one cycle ahead (low half about to wrap), so no 32-bit carry chain in a cycle
+        def split_counter(name, clear=None):
+            lo, hi, wrap = Signal(16, name=f"{name}_lo"), Signal(16, name=f"{name}_hi"), Signal(name=f"{name}_wrap")
+            m.d.sync += [lo.eq(lo + 1), wrap.eq(lo == 0xFFFE)]
+            with m.If(wrap):
+                m.d.sync += hi.eq(hi + 1)
+            if clear is not None:
+                with m.If(clear):
+                    m.d.sync += [lo.eq(2), hi.eq(0), wrap.eq(0)]
+            return Cat(lo, hi)
+        cycles = split_counter("cycles")
         m.d.comb += self.cycles.eq(cycles)
+        token_clear = Signal()    # ACCEPT takes a token: the count restarts (at 2: the ACCEPT cycle and
+                                  # the one after it are the token's first two, as token_cycles counts)
+        token_count = split_counter("token_count", token_clear)
 
         # ---- weight requests: the projections' at ACCEPT, W_o's at WO -------------------
         # one table of requests in memory order; the phase control moves req_end to
@@ -221,19 +236,22 @@ class KdaUnit(wiring.Component):
                 m.d.sync += [res_row.eq(0), res_op.eq(res_op + 1)]
         fu = lins[OP["fu"]]
         bias = Array(Const(int(v), signed(fm.acc_bits)) for v in fu.bias) if fu.bias is not None else None
-        acc_b = Signal(signed(fm.acc_bits + 1))
-        m.d.comb += acc_b.eq(eng.o.payload.acc)
-        if bias is not None:
-            with m.If(res_op == OP["fu"]):
-                m.d.comb += acc_b.eq(eng.o.payload.acc + bias[res_row])
-        # R0: the (biased) accumulator registered; then times M, round, shift, saturate
+        # R0: the accumulator and its bias (0 but for f_up) registered; the bias add
+        # (a carry chain as wide as the accumulator), times M, round, shift, saturate
         # over clock-derived stages (hw/booth_multiply.py); the last register is R2
         r0_valid, r0_op, r0_row = Signal(), Signal.like(f_op), Signal.like(f_row)
-        r0_acc = Signal(signed(fm.acc_bits + 1))
-        m.d.sync += [r0_valid.eq(res_valid), r0_op.eq(res_op), r0_row.eq(res_row), r0_acc.eq(acc_b)]
+        r0_acc, r0_bias = Signal(signed(fm.acc_bits + 1)), Signal(signed(fm.acc_bits + 1))
+        m.d.sync += [r0_valid.eq(res_valid), r0_op.eq(res_op), r0_row.eq(res_row),
+                     r0_acc.eq(eng.o.payload.acc), r0_bias.eq(0)]
+        if bias is not None:
+            with m.If(res_op == OP["fu"]):
+                m.d.sync += r0_bias.eq(bias[res_row])
         plan = plan_pipeline(cfg.hw.clock_period_ns)
         rq = Pipe(m, plan, "rq")
-        rq_live = requantise(rq, {"valid": r0_valid, "op": r0_op, "row": r0_row}, r0_acc, "op",
+        rq_live = pipelined_add(rq, {"valid": r0_valid, "op": r0_op, "row": r0_row, "acc": r0_acc,
+                                     "bias": r0_bias}, "acc", "bias", "biased", fm.acc_bits + 1)
+        r0_biased = Value.cast(rq_live.pop("biased")).as_signed()
+        rq_live = requantise(rq, rq_live, r0_biased, "op",
                              [(int(lin.m), int(lin.s), int(lin.out_bits)) for lin in lins],
                              fm.acc_bits + 3 + fm.mult_bits, "y")
         rq_live = rq.register(rq_live)
@@ -275,7 +293,8 @@ class KdaUnit(wiring.Component):
 
         # short convolution of q, k, v (channels in that order), requant, SiLU
         conv_w = [q.conv_q.w, q.conv_k.w, q.conv_v.w]
-        m.submodules.conv = conv = ShortConv(np.concatenate(conv_w, axis=0), a, fm.weight_bits)
+        m.submodules.conv = conv = ShortConv(np.concatenate(conv_w, axis=0), a, fm.weight_bits,
+                                                clock_period_ns=cfg.hw.clock_period_ns)
         is_qkv = (r2_op == OP["q"]) | (r2_op == OP["k"]) | (r2_op == OP["v"])
         m.d.comb += [conv.i.valid.eq(r2_valid & is_qkv), conv.i.payload.eq(r2_y), conv.o.ready.eq(1)]
         c_chan = Signal(range(hk + hk + hv))
@@ -368,6 +387,12 @@ class KdaUnit(wiring.Component):
         m.d.comb += self.tokens.eq(tokens)
         token_cycles = Signal(32)
         m.d.comb += self.token_cycles.eq(token_cycles)
+        # the token count steps a cycle after the hand-over (the output's ready is not
+        # in front of a 32-bit carry chain)
+        token_out = Signal()
+        m.d.sync += token_out.eq(0)
+        with m.If(token_out):
+            m.d.sync += tokens.eq(tokens + 1)
         with m.FSM():
             with m.State("ACCEPT"):
                 m.d.comb += self.i.ready.eq(1)
@@ -375,7 +400,8 @@ class KdaUnit(wiring.Component):
                     for n in range(d):
                         m.d.sync += X[n].eq(self.i.payload.x[n])
                     m.d.sync += [req_idx.eq(0), req_end.eq(len(self.proj_reqs)), f_op.eq(0), f_row.eq(0), f_beat.eq(0),
-                                 res_op.eq(0), res_row.eq(0), token_start.eq(cycles)]
+                                 res_op.eq(0), res_row.eq(0)]
+                    m.d.comb += token_clear.eq(1)
                     with m.If(self.i.payload.first):
                         m.d.comb += [delta.clear.eq(1), conv.restart.eq(1)]
                     m.next = "PROJ"
@@ -410,12 +436,12 @@ class KdaUnit(wiring.Component):
             with m.State("WO"):
                 m.d.comb += feed_enable.eq(f_op == OP["o"])
                 with m.If((f_op == n_ops) & drained):
-                    m.d.sync += token_cycles.eq(cycles - token_start + 1)
+                    m.d.sync += token_cycles.eq(token_count)
                     m.next = "OUTPUT"
             with m.State("OUTPUT"):
                 m.d.comb += self.o.valid.eq(1)
                 with m.If(self.o.ready):
-                    m.d.sync += tokens.eq(tokens + 1)
+                    m.d.sync += token_out.eq(1)
                     m.next = "ACCEPT"
         return m
 

@@ -19,14 +19,23 @@ rs = round half up shift, sat = saturate to state_bits.  Each column needs
 only its own u_j, so the two passes run column by column and nothing wider
 than one column is buffered.
 
-Pipeline of a pass (one word read per cycle, tag = row block and pass):
-    read -> [A1] S*alpha -> [A2] S1 = rs(.), k*u -> [B] S2 (pass 2) / S1, written back
-         -> [C1] lane products -> [C2] their sum -> [D] acc
-Pass 2 of column j writes S2 back from [B] and drains into its own
-accumulator while pass 1 of column j+1 already reads, so a column costs
-2 d_k/lanes read cycles plus the pass-1 drain and u_j (PIPE + 3 cycles):
-about heads * d_v * (2 d_k / lanes + PIPE + 3) cycles per token, independent
-of how many tokens came before.
+Pipeline of a word (one word read per cycle; the tag carries pass, column,
+last-of-column, and for pass 2 the column's u):
+    issue (registered) -> memory read + lane-select muxes of alpha, k, q (registered beside it)
+    -> S*alpha and k*u as Booth carry-save trees with their rounding words
+    -> resolve (split adders) -> S1 + rs(k u), saturate -> S2 / S1, registered
+    -> written back (pass 2); lane products k_i S1_i / q_i S2_i, all lanes in one
+       carry-save tree -> a 4:2 step into the pass's carry-save accumulator.
+The registers fall where hw/pipeline.py's delay budget for hw.clock_period_ns
+says: the depth follows from the clock, no stage count is written here.  A
+column's last word hands its sum to the u pipeline (kS, v - kS, beta *, round,
+saturate) or the o pipeline (round, saturate, into a 2-entry FIFO on ``o``).
+
+Schedule: the passes interleave, P1(0) P1(1) P2(0) P1(2) P2(1) ... P2(N-1), so
+2 d_k/lanes read cycles of other columns cover the time u_c takes; u is kept
+per column parity.  A column costs max(2 d_k/lanes, that latency) cycles:
+measured per token (`moekda`'s KDA unit counter, no stalls) tiny 848, small
+3248 for the whole unit.  Independent of how many tokens came before.
 
 Ports: ``start`` (strobe, when not ``busy``) runs one token over the vectors
 ``k``, ``q``, ``alpha``, ``v``, ``beta`` that must stay stable while ``busy``;
@@ -39,6 +48,7 @@ from dataclasses import dataclass
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from hw.carry_save import (booth_partial_products, compress_3_2, pipelined_add, pipelined_add_all,
@@ -112,42 +122,72 @@ class DeltaRule(wiring.Component):
         m.submodules.mem = mem = StateMemory(H, dk, dv, P, sb)
         acc_width = sb + qk + (dk - 1).bit_length() + 1
 
-        # ---- control: head h, column j (hj = h*d_v + j), row block b, pass ----------
-        h = Signal(range(H))
-        j = Signal(range(dv))
-        hj = Signal(range(H * dv))
-        b = Signal(range(nb))
-        g = Signal(range(H * nb))               # row block h*nb + b being issued
-        g_head = Signal(range(H * nb))          # h*nb
-        addr = Signal(range(mem.words))         # word being issued
-        col_word = Signal(range(mem.words))     # first word of column (h, j)
+        # ---- control: two issue cursors, one per pass, each walking the words in
+        # memory order (column-major: column c = h*d_v + j holds words c*nb .. c*nb+nb-1).
+        # The passes interleave column by column - P1(0) P1(1) P2(0) P1(2) P2(1) ... - so
+        # while u_c is being computed, P2(c-1) and P1(c+1) keep the read port busy.
+        N = H * dv
+
+        class Cursor:
+            def __init__(self, name):
+                self.addr = Signal(range(mem.words), name=f"{name}_addr")
+                self.g = Signal(range(H * nb), name=f"{name}_g")          # row block h*nb + b
+                self.g_head = Signal(range(H * nb), name=f"{name}_ghead")  # h*nb
+                self.b = Signal(range(nb), name=f"{name}_b")
+                self.j = Signal(range(dv), name=f"{name}_j")
+                self.col = Signal(range(N + 1), name=f"{name}_col")
+                self.last = self.b == nb - 1
+
+            def reset(self):
+                return [v.eq(0) for v in (self.addr, self.g, self.g_head, self.b, self.j, self.col)]
+
+            def advance(self):
+                m.d.sync += [self.addr.eq(self.addr + 1), self.b.eq(self.b + 1), self.g.eq(self.g + 1)]
+                with m.If(self.last):
+                    m.d.sync += [self.b.eq(0), self.col.eq(self.col + 1), self.j.eq(self.j + 1),
+                                 self.g.eq(self.g_head)]
+                    with m.If(self.j == dv - 1):       # next head: g + 1 is its first block
+                        m.d.sync += [self.j.eq(0), self.g_head.eq(self.g_head + nb), self.g.eq(self.g + 1)]
+        c1, c2 = Cursor("p1"), Cursor("p2")
         pass2 = Signal()
         issuing = Signal()
-        u = Signal(signed(sb))
+        u_regs = [Signal(signed(sb), name=f"u{n}") for n in range(2)]   # by column parity
+        u_ok = [Signal(name=f"u_ok{n}") for n in range(2)]
 
         # ---- issue: the memory read and the lane operands, both one cycle ------------
         # The lane-select muxes (H*nb row blocks) sit alone in the issue cycle: their
         # outputs are registered next to the memory's read register, so no product
         # starts behind a mux.  k and q only travel as far as their product.
+        # The word to read is chosen (the FSM's pass, the cursor) one cycle ahead, so the
+        # state memory's read mux (words deep) starts from a register
+        def tag(name):
+            return {"valid": Signal(name=f"{name}_valid"), "pass2": Signal(name=f"{name}_pass2"),
+                    "last": Signal(name=f"{name}_last"), "col": Signal(range(N + 1), name=f"{name}_col"),
+                    "addr": Signal(range(mem.words), name=f"{name}_addr"), "u": Signal(signed(sb), name=f"{name}_u")}
+        iss = tag("iss")
+        iss["g"] = Signal(range(H * nb), name="iss_g")
+        m.d.sync += [iss["valid"].eq(issuing), iss["pass2"].eq(pass2), iss["addr"].eq(Mux(pass2, c2.addr, c1.addr)),
+                     iss["g"].eq(Mux(pass2, c2.g, c1.g)),
+                     iss["last"].eq(Mux(pass2, c2.last, c1.last)), iss["col"].eq(Mux(pass2, c2.col, c1.col)),
+                     iss["u"].eq(Array(u_regs)[c2.col[0]])]
+
         def lanes_of(vec):
-            return [Array(vec[gg * P + l] for gg in range(H * nb))[g] for l in range(P)]
-        m.d.comb += [mem.rd_en.eq(issuing), mem.rd_addr.eq(addr)]
-        rd = {"valid": Signal(name="rd_valid"), "pass2": Signal(name="rd_pass2"),
-              "addr": Signal.like(addr, name="rd_addr"),
-              "alpha": [Signal(unsigned(af), name=f"rd_alpha{l}") for l in range(P)],
-              "k": [Signal(signed(qk), name=f"rd_k{l}") for l in range(P)],
-              "kq": [Signal(signed(qk), name=f"rd_kq{l}") for l in range(P)]}
-        m.d.sync += [rd["valid"].eq(issuing), rd["pass2"].eq(pass2), rd["addr"].eq(addr)]
+            return [Array(vec[gg * P + l] for gg in range(H * nb))[iss["g"]] for l in range(P)]
+        m.d.comb += [mem.rd_en.eq(iss["valid"]), mem.rd_addr.eq(iss["addr"])]
+        rd = tag("rd")
+        rd.update({"alpha": [Signal(unsigned(af), name=f"rd_alpha{l}") for l in range(P)],
+                   "k": [Signal(signed(qk), name=f"rd_k{l}") for l in range(P)],
+                   "kq": [Signal(signed(qk), name=f"rd_kq{l}") for l in range(P)]})
+        m.d.sync += [rd[key].eq(iss[key]) for key in ("valid", "pass2", "last", "col", "addr", "u")]
         for l, (al, kl, ql) in enumerate(zip(lanes_of(self.alpha), lanes_of(self.k), lanes_of(self.q))):
-            m.d.sync += [rd["alpha"][l].eq(al), rd["k"][l].eq(kl), rd["kq"][l].eq(Mux(pass2, ql, kl))]
+            m.d.sync += [rd["alpha"][l].eq(al), rd["k"][l].eq(kl), rd["kq"][l].eq(Mux(iss["pass2"], ql, kl))]
         rd["s"] = [mem.rd_data[l] for l in range(P)]
 
         # ---- the word pipeline, registers placed by the clock (hw/pipeline.py) ---------
         dp = Pipe(m, plan, "dl")
         live = dp.spend(dl.mux_level, rd)       # the memory's cleared-state mux
         # decay S*alpha and the rank-1 term k*u as Booth trees, rounding constants as
-        # words; u is stable while pass-2 words are in flight (it changes only after
-        # the next column's pass 1, issued behind them, has drained)
+        # words; u_c travels with each pass-2 word from its issue
         w_dec, w_ku = sb + af + 2, sb + qk + 1
         live = dp.spend(dl.booth_select, live)
         rnd_af = Const(1 << (af - 1) if af else 0, w_dec)
@@ -155,8 +195,8 @@ class DeltaRule(wiring.Component):
         for l in range(P):
             live[f"dec{l}"] = booth_partial_products(m, Cat(live["alpha"][l], Const(0, 1)), live["s"][l], w_dec,
                                                      name=f"dl_dec{l}") + [rnd_af]
-            live[f"ku{l}"] = booth_partial_products(m, u, live["k"][l], w_ku, name=f"dl_ku{l}") + [rnd_fk]
-        for key in ("alpha", "k", "s"):
+            live[f"ku{l}"] = booth_partial_products(m, live["u"], live["k"][l], w_ku, name=f"dl_ku{l}") + [rnd_fk]
+        for key in ("alpha", "k", "s", "u"):
             live.pop(key)
         keys = [f"{n}{l}" for n in ("dec", "ku") for l in range(P)]
         live = reduce_all_to_two(dp, live, keys, [w_dec] * P + [w_ku] * P)
@@ -182,8 +222,9 @@ class DeltaRule(wiring.Component):
             m.d.comb += new_s[l].eq(Mux(live["pass2"], clamp(live["t"][l], sb), live["s1"][l]))
         live.pop("s1"), live.pop("t")
         live["snew"] = new_s
-        # the write-back leaves from its own stage: the memory's write decode after it
-        live = dp.spend(dl.mux_level * 2, live)
+        # the write-back leaves from a register: the memory's address decode (one
+        # enable per word, each fanning out to a word of flip-flops) has the cycle alone
+        live = dp.register(live)
         m.d.comb += [mem.wr_en.eq(live["valid"] & live["pass2"]), mem.wr_addr.eq(live["addr"]),
                      mem.wr_data.eq(Cat(*live["snew"]))]
         # the lane products k_i S1_i (pass 1) / q_i S2_i (pass 2), all lanes in one tree
@@ -194,45 +235,38 @@ class DeltaRule(wiring.Component):
         live = {kk: vv for kk, vv in live.items() if kk not in ("snew", "kq", "addr")}
         live = reduce_to_two(dp, {**live, "prod": words}, "prod", acc_width)
         # D: one carry-save accumulator per pass (a 4:2 step closes the loop in a
-        # cycle), so pass 2 of column j drains while pass 1 of column j+1 runs
+        # cycle); a column's last word hands the sum on (to the u or the o pipeline)
+        # and restarts the accumulator from zero
         live = dp.spend(2 * dl.csa_level, live)
-        c_valid, c_pass2 = live["valid"], live["pass2"]
+        c_valid, c_pass2, c_last, c_col = live["valid"], live["pass2"], live["last"], live["col"]
         ps, pc = live["prod"]
 
-        def acc_pair(name):
-            return [Signal(acc_width, name=f"{name}_s"), Signal(acc_width, name=f"{name}_c")]
-        acc_k, acc_o = acc_pair("acc_k"), acc_pair("acc_o")
-
-        def accumulate(acc, clear, add):
-            s1, c1 = compress_3_2(acc[0], acc[1], ps, acc_width)
-            s2, c2 = compress_3_2(s1, c1, pc, acc_width)
-            with m.If(clear):
+        def accumulate(name, mine):
+            acc = [Signal(acc_width, name=f"{name}_s"), Signal(acc_width, name=f"{name}_c")]
+            s1, cy1 = compress_3_2(acc[0], acc[1], ps, acc_width)
+            s2, cy2 = compress_3_2(s1, cy1, pc, acc_width)
+            total = [Signal(acc_width, name=f"{name}_total_s"), Signal(acc_width, name=f"{name}_total_c")]
+            m.d.comb += [total[0].eq(s2), total[1].eq(cy2)]
+            with m.If(self.start):
                 m.d.sync += [acc[0].eq(0), acc[1].eq(0)]
-            with m.Elif(add):
-                m.d.sync += [acc[0].eq(s2), acc[1].eq(c2)]
-        acc_k_clear, acc_o_clear = Signal(), Signal()
-        accumulate(acc_k, acc_k_clear, c_valid & ~c_pass2)
-        accumulate(acc_o, acc_o_clear, c_valid & c_pass2)
+            with m.Elif(c_valid & mine):
+                m.d.sync += [acc[0].eq(Mux(c_last, 0, s2)), acc[1].eq(Mux(c_last, 0, cy2))]
+            return total
+        sum_k = accumulate("acc_k", ~c_pass2)
+        sum_o = accumulate("acc_o", c_pass2)
 
-        # reads of each pass whose product is not yet accumulated
-        depth = dp.stages + 3
-        inflight1, inflight2 = Signal(range(depth + nb + 1)), Signal(range(depth + nb + 1))
-        m.d.sync += [
-            inflight1.eq(inflight1 + (issuing & ~pass2).as_unsigned() - (c_valid & ~c_pass2).as_unsigned()),
-            inflight2.eq(inflight2 + (issuing & pass2).as_unsigned() - (c_valid & c_pass2).as_unsigned()),
-        ]
-
-        # ---- per column: u_j = sat(rs(beta_h ((v_j << (f_s - f_v)) - kS), unit_frac)) ----------
-        # kS = sat(rs(acc_k, f_k)); the accumulator pair is copied out (and cleared) when
-        # pass 1 has drained, then resolved over clock-derived stages
-        u_go = Signal()
+        # ---- per column: u_c = sat(rs(beta_h ((v_c << (f_s - f_v)) - kS), unit_frac)) ----------
+        # kS = sat(rs(sum_k, f_k)), resolved over clock-derived stages
         dw = max(sb, fm.qkv_bits + sh.f_s - sh.f_v) + 2
-        cu = {"valid": Signal(name="cu_valid"), "s": Signal(acc_width, name="cu_s"),
-              "c": Signal(acc_width, name="cu_c"), "rnd": Const(1 << (sh.f_k - 1) if sh.f_k else 0, acc_width),
+        cu = {"valid": Signal(name="cu_valid"), "par": Signal(name="cu_par"),
+              "s": Signal(acc_width, name="cu_s"), "c": Signal(acc_width, name="cu_c"),
+              "rnd": Const(1 << (sh.f_k - 1) if sh.f_k else 0, acc_width),
               "vsh": Signal(signed(dw), name="cu_vsh"), "beta": Signal(unsigned(uf + 1), name="cu_beta")}
-        v_j = Array(self.v[i] for i in range(H * dv))[hj]
-        m.d.sync += [cu["valid"].eq(u_go), cu["s"].eq(acc_k[0]), cu["c"].eq(acc_k[1]),
-                     cu["vsh"].eq(v_j << (sh.f_s - sh.f_v)), cu["beta"].eq(Array(self.beta[i] for i in range(H))[h])]
+        v_c = Array(self.v[i] for i in range(N))[c_col]
+        beta_c = Array(self.beta[c // dv] for c in range(N))[c_col]
+        m.d.sync += [cu["valid"].eq(c_valid & ~c_pass2 & c_last), cu["par"].eq(c_col[0]),
+                     cu["s"].eq(sum_k[0]), cu["c"].eq(sum_k[1]),
+                     cu["vsh"].eq(v_c << (sh.f_s - sh.f_v)), cu["beta"].eq(beta_c)]
         up = Pipe(m, plan, "du")
         live = up.spend(dl.csa_level, cu)
         live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), live.pop("rnd"), acc_width)
@@ -253,86 +287,68 @@ class DeltaRule(wiring.Component):
         live = up.spend(dl.saturate, live)
         u_new = Signal(signed(sb), name="du_u")
         m.d.comb += u_new.eq(clamp(Value.cast(live["bu"])[uf:].as_signed(), sb))
-        u_valid = live["valid"]
-        u_ready = Signal()                      # u_new arrived, pass 2 not started yet
+        u_valid, u_par = live["valid"], live["par"]
 
-        # ---- per column: o_j = sat(rs(acc_o, o_shift)) once pass 2 has drained ------------
-        p2_open = Signal()                      # pass 2 issued, its sum not yet copied out
-        o_go = Signal()
-        m.d.comb += o_go.eq(p2_open & (inflight2 == 0))
+        # ---- per column: o_c = sat(rs(sum_o, o_shift)), into a small FIFO on ``o`` ------------
         co = {"valid": Signal(name="co_valid"), "s": Signal(acc_width, name="co_s"),
               "c": Signal(acc_width, name="co_c"),
               "rnd": Const(1 << (sh.o_shift - 1) if sh.o_shift else 0, acc_width)}
-        m.d.sync += [co["valid"].eq(o_go), co["s"].eq(acc_o[0]), co["c"].eq(acc_o[1])]
-        with m.If(o_go):
-            m.d.sync += p2_open.eq(0)
-            m.d.comb += acc_o_clear.eq(1)
+        m.d.sync += [co["valid"].eq(c_valid & c_pass2 & c_last), co["s"].eq(sum_o[0]), co["c"].eq(sum_o[1])]
         op = Pipe(m, plan, "do")
         live = op.spend(dl.csa_level, co)
         live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), live.pop("rnd"), acc_width)
         live = pipelined_add(op, live, "a", "b", "acc", acc_width)
         live = op.spend(dl.saturate, live)
-        o_val = Signal(signed(fm.o_bits))
-        o_valid = Signal()
-        o_busy = Signal()                       # an o_j launched and not yet taken on ``o``
-        m.d.comb += [self.o.payload.eq(o_val), self.o.valid.eq(o_valid)]
-        with m.If(o_valid & self.o.ready):
-            m.d.sync += [o_valid.eq(0), o_busy.eq(0)]
-        with m.If(live["valid"]):
-            m.d.sync += [o_val.eq(clamp(Value.cast(live["acc"])[sh.o_shift:].as_signed(), fm.o_bits)),
-                         o_valid.eq(1)]
-        with m.If(o_go):
-            m.d.sync += o_busy.eq(1)
+        o_y = Signal(signed(fm.o_bits), name="do_y")
+        m.d.comb += o_y.eq(clamp(Value.cast(live["acc"])[sh.o_shift:].as_signed(), fm.o_bits))
+        live = op.register({**live, "y": o_y})
+        ODEPTH = 2
+        m.submodules.o_fifo = o_fifo = SyncFIFOBuffered(width=fm.o_bits, depth=ODEPTH)
+        m.d.comb += [o_fifo.w_en.eq(live["valid"]), o_fifo.w_data.eq(live["y"]),
+                     self.o.valid.eq(o_fifo.r_rdy), self.o.payload.eq(o_fifo.r_data.as_signed()),
+                     o_fifo.r_en.eq(self.o.ready)]
+        # columns whose pass 2 started and whose o_c is not yet taken: a pass 2 starts
+        # only with a FIFO place for its o_c, so the never-stalling pipeline cannot overflow it
+        o_pend = Signal(range(ODEPTH + 1))
+        p2_begin = Signal()
+        m.d.sync += o_pend.eq(o_pend + p2_begin - (self.o.valid & self.o.ready))
 
-        def next_issue():
-            m.d.sync += [b.eq(b + 1), g.eq(g + 1), addr.eq(addr + 1)]
+        for n in range(2):
+            with m.If(u_valid & (u_par == n)):
+                m.d.sync += [u_regs[n].eq(u_new), u_ok[n].eq(1)]
+        u_here = Array(u_ok)[c2.col[0]]
 
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [h.eq(0), j.eq(0), hj.eq(0), b.eq(0), g.eq(0), g_head.eq(0),
-                                 addr.eq(0), col_word.eq(0), pass2.eq(0)]
-                    m.d.comb += [acc_k_clear.eq(1), acc_o_clear.eq(1)]
+                    m.d.sync += c1.reset() + c2.reset() + [u.eq(0) for u in u_ok]
                     m.next = "ISSUE1"
             with m.State("ISSUE1"):
                 m.d.comb += [self.busy.eq(1), issuing.eq(1)]
-                next_issue()
-                with m.If(b == nb - 1):   # pass 2 reads the same words again
-                    m.d.sync += [b.eq(0), g.eq(g_head), addr.eq(col_word)]
-                    m.next = "WAIT1"
-            with m.State("WAIT1"):
-                # u_j needs the whole pass-1 sum, and acc_o must be free (the
-                # previous column's pass 2 copied out) before this column's pass 2
+                c1.advance()
+                with m.If(c1.last):
+                    # after column 0 straight on to column 1; then P2 of the column before
+                    with m.If((c1.col != 0) | (N == 1)):
+                        m.next = "WAITU"
+            with m.State("WAITU"):
                 m.d.comb += self.busy.eq(1)
-                with m.If((inflight1 == 0) & ~p2_open):
-                    m.d.comb += [u_go.eq(1), acc_k_clear.eq(1)]
-                    m.next = "U"
-            with m.State("U"):
-                # wait for u_j; the o register must be free for this column's o_j
-                m.d.comb += self.busy.eq(1)
-                with m.If(u_valid):
-                    m.d.sync += [u.eq(u_new), u_ready.eq(1)]
-                with m.If((u_valid | u_ready) & ~o_busy):
-                    m.d.sync += [pass2.eq(1), u_ready.eq(0)]
+                with m.If(u_here & (o_pend < ODEPTH)):
+                    m.d.comb += p2_begin.eq(1)
+                    m.d.sync += Array(u_ok)[c2.col[0]].eq(0)
                     m.next = "ISSUE2"
             with m.State("ISSUE2"):
-                m.d.comb += [self.busy.eq(1), issuing.eq(1)]
-                next_issue()
-                with m.If(b == nb - 1):
-                    m.d.sync += [b.eq(0), pass2.eq(0), p2_open.eq(1), col_word.eq(addr + 1),
-                                 hj.eq(hj + 1)]
-                    m.next = "ISSUE1"
-                    with m.If(j == dv - 1):
-                        m.d.sync += [j.eq(0), g_head.eq(g_head + nb)]
-                        with m.If(h == H - 1):
-                            m.next = "FINISH"
-                        with m.Else():
-                            m.d.sync += h.eq(h + 1)
+                m.d.comb += [self.busy.eq(1), issuing.eq(1), pass2.eq(1)]
+                c2.advance()
+                with m.If(c2.last):
+                    with m.If(c2.col == N - 1):
+                        m.next = "FINISH"
+                    with m.Elif(c1.col != N):
+                        m.next = "ISSUE1"
                     with m.Else():
-                        m.d.sync += [j.eq(j + 1), g.eq(g_head)]
+                        m.next = "WAITU"
             with m.State("FINISH"):
                 m.d.comb += self.busy.eq(1)
-                with m.If(~p2_open & ~o_busy):
+                with m.If(o_pend == 0):
                     # every word was rewritten by this token: the state is valid
                     m.d.comb += mem.commit.eq(1)
                     m.next = "IDLE"

@@ -15,7 +15,7 @@ The unit reads its input by index (``rd_idx`` -> ``rd_x``, combinational, from
 the owner's register file) and writes by index (``wr_en``, ``wr_idx``,
 ``wr_y``), because the owner keeps the vectors in registers anyway.
 Elements go through a three-stage pipeline (read, multiply, accumulate or
-shift); cycles per row: 2 n + rsqrt latency + 10.
+shift); cycles per row: 2 n + rsqrt latency + the sum's resolve stages + 10.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.booth_multiply import booth_multiply
-from hw.carry_save import sign_extend
+from hw.carry_save import compress_3_2, pipelined_add, sign_extend
 from hw.matvec import saturate
 from hw.pipeline import Pipe, plan_pipeline
 from hw.rsqrt import Rsqrt
@@ -68,14 +68,17 @@ class Normalizer(wiring.Component):
 
         mode = Signal.like(self.mode)
         idx = Signal(range(self.n))
-        ss = Signal(self.ss_bits)
+        # the sum of squares starts at eps (rather than eps being added at the end) and
+        # accumulates in carry-save form (one 3:2 level per square); the pair is
+        # resolved once per row over clock-derived stages before rsqrt
+        ss = [Signal(self.rs_bits, name="ss_s"), Signal(self.rs_bits, name="ss_c")]
         m_r = Signal(fm.mult_bits + 1)
         # s_r = E + s - frac - 1 is at most this (E is largest for the widest ss)
         e_max = max(E for _, _, E in rsq.norm_table.values())
         s_max = e_max + max(sft for _, _, sft in self.norms) - frac - 1
         s_r = Signal(range(max(2, s_max + 1)))
         half = Signal(max(1, s_max))   # 2**(s_r-1) in the scale pass, 0 in the squares pass
-        eps = Array(e for e, _, _ in self.norms)[mode]
+        eps = Array(e for e, _, _ in self.norms)[self.mode]
         mul = Array(mm for _, mm, _ in self.norms)[mode]
         sft = Array(s for _, _, s in self.norms)[mode]
 
@@ -105,7 +108,12 @@ class Normalizer(wiring.Component):
         sq_valid, sq_p = Signal(), Signal(self.ss_bits)
         m.d.sync += [sq_valid.eq(live["valid"] & ~live["w"]), sq_p.eq(live["p"])]
         with m.If(sq_valid):
-            m.d.sync += ss.eq(ss + sq_p)
+            s_next, c_next = compress_3_2(ss[0], ss[1], sq_p, self.rs_bits)
+            m.d.sync += [ss[0].eq(s_next), ss[1].eq(c_next)]
+        rs_go = Signal()
+        rp = Pipe(m, plan, "norm_ss")
+        rs_live = pipelined_add(rp, {"valid": rs_go, "a": ss[0], "b": ss[1]}, "a", "b", "total", self.rs_bits)
+        rs_live = rp.register(rs_live)
         shifted = live.pop("p")
         for bit in range(len(s_r)):
             live = el.spend(plan.delays.mux_level, {**live, "v": shifted})
@@ -131,11 +139,11 @@ class Normalizer(wiring.Component):
         in_flight = (pending != 0) | sq_valid
 
         total = Signal(self.rs_bits)
-        m.d.comb += total.eq(ss + eps)
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [mode.eq(self.mode), idx.eq(0), ss.eq(0), scaling.eq(0), half.eq(0)]
+                    m.d.sync += [mode.eq(self.mode), idx.eq(0), ss[0].eq(eps), ss[1].eq(0), scaling.eq(0),
+                                 half.eq(0)]
                     m.next = "SQUARES"
             with m.State("SQUARES"):
                 m.d.comb += [self.busy.eq(1), issue.eq(1)]
@@ -146,6 +154,12 @@ class Normalizer(wiring.Component):
             with m.State("SQ_DRAIN"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(~in_flight):
+                    m.d.comb += rs_go.eq(1)
+                    m.next = "RESOLVE"
+            with m.State("RESOLVE"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(rs_live["valid"]):
+                    m.d.sync += total.eq(rs_live["total"])
                     m.next = "RSQRT"
             with m.State("RSQRT"):
                 m.d.comb += [self.busy.eq(1), rsq.i.valid.eq(1), rsq.i.payload.eq(Mux(total == 0, 1, total))]

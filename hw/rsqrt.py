@@ -78,9 +78,12 @@ class Rsqrt(wiring.Component):
             with m.If(a[b]):
                 m.d.comb += bl.eq(b + 1)
 
+        # the bit length is registered (state LOD) before the shift it selects: the
+        # detector and the wide shift in one cycle were the small config's longest path
+        bl_r = Signal.like(bl)
         norm = Signal(N)
         exp = Signal(signed(8))
-        with m.Switch(bl):
+        with m.Switch(bl_r):
             for k, (left, right, e_out) in self.norm_table.items():
                 with m.Case(k):
                     m.d.comb += [norm.eq((a << left) >> right), exp.eq(e_out)]
@@ -112,7 +115,10 @@ class Rsqrt(wiring.Component):
                 m.d.comb += self.i.ready.eq(1)
                 with m.If(self.i.valid):
                     m.d.sync += [a.eq(self.i.payload), step.eq(0)]
-                    m.next = "NORM"
+                    m.next = "LOD"
+            with m.State("LOD"):
+                m.d.sync += bl_r.eq(bl)
+                m.next = "NORM"
             with m.State("NORM"):
                 m.d.sync += [a_norm.eq(norm), E.eq(exp)]
                 m.next = "SEED"

@@ -17,15 +17,22 @@ would deliver in the wrong shape.
 Streams: ``i`` carries the channels of a token in order 0..channels-1, then
 the next token; ``o`` carries ``acc`` in the same order.  ``restart`` is a
 strobe allowed only between tokens (before channel 0 is sent).  Throughput
-one channel per cycle, latency two cycles; back-pressure on ``o`` stalls
-``i``.
+one channel per cycle.  The K products and their sum are Booth partial
+products in one carry-save tree over stages that follow from the clock
+(hw/pipeline.py); the pipeline itself never stalls: results land in a FIFO as
+deep as the pipeline, and ``i`` is ready only while every channel in flight
+has a place there, so back-pressure on ``o`` stalls ``i`` without loss.
 """
 from __future__ import annotations
 
 import numpy as np
-from amaranth import Cat, Module, Signal, signed
+from amaranth import Cat, Module, Signal, Value, signed
 from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
+
+from hw.carry_save import booth_partial_products, pipelined_add, reduce_to_two
+from hw.pipeline import Pipe, plan_pipeline
 
 
 def conv_acc_bits(in_bits: int, weight_bits: int, kernel: int) -> int:
@@ -34,7 +41,7 @@ def conv_acc_bits(in_bits: int, weight_bits: int, kernel: int) -> int:
 
 
 class ShortConv(wiring.Component):
-    def __init__(self, weights, in_bits: int = 8, weight_bits: int = 8):
+    def __init__(self, weights, in_bits: int = 8, weight_bits: int = 8, clock_period_ns: float = 1.0):
         w = np.asarray(weights, dtype=np.int64)
         if w.ndim != 2 or w.shape[0] < 2 or w.shape[1] < 1:
             raise ValueError(f"conv weights must be (channels >= 2, kernel >= 1), got {w.shape}")
@@ -44,6 +51,7 @@ class ShortConv(wiring.Component):
         self.weights = w
         self.channels, self.kernel = w.shape
         self.in_bits, self.weight_bits = in_bits, weight_bits
+        self.clock_period_ns = clock_period_ns
         self.acc_bits = conv_acc_bits(in_bits, weight_bits, self.kernel)
         super().__init__({
             "i": In(stream.Signature(signed(in_bits))),
@@ -73,13 +81,17 @@ class ShortConv(wiring.Component):
         s1_chan = Signal(range(C))
         s1_seen = Signal(range(K))
 
-        advance = s1_valid & (~self.o.valid | self.o.ready)
+        # the sum pipeline (built below) ends in a FIFO with room for every channel
+        # that can be in flight; ``credit`` counts the channels accepted and not yet
+        # taken from ``o``
+        plan = plan_pipeline(self.clock_period_ns)
+        pipe = Pipe(m, plan, "conv")
         accept = self.i.valid & self.i.ready
         m.d.comb += [
-            self.i.ready.eq(~s1_valid | advance),
             hist_rd.en.eq(accept), hist_rd.addr.eq(chan),
             taps_rd.en.eq(accept), taps_rd.addr.eq(chan),
         ]
+        m.d.sync += s1_valid.eq(accept)
         with m.If(accept):
             m.d.sync += [s1_x.eq(self.i.payload), s1_chan.eq(chan), s1_seen.eq(seen)]
             with m.If(chan == C - 1):
@@ -88,10 +100,6 @@ class ShortConv(wiring.Component):
                     m.d.sync += seen.eq(seen + 1)
             with m.Else():
                 m.d.sync += chan.eq(chan + 1)
-        with m.If(advance & ~accept):
-            m.d.sync += s1_valid.eq(0)
-        with m.Elif(accept):
-            m.d.sync += s1_valid.eq(1)
         with m.If(self.restart):
             m.d.sync += [chan.eq(0), seen.eq(0)]
 
@@ -104,17 +112,35 @@ class ShortConv(wiring.Component):
                 m.d.comb += v.eq(hist_rd.data[slot])
         window.append(s1_x)
 
-        acc = sum(taps_rd.data[j] * window[j] for j in range(K))
-        with m.If(advance):
-            m.d.sync += [self.o.payload.eq(acc), self.o.valid.eq(1)]
-        with m.Elif(self.o.ready):
-            m.d.sync += self.o.valid.eq(0)
-
-        # shift the new input into the channel's history
+        # shift the new input into the channel's history (the next read of this
+        # channel is a whole token later)
         if K > 1:
             m.d.comb += [
-                hist_wr.en.eq(advance),
+                hist_wr.en.eq(s1_valid),
                 hist_wr.addr.eq(s1_chan),
                 hist_wr.data.eq(Cat(*window[1:])),
             ]
+
+        # acc = sum_j taps_j * window_j: every tap's Booth partial products in one tree
+        d = plan.delays
+        width = self.acc_bits
+        live = pipe.spend(2 * d.mux_level, {"valid": s1_valid, "win": window,
+                                            "taps": [taps_rd.data[j] for j in range(K)]})
+        live = pipe.spend(d.booth_select, live)
+        words = []
+        for j in range(K):
+            words += booth_partial_products(m, live["win"][j], live["taps"][j], width, name=f"conv_t{j}")
+        live = reduce_to_two(pipe, {"valid": live["valid"], "words": words}, "words", width)
+        live["a"], live["b"] = live.pop("words")
+        live = pipelined_add(pipe, live, "a", "b", "acc", width)
+        live = pipe.register(live)
+        depth = pipe.stages + 2          # stage 1 and the pipeline, plus one
+        m.submodules.out = out = SyncFIFOBuffered(width=width, depth=depth)
+        m.d.comb += [out.w_en.eq(live["valid"]), out.w_data.eq(live["acc"]),
+                     self.o.valid.eq(out.r_rdy), self.o.payload.eq(Value.cast(out.r_data).as_signed()),
+                     out.r_en.eq(self.o.ready)]
+        credit = Signal(range(depth + 1))
+        taken = self.o.valid & self.o.ready
+        m.d.sync += credit.eq(credit + accept - taken)
+        m.d.comb += self.i.ready.eq(credit < depth)
         return m
