@@ -43,7 +43,7 @@ Schedule of one token (all phases in sequence; W = weight_port_bytes = lanes)
 No phase depends on the number of tokens seen: cycles per token are constant
 (the tests measure token 16 against token 4096).  Measured without stalls
 (``token_cycles``; sim/tests/test_kda_unit.py's run_kda with stall=False):
-tiny 875, small SMALLCYC cycles per token, against a weight-port floor of 324
+tiny 875, small 3305 cycles per token, against a weight-port floor of 324
 and 1224 (bytes / port width).
 """
 from __future__ import annotations
