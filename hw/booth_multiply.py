@@ -24,16 +24,24 @@ def booth_multiply(pipe, live: dict, multiplicand, multiplier, width: int, out_k
 
     Operands are read by their Amaranth shape (signed or unsigned), extra
     words are non-negative.  They are read in the CURRENT stage of ``pipe``
-    (before any register this call inserts), so they must be values of that
-    stage.  The result must fit ``width`` signed bits to be read back exact.
+    and carried through any register this call inserts, so they must be
+    values of that stage.  The result must fit ``width`` signed bits to be read back exact.
     """
     a, b = Value.cast(multiplicand), Value.cast(multiplier)
     if not a.shape().signed:      # the Booth multiplicand is taken as signed: a zero on top
         a = Cat(a, Const(0, 1))
-    words = booth_partial_products(pipe.m, a, b, width, multiplier_signed=b.shape().signed,
+    b_signed = b.shape().signed
+    # the operands (not the Booth words) go through the register ``spend`` may insert,
+    # so the digit decode and select are in the stage the plan charged them to;
+    # constant addends stay wires (a register of a constant is just area)
+    ops = [a, b] + [Value.cast(w) for w in extra_words]
+    varying = {f"bm_{n}": v for n, v in enumerate(ops) if not isinstance(v, Const)}
+    live = pipe.spend(pipe.plan.delays.booth_select, {**live, **varying})
+    ops = [live.pop(f"bm_{n}") if f"bm_{n}" in varying else v for n, v in enumerate(ops)]
+    words = booth_partial_products(pipe.m, ops[0], ops[1], width, multiplier_signed=b_signed,
                                    name=f"{pipe.name}_{out_key}")
-    words += [zero_extend(w, width) for w in extra_words]
-    live = pipe.spend(pipe.plan.delays.booth_select, {**live, "words": words})
+    words += [zero_extend(w, width) for w in ops[2:]]
+    live = {**live, "words": words}
     live = reduce_to_two(pipe, live, "words", width)
     s, c = live.pop("words")
     return pipelined_add(pipe, {**live, f"{out_key}_s": s, f"{out_key}_c": c},

@@ -333,7 +333,12 @@ class KdaUnit(wiring.Component):
                         store(buf, s_idx, silu[n].data)
         writes.append(s_valid)
 
-        n_writes = sum(w.as_unsigned() for w in writes)
+        # the strobes are registered before they are counted (their own logic plus the
+        # count did not fit 1 ns): a store leaves ``pending`` a cycle late, which only
+        # holds ``drained`` back a cycle, never lets it through early
+        writes_r = Signal(len(writes))
+        m.d.sync += writes_r.eq(Cat(*writes))
+        n_writes = sum(writes_r[n].as_unsigned() for n in range(len(writes)))
         m.d.sync += pending.eq(pending + row_issued - n_writes)
         drained = pending == 0           # (registered: rows issued this cycle are not in it yet)
 

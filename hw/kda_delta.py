@@ -21,7 +21,8 @@ than one column is buffered.
 
 Pipeline of a word (one word read per cycle; the tag carries pass, column,
 last-of-column, and for pass 2 the column's u):
-    issue (registered) -> memory read + lane-select muxes of alpha, k, q (registered beside it)
+    issue (registered) -> memory read (READ_LATENCY cycles, hw/kda_state.py) + lane-select muxes
+    of alpha, k, q (registered beside it, in the read's last cycle)
     -> S*alpha and k*u as Booth carry-save trees with their rounding words
     -> resolve (split adders) -> S1 + rs(k u), saturate -> S2 / S1, registered
     -> written back (pass 2); lane products k_i S1_i / q_i S2_i, all lanes in one
@@ -171,9 +172,16 @@ class DeltaRule(wiring.Component):
                      iss["last"].eq(Mux(pass2, c2.last, c1.last)), iss["col"].eq(Mux(pass2, c2.col, c1.col)),
                      iss["u"].eq(Array(u_regs)[c2.col[0]])]
 
+        m.d.comb += [mem.rd_en.eq(iss["valid"]), mem.rd_addr.eq(iss["addr"])]
+        # the tag waits out the memory's read latency; the lane selects take the last cycle
+        for n in range(mem.READ_LATENCY - 1):
+            held = tag(f"iss{n + 1}")
+            held["g"] = Signal(range(H * nb), name=f"iss{n + 1}_g")
+            m.d.sync += [held[key].eq(iss[key]) for key in held]
+            iss = held
+
         def lanes_of(vec):
             return [Array(vec[gg * P + l] for gg in range(H * nb))[iss["g"]] for l in range(P)]
-        m.d.comb += [mem.rd_en.eq(iss["valid"]), mem.rd_addr.eq(iss["addr"])]
         rd = tag("rd")
         rd.update({"alpha": [Signal(unsigned(af), name=f"rd_alpha{l}") for l in range(P)],
                    "k": [Signal(signed(qk), name=f"rd_k{l}") for l in range(P)],
@@ -185,7 +193,7 @@ class DeltaRule(wiring.Component):
 
         # ---- the word pipeline, registers placed by the clock (hw/pipeline.py) ---------
         dp = Pipe(m, plan, "dl")
-        live = dp.spend(dl.mux_level, rd)       # the memory's cleared-state mux
+        live = rd                               # rd_data leaves the memory's read register
         # decay S*alpha and the rank-1 term k*u as Booth trees, rounding constants as
         # words; u_c travels with each pass-2 word from its issue
         w_dec, w_ku = sb + af + 2, sb + qk + 1

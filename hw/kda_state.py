@@ -20,15 +20,25 @@ correct because each token rewrites every word of the state (S = S' + k u^T
 touches all entries), so the controller pulses ``commit`` once the first
 token after a clear has written the whole memory.
 
-Ports (one read, one write per cycle; reads take one cycle):
-``rd_en``/``rd_addr`` -> ``rd_data`` (``lanes`` signed entries) a cycle later;
-``wr_en``/``wr_addr``/``wr_data``; ``clear``, ``commit`` strobes.  A write and
-a read of the same word in one cycle returns the old contents.
+Read: a plain ``words``:1 read mux did not fit 1 ns on small (512 words: the
+address bits fan out to 16k mux selects through ten buffer levels before
+any logic).  So a read takes two cycles: the address is decoded into a
+registered one-hot word select (a word's select fans out only to its own
+``lanes * width`` AND gates), then an AND-OR tree of the words into the
+read register.  The cleared flag folds into the select: a read issued while
+cleared selects no word and returns zero, whatever commit does meanwhile.
+
+Ports (one read, one write per cycle; reads take ``READ_LATENCY`` cycles):
+``rd_en``/``rd_addr`` -> ``rd_data`` (``lanes`` signed entries) ``READ_LATENCY``
+cycles later; ``wr_en``/``wr_addr``/``wr_data``; ``clear``, ``commit`` strobes.
+A read sees the contents of the cycle after it is issued (the select
+register's cycle): a write in the issue cycle is seen, one in the next
+cycle is not.
 """
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal, signed
-from amaranth.lib import data, memory, wiring
+from amaranth import Const, Module, Mux, Signal, signed
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 
@@ -45,6 +55,8 @@ def state_word(h: int, i: int, j: int, d_k: int, d_v: int, lanes: int) -> tuple[
 
 
 class StateMemory(wiring.Component):
+    READ_LATENCY = 2
+
     def __init__(self, heads: int, d_k: int, d_v: int, lanes: int, width: int):
         self.heads, self.d_k, self.d_v, self.lanes, self.width = heads, d_k, d_v, lanes, width
         self.words = state_geometry(heads, d_k, d_v, lanes)
@@ -63,20 +75,24 @@ class StateMemory(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.mem = mem = memory.Memory(
-            shape=data.ArrayLayout(signed(self.width), self.lanes), depth=self.words, init=[])
-        rd = mem.read_port(domain="sync")
-        wr = mem.write_port()
-        m.d.comb += [
-            rd.en.eq(self.rd_en), rd.addr.eq(self.rd_addr),
-            wr.en.eq(self.wr_en), wr.addr.eq(self.wr_addr), wr.data.eq(self.wr_data),
-        ]
-        # the flag as it was when the read was issued, so a commit in the
-        # cycle the data comes back cannot change what that read returns
-        zero = Signal()
-        with m.If(self.rd_en):
-            m.d.sync += zero.eq(self.cleared)
-        m.d.comb += self.rd_data.eq(Mux(zero, 0, rd.data.as_value()))
+        P, wb = self.lanes, self.lanes * self.width
+        store = [Signal(wb, name=f"word{w}") for w in range(self.words)]
+        with m.If(self.wr_en):
+            with m.Switch(self.wr_addr):
+                for w in range(self.words):
+                    with m.Case(w):
+                        m.d.sync += store[w].eq(self.wr_data.as_value())
+        # cycle 1: the one-hot select (cleared as it is when the read is issued)
+        select = Signal(self.words)
+        m.d.sync += select.eq(Mux(self.rd_en & ~self.cleared, Const(1, self.words) << self.rd_addr, 0))
+        # cycle 2: AND-OR of the words, registered
+        picked = [Mux(select[w], store[w], 0) for w in range(self.words)]
+        while len(picked) > 1:
+            picked = [picked[i] | picked[i + 1] if i + 1 < len(picked) else picked[i]
+                      for i in range(0, len(picked), 2)]
+        rd_word = Signal(wb)
+        m.d.sync += rd_word.eq(picked[0])
+        m.d.comb += self.rd_data.eq(rd_word)
         with m.If(self.clear):
             m.d.sync += self.cleared.eq(1)
         with m.Elif(self.commit):

@@ -80,6 +80,7 @@ def test_state_memory_clear_and_commit():
         ctx.set(dut.rd_en, 1)
         await ctx.tick()
         ctx.set(dut.rd_en, 0)
+        await ctx.tick().repeat(dut.READ_LATENCY - 1)
         return [ctx.get(dut.rd_data[i]) for i in range(P)]
 
     async def bench(ctx):
@@ -106,6 +107,7 @@ def test_state_memory_clear_and_commit():
         await ctx.tick()
         ctx.set(dut.rd_en, 0)
         ctx.set(dut.commit, 0)
+        await ctx.tick().repeat(dut.READ_LATENCY - 1)
         assert [ctx.get(dut.rd_data[i]) for i in range(P)] == [0] * P
         assert await read(ctx, 3) == list(shadow[3])
     run(dut, bench)
