@@ -39,7 +39,7 @@ reset always starts a new sequence).
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Module, Signal, signed
+from amaranth import Array, Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
@@ -122,7 +122,13 @@ class LayerTop(wiring.Component):
         handoff = Signal()                      # h moves from stage A to stage B this cycle
         stage_b_idle = Signal()
 
-        m.d.comb += norm1.rd_x.eq(Array(XA)[norm1.rd_idx])
+        # norm1 early: once the KDA has taken NA (stage A past SEND), norm1 normalises the
+        # token waiting on ``i`` straight from the stream's payload (held stable while
+        # valid, the stream rule), so the next token goes to the KDA right at acceptance and
+        # its weight reads fill the port while stage B's RMSNorm runs (docs/chip.md)
+        pre_start, pre_run, pre_done = Signal(), Signal(), Signal()
+        m.d.comb += norm1.rd_x.eq(Mux(pre_start | pre_run, self.i.payload.x[norm1.rd_idx],
+                                      Array(XA)[norm1.rd_idx]))
         with m.If(norm1.wr_en):
             m.d.sync += Array(NA)[norm1.wr_idx].eq(norm1.wr_y)
         m.d.comb += norm2.rd_x.eq(Array(HB)[norm2.rd_idx])
@@ -151,11 +157,14 @@ class LayerTop(wiring.Component):
 
         with m.FSM(name="stage_a") as stage_a:
             with m.State("IDLE"):
-                m.d.comb += self.i.ready.eq(csr.run)
+                m.d.comb += self.i.ready.eq(csr.run & ~pre_run)     # not while norm1 runs early
                 with m.If(accept):
                     m.d.sync += [Cat(*XA).eq(self.i.payload.x),
                                  first.eq(self.i.payload.first | clear_pending | csr.clear)]
-                    m.next = "NORM_START"
+                    with m.If(pre_done):
+                        m.next = "SEND"
+                    with m.Else():
+                        m.next = "NORM_START"
             _norm_unit_residual(m, d, norm1, kda.i, kda.o, res1, then="HOLD", name="stage_a")
             with m.State("HOLD"):                         # h waits for stage B
                 m.d.comb += handoff.eq(stage_b_idle)
@@ -171,6 +180,18 @@ class LayerTop(wiring.Component):
                 m.d.comb += self.o.valid.eq(1)
                 with m.If(self.o.ready):
                     m.next = "IDLE"
+
+        kda_has_na = Signal()
+        m.d.comb += kda_has_na.eq(stage_a.ongoing("WAIT") | stage_a.ongoing("RES") |
+                                  stage_a.ongoing("RES_DRAIN") | stage_a.ongoing("HOLD"))
+        m.d.comb += pre_start.eq(kda_has_na & self.i.valid & ~pre_run & ~pre_done & ~norm1.busy)
+        with m.If(pre_start):
+            m.d.comb += norm1.start.eq(1)
+            m.d.sync += pre_run.eq(1)
+        with m.If(pre_run & ~norm1.busy):
+            m.d.sync += [pre_run.eq(0), pre_done.eq(1)]
+        with m.If(accept | ~self.i.valid):       # used, or (never on a well-behaved stream) withdrawn
+            m.d.sync += pre_done.eq(0)
 
         busy_a, busy_b = ~stage_a.ongoing("IDLE"), ~stage_b.ongoing("IDLE")
         m.d.comb += stage_b_idle.eq(stage_b.ongoing("IDLE"))
