@@ -19,7 +19,7 @@ from amaranth.lib.wiring import In, Out, connect
 
 from hw.csr import WishboneSignature
 from hw.layer import LayerTop, token_in_layout, token_out_layout
-from sim.hdl.weight_memory import COUNT_BITS, STALL_BITS, HdlWeightMemory
+from sim.hdl.weight_memory import CONTROL_MEMBERS, HdlWeightMemory
 
 
 def chip_signature(cfg) -> wiring.Signature:
@@ -37,10 +37,7 @@ class LayerSimTop(wiring.Component):
             "i": In(stream.Signature(token_in_layout(cfg))),
             "o": Out(stream.Signature(token_out_layout(cfg))),
             "bus": In(WishboneSignature()),
-            "mem_seed": In(32), "mem_seed_load": In(1),
-            "mem_req_stall": In(STALL_BITS), "mem_resp_stall": In(STALL_BITS),
-            "mem_requests": Out(COUNT_BITS), "mem_beats": Out(COUNT_BITS), "mem_bytes": Out(COUNT_BITS),
-            "mem_error": Out(3),
+            **{f"mem_{name}": member for name, member in CONTROL_MEMBERS.items()},
         })
 
     def elaborate(self, platform):
@@ -61,10 +58,9 @@ class LayerSimTop(wiring.Component):
         connect(m, wiring.flipped(self.bus), chip.bus)
         connect(m, chip.wport.req, mem.req)
         connect(m, mem.resp, chip.wport.resp)
-        m.d.comb += [mem.seed.eq(self.mem_seed), mem.seed_load.eq(self.mem_seed_load),
-                     mem.req_stall.eq(self.mem_req_stall), mem.resp_stall.eq(self.mem_resp_stall),
-                     self.mem_requests.eq(mem.requests), self.mem_beats.eq(mem.beats),
-                     self.mem_bytes.eq(mem.bytes), self.mem_error.eq(mem.error)]
+        for name, member in CONTROL_MEMBERS.items():     # the memory's controls and counters, as mem_*
+            outer, inner = getattr(self, f"mem_{name}"), getattr(mem, name)
+            m.d.comb += inner.eq(outer) if member.flow == In else outer.eq(inner)
         return m
 
 

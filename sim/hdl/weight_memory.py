@@ -35,6 +35,15 @@ COUNT_BITS = 48          # bytes of a 4096-token run of small (~0.5 GB) fit with
 STALL_BITS = 8           # thresholds are in 1/256
 
 
+# run-time controls (stall thresholds, seed) and counters, also exposed by tops that wrap the memory
+CONTROL_MEMBERS = {
+    "seed": In(32), "seed_load": In(1),
+    "req_stall": In(STALL_BITS), "resp_stall": In(STALL_BITS),
+    "requests": Out(COUNT_BITS), "beats": Out(COUNT_BITS), "bytes": Out(COUNT_BITS),
+    "error": Out(3),
+}
+
+
 def xorshift32(x):
     """One step of Marsaglia's xorshift32 (full period over the non-zero states)."""
     x = x ^ (x << 13)[:32]
@@ -57,10 +66,7 @@ class HdlWeightMemory(wiring.Component):
         super().__init__({
             "req": In(stream.Signature(WeightRequest)),
             "resp": Out(stream.Signature(response_layout(port_bytes))),
-            "seed": In(32), "seed_load": In(1),
-            "req_stall": In(STALL_BITS), "resp_stall": In(STALL_BITS),
-            "requests": Out(COUNT_BITS), "beats": Out(COUNT_BITS), "bytes": Out(COUNT_BITS),
-            "error": Out(3),
+            **CONTROL_MEMBERS,
         })
 
     def elaborate(self, platform):
