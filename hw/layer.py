@@ -33,6 +33,9 @@ Within a stage the phases run one after the other: RMSNorm (one normaliser
 per stage, hw/kda_norm.py), the block, the element-serial residual add
 (hw/residual.py), which writes its sum over its own input (``h`` over ``x``,
 ``y`` over ``h``).  The top holds 2 x d resid words and 2 x d bytes.
+Stage A's RMSNorm of the next token need not wait for the hand-over: it runs on
+the token waiting on ``i`` as soon as the KDA has taken the current ``xn``, so the
+KDA starts the next token, and its weight reads, right at acceptance.
 A sequence starts when the token's ``first`` bit is set, after a CLEAR write,
 and after reset (the KDA state memory has no reset: the first token after a
 reset always starts a new sequence).
@@ -127,8 +130,9 @@ class LayerTop(wiring.Component):
         # valid, the stream rule), so the next token goes to the KDA right at acceptance and
         # its weight reads fill the port while stage B's RMSNorm runs (docs/chip.md)
         pre_start, pre_run, pre_done = Signal(), Signal(), Signal()
-        m.d.comb += norm1.rd_x.eq(Mux(pre_start | pre_run, self.i.payload.x[norm1.rd_idx],
-                                      Array(XA)[norm1.rd_idx]))
+        # (the source is chosen per element by the pre_run register, ahead of the index mux:
+        # no extra level after it; norm1 reads nothing in its start cycle)
+        m.d.comb += norm1.rd_x.eq(Array(Mux(pre_run, self.i.payload.x[n], XA[n]) for n in range(d))[norm1.rd_idx])
         with m.If(norm1.wr_en):
             m.d.sync += Array(NA)[norm1.wr_idx].eq(norm1.wr_y)
         m.d.comb += norm2.rd_x.eq(Array(HB)[norm2.rd_idx])
@@ -188,10 +192,15 @@ class LayerTop(wiring.Component):
         with m.If(pre_start):
             m.d.comb += norm1.start.eq(1)
             m.d.sync += pre_run.eq(1)
+        # a token withdrawn from ``i`` (never on a well-behaved stream; a producer reset) voids
+        # the early result, even if valid is back with another token before norm1 ends
+        pre_ok = Signal()
+        with m.If(pre_start):
+            m.d.sync += pre_ok.eq(1)
         with m.If(pre_run & ~norm1.busy):
-            m.d.sync += [pre_run.eq(0), pre_done.eq(1)]
-        with m.If(accept | ~self.i.valid):       # used, or (never on a well-behaved stream) withdrawn
-            m.d.sync += pre_done.eq(0)
+            m.d.sync += [pre_run.eq(0), pre_done.eq(pre_ok & self.i.valid)]
+        with m.If(accept | ~self.i.valid):       # used, or withdrawn
+            m.d.sync += [pre_done.eq(0), pre_ok.eq(0)]
 
         busy_a, busy_b = ~stage_a.ongoing("IDLE"), ~stage_b.ongoing("IDLE")
         m.d.comb += stage_b_idle.eq(stage_b.ongoing("IDLE"))
