@@ -214,10 +214,14 @@ class LayerTop(wiring.Component):
         with m.If(done_b):
             m.d.sync += token_cycles.eq(lat_b.next)
 
+        # a weight beat is counted a cycle after it arrives: the port's ready comes from deep in
+        # a block, and the CSR counter must not lengthen that path (WEIGHT_BYTES is read when idle)
+        beat_r = Signal()
+        m.d.sync += beat_r.eq(self.wport.resp.valid & self.wport.resp.ready)
         m.d.comb += [csr.busy.eq(busy_a | busy_b), csr.clear_pending.eq(clear_pending),
                      csr.in_waiting.eq(self.i.valid), csr.out_waiting.eq(self.o.valid),
                      csr.ev_token.eq(self.o.valid & self.o.ready),
-                     csr.ev_beat.eq(self.wport.resp.valid & self.wport.resp.ready),
+                     csr.ev_beat.eq(beat_r),
                      csr.token_cycles.eq(token_cycles)]
         return m
 

@@ -78,9 +78,15 @@ class WeightArbiter(wiring.Component):
 
         # ---- response side: beats go to the port at the head of the order queue -----------
         head = data.View(entry, order.r_data)
-        # the number of the arriving beat, counted from 1: the last beat is then an
-        # equality with head.beats (a ``beats - 1`` borrow chain was this block's worst path)
+        # the number of the arriving beat, counted from 1.  Whether it is the head's last is
+        # known a cycle ahead (``last_r``, or ``beats == 1`` for a head none of whose beats has
+        # been taken yet), so the memory's ready -> pop path has no comparator on it: that
+        # path starts deep in a block (its resp.ready) and was the chip's worst path on small.
         nth = Signal(BEATS_BITS, init=1)
+        fresh = Signal(init=1)             # no beat of the head taken yet (nth == 1)
+        last_r = Signal()                  # valid when ~fresh: nth == head.beats
+        is_last = Signal()
+        m.d.comb += is_last.eq(Mux(fresh, head.beats == 1, last_r))
         for i in range(n):
             m.d.comb += self.up[i].resp.payload.eq(self.down.resp.payload)
             with m.If(order.r_rdy & (head.port == i)):
@@ -88,8 +94,9 @@ class WeightArbiter(wiring.Component):
                              self.down.resp.ready.eq(self.up[i].resp.ready)]
         beat = self.down.resp.valid & self.down.resp.ready
         with m.If(beat):
-            m.d.sync += nth.eq(nth + 1)
-            with m.If(nth == head.beats):
-                m.d.sync += nth.eq(1)
+            with m.If(is_last):
                 m.d.comb += order.r_en.eq(1)
+                m.d.sync += [nth.eq(1), fresh.eq(1)]
+            with m.Else():
+                m.d.sync += [nth.eq(nth + 1), fresh.eq(0), last_r.eq(nth + 1 == head.beats)]
         return m
