@@ -12,7 +12,7 @@ flow/tests/test_categories.py fails when the elaborated layer has one: a
 renamed block breaks the test, not the report.
 
 KDA state is the named submodule ``kda/delta/mem`` (hw/kda_state.py,
-StateMemory: the state registers with their write decode and read mux);
+StateMemory: the state registers, their write decode and registered one-hot read select);
 the rest of the delta rule (its arithmetic) is KDA datapath.
 """
 from __future__ import annotations
