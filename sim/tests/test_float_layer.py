@@ -17,7 +17,7 @@ def odd_cfg(**model):
     """A config with several heads / experts to check nothing assumes H == 1 or k == 2."""
     base = dict(d_model=24, n_heads=3, head_dim=8, n_experts=6, top_k=3, d_ff=12, n_shared=2, gate_rank=5)
     base.update(model)
-    return config_from_dict({"name": "odd", "model": base, "hw": {"lanes": 8}})
+    return config_from_dict({"name": "odd", "model": base, "hw": {"lanes": 8, "weight_port_bytes": 8}})
 
 
 def test_rmsnorm_hand_case():

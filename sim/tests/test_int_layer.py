@@ -28,7 +28,7 @@ def tiny():
 @pytest.fixture(scope="module")
 def odd():
     cfg = config_from_dict({"name": "odd", "model": dict(d_model=24, n_heads=3, head_dim=8, n_experts=6, top_k=3,
-                                                         d_ff=12, n_shared=2, gate_rank=5), "hw": {"lanes": 8}})
+                                                         d_ff=12, n_shared=2, gate_rank=5), "hw": {"lanes": 8, "weight_port_bytes": 8}})
     p = random_params(cfg, seed=1)
     return cfg, p, quantize_layer(p, cfg, small_calib(cfg))
 
