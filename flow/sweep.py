@@ -43,9 +43,8 @@ SWEEP_ROOT = REPO_ROOT / "build" / "sweep"
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 RESULT_FILE = "result.json"
 
-# a compact built-in grid: 6 points around tiny (the machine has 2 cores)
-BUILTIN_GRID = {"base": "tiny", "tokens": 8, "simulator": "icarus",
-                "grid": {"lanes+weight_port_bytes": [[2, 2], [4, 4], [8, 8]], "top_k": [1, 2]}}
+# the default grid: 6 points around tiny (the machine has 2 cores); the one copy of it
+DEFAULT_GRID = REPO_ROOT / "bench" / "sweep.toml"
 
 
 # ---- the grid ----------------------------------------------------------------------
@@ -93,15 +92,13 @@ class Grid:
 
 
 def load_grid(path: Path | None) -> Grid:
-    if path is None:
-        raw = BUILTIN_GRID
-    else:
-        if not path.is_file():
-            raise ConfigError(f"--grid {path}: no such file")
-        try:
-            raw = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"--grid {path}: not valid TOML ({e})") from None
+    path = DEFAULT_GRID if path is None else path
+    if not path.is_file():
+        raise ConfigError(f"--grid {path}: no such file")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--grid {path}: not valid TOML ({e})") from None
     unknown = set(raw) - {"base", "tokens", "simulator", "grid"}
     if unknown:
         raise ConfigError(f"{path}: unknown keys {', '.join(sorted(unknown))} (known: base, tokens, simulator, grid)")

@@ -21,7 +21,7 @@ INSTALL_HINT = "pip install -e '.[sweep]' (or `make sweep`), or run with --local
 
 def configure(p):
     p.add_argument("--grid", type=Path, default=None,
-                   help="grid TOML (default: the built-in 6-point grid around tiny; see bench/sweep.toml)")
+                   help="grid TOML (default: bench/sweep.toml, 6 points around tiny)")
     p.add_argument("--jobs", type=int, default=2, help="points run at once (default 2)")
     p.add_argument("--local", action="store_true", help="run on a local process pool instead of Ray")
     p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results/)")
