@@ -52,6 +52,7 @@ from hw.kda import KdaUnit
 from hw.kda_norm import Normalizer
 from hw.memory_map import memory_map
 from hw.moe import MoEUnit
+from hw.param_map import param_layout, region_value
 from hw.residual import ResidualAdd
 from hw.weight_arbiter import WeightArbiter
 from hw.weight_port import WeightPortSignature
@@ -95,6 +96,12 @@ class LayerTop(wiring.Component):
         m = Module()
         cfg, q, fm, d = self.cfg, self.q, self.fm, self.d
         rb, a = fm.resid_bits, fm.act_bits
+
+        # the parameter bank: every per-model value (hw/param_map.py), one field per
+        # block (bank.kda, bank.moe, bank.attn_norm, ...).  Tied to the quantised model's
+        # values until the LOAD step fills it from the memory image (issue 13)
+        bank = Signal(param_layout(cfg), name="param_bank")
+        m.d.comb += bank.eq(region_value(cfg, q.to_flat()))
 
         m.submodules.kda = kda = KdaUnit(cfg, q.kda)
         m.submodules.moe = moe = MoEUnit(cfg, q.moe)

@@ -1,7 +1,7 @@
-"""A lookup table in ROM: the hardware form of SiLU, sigmoid and exp.
+"""A lookup table: the hardware form of SiLU, sigmoid and exp.
 
 At int8 (``formats.lut_in_bits``) input widths a full table is exact with
-respect to the integer model and small: the model's table *is* the ROM
+respect to the integer model and small: the model's table *is* the table's
 contents, so the RTL cannot drift from it.  Used by the KDA unit (SiLU after
 the short convolution, sigmoid of beta and of the output gate, the decay
 alpha) and by the MoE unit (router sigmoid, SwiGLU SiLU).
@@ -12,15 +12,14 @@ is addressed by the two's-complement bit pattern of ``x`` with its sign bit
 inverted, which is exactly ``x - x_min``: no adder.
 
 Timing: one cycle.  ``data`` holds ``table[addr]`` of the cycle in which
-``en`` was high and keeps it while ``en`` is low (a synchronous read port, so
-synthesis may map it to a ROM macro; on Nangate45 Yosys turns it into logic).
+``en`` was high and keeps it while ``en`` is low.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from amaranth import Cat, Module, Shape, signed, unsigned
-from amaranth.lib import memory, wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 
@@ -54,36 +53,35 @@ def check_table(table: Sequence[int], in_bits: int, shape: Shape | None = None) 
 
 
 class LookupTable(wiring.Component):
-    """``data = table[addr - x_min]``, one cycle after ``en``.
+    """``data = table[addr - x_min]``, one cycle after ``en``; the table is an input.
+
+    The entries come in on ``table`` (the chip's parameter bank, loaded from the
+    memory image at run time: hw/param_map.py), so one netlist serves every model.
+    Driven by constants (``LookupTable.rom``'s tests, or a bank tied off), synthesis
+    folds the read back into ROM logic.
 
     Parameters
     ----------
-    table : sequence of int
-        ``2**in_bits`` entries, for inputs ``-2**(in_bits-1) .. 2**(in_bits-1)-1``.
     in_bits : int
-        Width of the signed input.
-    shape : Shape, optional
-        Output shape; by default the narrowest one that holds the table.
+        Width of the signed input; the table has ``2**in_bits`` entries.
+    shape : Shape
+        Shape of one entry.
     """
 
-    def __init__(self, table: Sequence[int], in_bits: int, shape: Shape | None = None):
-        self.table, self.shape = check_table(table, in_bits, shape)
-        self.in_bits = in_bits
+    def __init__(self, in_bits: int, shape):
+        self.in_bits, self.shape = in_bits, Shape.cast(shape)
         super().__init__({
             "addr": In(signed(in_bits)),
             "en": In(1),
+            "table": In(data.ArrayLayout(self.shape, 1 << in_bits)),
             "data": Out(self.shape),
         })
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.rom = rom = memory.Memory(shape=self.shape, depth=len(self.table), init=self.table)
-        rd = rom.read_port(domain="sync")
         sign = self.in_bits - 1
         # x - x_min == x with the sign bit flipped (offset binary)
-        m.d.comb += [
-            rd.addr.eq(Cat(self.addr[:sign], ~self.addr[sign])),
-            rd.en.eq(self.en),
-            self.data.eq(rd.data),
-        ]
+        index = Cat(self.addr[:sign], ~self.addr[sign])
+        with m.If(self.en):
+            m.d.sync += self.data.eq(self.table[index])
         return m

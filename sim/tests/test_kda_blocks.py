@@ -32,13 +32,15 @@ def run(dut, bench, *processes):
     (6, lambda x: x * abs(x) // 3 - 5),                    # signed, wider than the input
 ])
 def test_lut_reads_every_entry(in_bits, fn):
-    table = tabulate(fn, in_bits)
-    dut = LookupTable(table, in_bits)
+    table, shape = check_table(tabulate(fn, in_bits), in_bits)
+    dut = LookupTable(in_bits, shape)
     lo = -(1 << (in_bits - 1))
     order = list(range(lo, -lo))
     random.Random(1).shuffle(order)
 
     async def bench(ctx):
+        for n, v in enumerate(table):
+            ctx.set(dut.table[n], v)
         for x in order:
             ctx.set(dut.addr, x)
             ctx.set(dut.en, 1)

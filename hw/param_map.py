@@ -1,0 +1,331 @@
+"""The parameter region: every per-model value that is not a weight matrix.
+
+One source of truth for the chip's run-time parameters (issue 13: the RTL
+is a function of the config alone).  Each ``ParamField`` names one value of
+the quantised layer by its dotted name in ``QLayer.to_flat()`` (for example
+``kda.q_proj.m``), with its shape, width, signedness and allowed range.
+From this one list:
+
+* the image writer (hw/image_format.py) packs the values into the
+  parameter region of the memory image and refuses a value out of range,
+  naming the field;
+* the chip's LOAD step shifts the region into one register (the parameter
+  bank), and every block reads its values from a slice of it: the blocks'
+  ``params`` ports have the Amaranth layout ``param_layout`` builds from the
+  same list, so the bit positions in the image and in the register are the
+  same by construction (sim/tests/test_param_map.py checks it);
+* docs/chip.md's table of what is where.
+
+Packing: fields in list order, each element ``bits`` wide, elements of an
+array in C order, least significant bit first; the region is the bit
+string cut into bytes, little-endian, zero-padded to a whole port beat.
+
+``structural(cfg)`` lists the integers of ``QLayer`` that are not
+parameters but facts of the config (the output width of each requantiser,
+the input width of each table): the hardware uses them as constants, the
+quantiser must produce exactly them, and the image writer checks them.
+
+This module imports neither Amaranth nor sim/: the layout builder imports
+Amaranth lazily, so the image tools stay light.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from moekda.formats import clog2, derived_widths, formats_for
+
+# every requantisation shift (matrices, short conv, residual adds, MoE combine) is
+# a SHIFT_BITS-bit unsigned field: the quantiser's shifts are 4..28 on tiny and small
+SHIFT_BITS = 6
+
+
+@dataclass(frozen=True)
+class ParamField:
+    name: str              # dotted, as in QLayer.to_flat()
+    shape: tuple           # () for a scalar
+    bits: int
+    signed: bool
+    lo: int                # allowed values, inclusive
+    hi: int
+    doc: str = ""
+
+    @property
+    def count(self) -> int:
+        return int(np.prod(self.shape)) if self.shape else 1
+
+    @property
+    def total_bits(self) -> int:
+        return self.count * self.bits
+
+
+def _full_range(bits: int, signed: bool) -> tuple[int, int]:
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+
+
+def _f(name, shape, bits, signed, doc, lo=None, hi=None) -> ParamField:
+    flo, fhi = _full_range(bits, signed)
+    return ParamField(name, tuple(shape), bits, signed, flo if lo is None else lo, fhi if hi is None else hi, doc)
+
+
+def kda_norm_ss_bits(cfg) -> int:
+    """Sum-of-squares width of the KDA's shared normaliser (q, k L2 norms and the o RMSNorm)."""
+    fm = formats_for(cfg)
+    nbits = max(fm.qkv_bits, fm.o_bits)
+    return 2 * (nbits - 1) + clog2(cfg.model.head_dim + 1) + 1
+
+
+# the KDA's requantised matrices and short convolutions, as QKDA field names
+KDA_LINEARS = ("q_proj", "k_proj", "v_proj", "f_down", "g_down", "b_proj", "f_up", "g_up", "o_proj")
+KDA_CONVS = ("conv_q", "conv_k", "conv_v")
+KDA_NORMS = ("q_norm", "k_norm", "o_norm")
+EXPERT_MATS = ("gate", "up", "down")
+
+
+def table_fields(cfg) -> list[tuple[str, int, bool, str]]:
+    """(dotted name, entry bits, signed, what) of every nonlinearity table."""
+    fm = formats_for(cfg)
+    return [("kda.silu_q", fm.qkv_bits, True, "SiLU after the q short conv"),
+            ("kda.silu_k", fm.qkv_bits, True, "SiLU after the k short conv"),
+            ("kda.silu_v", fm.qkv_bits, True, "SiLU after the v short conv (v at 2**-f_v)"),
+            ("kda.alpha", fm.alpha_frac, False, "decay alpha = exp(lb sigmoid(z)), U0.alpha_frac"),
+            ("kda.beta", fm.unit_frac + 1, False, "beta = sigmoid, U0.unit_frac"),
+            ("kda.gate", fm.unit_frac + 1, False, "output gate = sigmoid, U0.unit_frac"),
+            ("moe.score", fm.score_frac + 1, False, "router score = sigmoid, U0.score_frac"),
+            ("moe.silu", fm.act_bits, True, "expert SiLU -> int8")]
+
+
+def param_fields(cfg) -> list[ParamField]:
+    """Every run-time parameter of one layer, in region (and bank) order."""
+    fm, m = formats_for(cfg), cfg.model
+    dw = derived_widths(cfg)
+    hk, hv, K, E = m.n_heads * m.head_dim, m.n_heads * m.head_dim, m.conv_kernel, m.n_experts
+    mb, lut = fm.mult_bits, fm.lut_size
+    out: list[ParamField] = []
+
+    def requant(m_name, s_name, doc, shape=()):
+        out.append(_f(m_name, shape, mb, False, f"{doc}: multiplier"))
+        out.append(_f(s_name, shape, SHIFT_BITS, False, f"{doc}: shift"))
+
+    def norm(prefix, ss_bits, doc):
+        out.append(_f(f"{prefix}.eps_int", (), ss_bits, False, f"{doc}: eps in sum-of-squares units"))
+        out.append(_f(f"{prefix}.m", (), mb, False, f"{doc}: output multiplier"))
+        out.append(_f(f"{prefix}.s", (), 5, False, f"{doc}: output shift"))
+
+    def residual(prefix, doc):
+        out.append(_f(f"{prefix}.m_a", (), mb, False, f"{doc}: multiplier of the residual"))
+        out.append(_f(f"{prefix}.m_b", (), mb, False, f"{doc}: multiplier of the branch"))
+        out.append(_f(f"{prefix}.s", (), SHIFT_BITS, False, f"{doc}: shift"))
+
+    tables = {name: (bits, sgn, doc) for name, bits, sgn, doc in table_fields(cfg)}
+
+    def table(name):
+        bits, sgn, doc = tables[name]
+        out.append(_f(f"{name}.table", (lut,), bits, sgn, f"table: {doc}"))
+
+    norm("attn_norm", dw["ss_rmsnorm"], "attention RMSNorm")
+    # ---- KDA
+    for lin in KDA_LINEARS:
+        requant(f"kda.{lin}.m", f"kda.{lin}.s", f"kda {lin} requantisation")
+        if lin == "f_up":
+            out.append(_f("kda.f_up.bias", (hk,), fm.acc_bits, True, "f_up accumulator bias (A dt_bias - code centre)"))
+    for conv, n in zip(KDA_CONVS, (hk, hk, hv)):
+        out.append(_f(f"kda.{conv}.w", (n, K), fm.weight_bits, True, "short-conv taps, oldest first"))
+        requant(f"kda.{conv}.m", f"kda.{conv}.s", f"kda {conv} requantisation")
+    for name in ("kda.silu_q", "kda.silu_k", "kda.silu_v", "kda.alpha", "kda.beta", "kda.gate"):
+        table(name)
+    ss = kda_norm_ss_bits(cfg)
+    for nm in KDA_NORMS:
+        norm(f"kda.{nm}", ss, f"kda {nm}")
+    # power-of-two formats of q, k, v and the state: the delta rule's shifts
+    out.append(_f("kda.f_q", (), 4, False, "fractional bits of q", 0, fm.qk_bits - 1))
+    out.append(_f("kda.f_k", (), 4, False, "fractional bits of k", 0, fm.qk_bits - 1))
+    out.append(_f("kda.f_v", (), 5, False, "fractional bits of v (<= f_s)", 0, fm.qkv_bits - 1))
+    out.append(_f("kda.f_s", (), 5, False, "fractional bits of the state", 0, fm.state_bits - 1))
+    out.append(_f("kda.o_shift", (), 5, False, "o16 = sat(rs(q . S, o_shift))", 0,
+                  fm.qk_bits + fm.state_bits - 2))
+    residual("res1", "KDA residual add")
+    norm("mlp_norm", dw["ss_rmsnorm"], "MoE RMSNorm")
+    # ---- MoE
+    requant("moe.router.m", "moe.router.s", "router requantisation")
+    table("moe.score")
+    out.append(_f("moe.bias", (E,), fm.router_bias_bits, True, "expert selection bias, score units"))
+    table("moe.silu")
+    for bank, n in (("routed", E), ("shared", m.n_shared)):
+        if n == 0:
+            continue
+        for mat in EXPERT_MATS:
+            requant(f"moe.{bank}.{mat}_m", f"moe.{bank}.{mat}_s", f"{bank} experts' {mat} requantisation", (n,))
+    out.append(_f("moe.rs", (), dw["rs_int"], False, "routed_scaling as U.rs_frac"))
+    requant("moe.comb_m", "moe.comb_s", "MoE combine -> resid_bits")
+    residual("res2", "MoE residual add")
+    _check_tree_order([f.name for f in out])
+    return out
+
+
+def _check_tree_order(names: list[str]) -> None:
+    """Every dotted prefix's fields must be contiguous, so a nested StructLayout (which
+    groups by prefix) lays the bits out in list order."""
+    if len(set(names)) != len(names):
+        raise AssertionError("param_fields: a name is listed twice")
+    closed: set[str] = set()
+    prev: list[str] = []
+    for name in names:
+        parts = name.split(".")[:-1]
+        prefixes = [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
+        for p in prev:
+            if p not in prefixes:
+                closed.add(p)
+        for p in prefixes:
+            if p in closed:
+                raise AssertionError(f"param_fields: fields under {p!r} are not contiguous ({name})")
+        prev = prefixes
+
+
+def structural(cfg) -> dict[str, int]:
+    """Integers of QLayer that the config fixes (not loaded): name -> required value."""
+    fm = formats_for(cfg)
+    a, lb = fm.act_bits, fm.lut_in_bits
+    out = {}
+    for lin in KDA_LINEARS:
+        out[f"kda.{lin}.out_bits"] = lb if lin in ("f_up", "b_proj", "g_up") else a
+    for conv in KDA_CONVS:
+        out[f"kda.{conv}.out_bits"] = lb
+    out["moe.router.out_bits"] = lb
+    for name, *_ in table_fields(cfg):
+        out[f"{name}.in_bits"] = lb
+    return out
+
+
+@dataclass(frozen=True)
+class ParamMap:
+    fields: tuple
+    port_bytes: int
+
+    @property
+    def bits(self) -> int:
+        return sum(f.total_bits for f in self.fields)
+
+    @property
+    def nbytes(self) -> int:
+        """The region's size in the image: whole port beats."""
+        raw = -(-self.bits // 8)
+        return -(-raw // self.port_bytes) * self.port_bytes
+
+    @property
+    def beats(self) -> int:
+        return self.nbytes // self.port_bytes
+
+    def offsets(self) -> dict[str, int]:
+        """Bit offset of each field in the region."""
+        out, pos = {}, 0
+        for f in self.fields:
+            out[f.name] = pos
+            pos += f.total_bits
+        return out
+
+    def __getitem__(self, name: str) -> ParamField:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"no parameter {name!r} in the parameter map")
+
+    def pack(self, flat: Mapping[str, np.ndarray]) -> bytes:
+        """The region's bytes from ``{dotted name: integer array}``; ValueError naming the
+        field when a value is missing, misshapen or outside the field's range."""
+        acc, pos = 0, 0
+        for f in self.fields:
+            if f.name not in flat:
+                raise ValueError(f"parameter {f.name}: missing")
+            v = np.asarray(flat[f.name])
+            if v.shape != f.shape:
+                raise ValueError(f"parameter {f.name}: shape {v.shape}, the config needs {f.shape}")
+            if not np.issubdtype(v.dtype, np.integer):
+                raise ValueError(f"parameter {f.name}: not integers ({v.dtype})")
+            if v.size and (v.min() < f.lo or v.max() > f.hi):
+                bad = int(v.min()) if v.min() < f.lo else int(v.max())
+                raise ValueError(f"parameter {f.name} = {bad}: allowed range is {f.lo} to {f.hi} "
+                                 f"({f.bits}-bit {'signed' if f.signed else 'unsigned'})")
+            mask = (1 << f.bits) - 1
+            for x in v.reshape(-1).tolist():
+                acc |= (int(x) & mask) << pos
+                pos += f.bits
+        return acc.to_bytes(self.nbytes, "little")
+
+    def unpack(self, region: bytes) -> dict[str, np.ndarray]:
+        """The inverse of ``pack``: ``{dotted name: int64 array}``."""
+        if len(region) < -(-self.bits // 8):
+            raise ValueError(f"parameter region: {len(region)} bytes, needs {-(-self.bits // 8)}")
+        acc = int.from_bytes(region, "little")
+        out, pos = {}, 0
+        for f in self.fields:
+            mask, vals = (1 << f.bits) - 1, []
+            for _ in range(f.count):
+                x = (acc >> pos) & mask
+                if f.signed and x >> (f.bits - 1):
+                    x -= 1 << f.bits
+                vals.append(x)
+                pos += f.bits
+            out[f.name] = np.array(vals, dtype=np.int64).reshape(f.shape)
+        return out
+
+    def value(self, region_int: int, name: str):
+        """One field's value(s) from the region as an integer (for tests and the driver)."""
+        return self.unpack(region_int.to_bytes(self.nbytes, "little"))[name]
+
+
+def _under(name: str, prefix: str) -> bool:
+    return not prefix or name == prefix or name.startswith(prefix + ".")
+
+
+def param_map(cfg) -> ParamMap:
+    return ParamMap(tuple(param_fields(cfg)), cfg.hw.weight_port_bytes)
+
+
+def param_layout(cfg, prefix: str = ""):
+    """The Amaranth layout of the fields under ``prefix`` (``""``: all, ``"kda"``, ``"moe"``,
+    ``"res1"``, ...): nested StructLayouts following the dotted names, arrays as
+    ArrayLayouts, in region order, so ``Cat`` of the whole bank is the region's bits.
+    A block's ``params`` port has ``param_layout(cfg, "<block>")``."""
+    from amaranth import signed, unsigned
+    from amaranth.lib import data
+
+    fields = [f for f in param_fields(cfg) if _under(f.name, prefix)]
+    if not fields:
+        raise KeyError(f"no parameters under {prefix!r}")
+    skip = len(prefix) + 1 if prefix else 0
+    tree: dict = {}
+    for f in fields:
+        parts = f.name[skip:].split(".")
+        node = tree
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        shape = signed(f.bits) if f.signed else unsigned(f.bits)
+        for n in reversed(f.shape):
+            shape = data.ArrayLayout(shape, n)
+        node[parts[-1]] = shape
+
+    def build(node):
+        return data.StructLayout({k: build(v) if isinstance(v, dict) else v for k, v in node.items()})
+    return build(tree)
+
+
+def region_value(cfg, flat: Mapping[str, np.ndarray], prefix: str = "") -> int:
+    """The bits of the fields under ``prefix`` as one integer, LSB first: the constant a
+    test drives on a block's ``params`` port (the same bits LOAD puts in the bank)."""
+    pm = param_map(cfg)
+    sub = ParamMap(tuple(f for f in pm.fields if _under(f.name, prefix)), pm.port_bytes)
+    return int.from_bytes(sub.pack(flat), "little")
+
+
+def sizes(cfg) -> dict[str, int]:
+    """Bits per top-level block, for docs and reports."""
+    out: dict[str, int] = {}
+    for f in param_fields(cfg):
+        key = f.name.split(".")[0]
+        if f.name.endswith(".table"):
+            key = "tables"
+        out[key] = out.get(key, 0) + f.total_bits
+    return out
