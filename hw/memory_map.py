@@ -15,8 +15,10 @@ Layout rules:
 * the tensors of one routed expert (gate, up, down) are contiguous, so an
   expert chosen by the router is one block of memory.
 
-Small per-tensor constants (requantisation multipliers and shifts, lookup
-tables) are not in this memory: the RTL bakes them in at elaboration time.
+The matrices start at ``base``, after the image header and the parameter
+region (hw/image_format.py, hw/param_map.py): the small per-model values
+(requantisation multipliers and shifts, tables, norm constants) are in the
+same memory, read once by the chip's LOAD step.
 
 To add a block's tensors, write a ``<block>_tensors(cfg)`` function and add it
 to ``TENSOR_GROUPS`` (an additive edit).
@@ -112,6 +114,7 @@ TENSOR_GROUPS = [moe_tensors, kda_tensors]
 class MemoryMap:
     port_bytes: int
     regions: dict[str, TensorRegion]
+    base: int = 0            # address of the first matrix: header and parameters come first
 
     @property
     def size(self) -> int:
@@ -143,9 +146,11 @@ class MemoryMap:
 
 
 def memory_map(cfg) -> MemoryMap:
+    from hw.image_format import header_bytes
+    from hw.param_map import param_map
     pb = cfg.hw.weight_port_bytes
     regions: dict[str, TensorRegion] = {}
-    addr = 0
+    base = addr = header_bytes(pb) + param_map(cfg).nbytes
     for group in TENSOR_GROUPS:
         for name, rows, cols in group(cfg):
             if name in regions:
@@ -153,18 +158,26 @@ def memory_map(cfg) -> MemoryMap:
             reg = TensorRegion(name, rows, cols, addr, padded_row_bytes(cols, pb), pb)
             regions[name] = reg
             addr = reg.end
-    return MemoryMap(pb, regions)
+    return MemoryMap(pb, regions, base)
 
 
 def build_image(cfg, tensors: Mapping[str, np.ndarray], mmap: MemoryMap | None = None) -> bytes:
-    """The memory contents: every tensor of the map, int8, at its address.
+    """Memory contents with every matrix at its address and zeros below ``base``: what the
+    block benches (KDA, MoE alone, which take their parameters on a port) read.  The chip's
+    image, header and parameters included, is hw.image_format.pack_image."""
+    mmap = mmap or memory_map(cfg)
+    return bytes(mmap.base) + build_weights(cfg, tensors, mmap)
+
+
+def build_weights(cfg, tensors: Mapping[str, np.ndarray], mmap: MemoryMap | None = None) -> bytes:
+    """The matrices' span ``[base, size)``: every tensor of the map, int8, at its address.
 
     ``tensors`` maps each region name to an integer array of the region's
     shape with values in the int8 range; a missing, misshapen or out-of-range
     tensor is an error (a silently zero weight would hide bugs).
     """
     mmap = mmap or memory_map(cfg)
-    image = np.zeros(mmap.size, dtype=np.uint8)
+    image = np.zeros(mmap.size - mmap.base, dtype=np.uint8)
     missing = [n for n in mmap.regions if n not in tensors]
     if missing:
         raise KeyError(f"build_image: no values for {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
@@ -176,21 +189,53 @@ def build_image(cfg, tensors: Mapping[str, np.ndarray], mmap: MemoryMap | None =
             raise ValueError(f"build_image: {name} has values outside the int8 range")
         block = np.zeros((reg.rows, reg.row_bytes), dtype=np.uint8)
         block[:, :reg.cols] = w.astype(np.int64) & 0xFF
-        image[reg.addr:reg.end] = block.reshape(-1)
+        image[reg.addr - mmap.base:reg.end - mmap.base] = block.reshape(-1)
     return image.tobytes()
+
+
+def read_weights(mmap: MemoryMap, image: bytes) -> dict[str, np.ndarray]:
+    """Every region's int8 matrix read back from an image (the inverse of ``build_weights``)."""
+    raw = np.frombuffer(image, dtype=np.int8)
+    out = {}
+    for name, reg in mmap.regions.items():
+        block = raw[reg.addr:reg.end].reshape(reg.rows, reg.row_bytes)
+        out[name] = block[:, :reg.cols].astype(np.int64)
+    return out
+
+
+def tensor_sources(n_experts: int, n_shared: int) -> dict[str, tuple[str, int | None]]:
+    """Region name -> (dotted QLayer.to_flat() name, index into a bank of experts or None)."""
+    out = {"moe.router": ("moe.router.w", None)}
+    for bank, prefix, n in (("routed", "moe.expert", n_experts), ("shared", "moe.shared", n_shared)):
+        for e in range(n):
+            for mat in ("gate", "up", "down"):
+                out[f"{prefix}{e}.{mat}"] = (f"moe.{bank}.{mat}_w", e)
+    for region, field in (("w_q", "q_proj"), ("w_k", "k_proj"), ("w_v", "v_proj"), ("w_f_down", "f_down"),
+                          ("w_g_down", "g_down"), ("w_b", "b_proj"), ("w_f_up", "f_up"), ("w_g_up", "g_up"),
+                          ("w_o", "o_proj")):
+        out[f"kda.{region}"] = (f"kda.{field}.w", None)
+    return out
+
+
+def flat_tensors(flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every region's matrix from the flat integer parameters (QLayer.to_flat())."""
+    n_routed, n_shared = (len(flat.get(f"moe.{b}.gate_w", ())) for b in ("routed", "shared"))
+    return {region: (np.asarray(flat[name]) if e is None else np.asarray(flat[name])[e])
+            for region, (name, e) in tensor_sources(n_routed, n_shared).items()}
+
+
+def tensors_flat(cfg, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The inverse of ``flat_tensors``: the matrices under their QLayer.to_flat() names."""
+    out: dict[str, list | np.ndarray] = {}
+    for region, (name, e) in tensor_sources(cfg.model.n_experts, cfg.model.n_shared).items():
+        if e is None:
+            out[name] = np.asarray(tensors[region], dtype=np.int64)
+        else:
+            out.setdefault(name, []).append(np.asarray(tensors[region], dtype=np.int64))
+    return {k: (np.stack(v) if isinstance(v, list) else v) for k, v in out.items()}
 
 
 def qlayer_tensors(q) -> dict[str, np.ndarray]:
     """Every region's int8 matrix from the quantised layer (sim.models.qparams.QLayer):
     the input of ``build_image``."""
-    out = {"moe.router": q.moe.router.w}
-    for bank, prefix in ((q.moe.routed, "moe.expert"), (q.moe.shared, "moe.shared")):
-        for e in range(bank.gate_w.shape[0]):
-            out[f"{prefix}{e}.gate"] = bank.gate_w[e]
-            out[f"{prefix}{e}.up"] = bank.up_w[e]
-            out[f"{prefix}{e}.down"] = bank.down_w[e]
-    kda = q.kda
-    out.update({"kda.w_q": kda.q_proj.w, "kda.w_k": kda.k_proj.w, "kda.w_v": kda.v_proj.w,
-                "kda.w_f_down": kda.f_down.w, "kda.w_g_down": kda.g_down.w, "kda.w_b": kda.b_proj.w,
-                "kda.w_f_up": kda.f_up.w, "kda.w_g_up": kda.g_up.w, "kda.w_o": kda.o_proj.w})
-    return out
+    return flat_tensors(q.to_flat())

@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("moekda.cmd_config", "show, validate and describe configs"),
     "rtl": ("moekda.cmd_rtl", "write the Verilog of a top (build/<cfg>/rtl/<top>.v)"),
     "accuracy": ("moekda.cmd_accuracy", "integer vs float model error table (build/<cfg>/reports/accuracy.*)"),
+    "image": ("moekda.cmd_image", "memory image of a quantised model (header, parameters, matrices) for the chip's LOAD"),
     "vectors": ("moekda.cmd_vectors", "export integer parameters, inputs and expected outputs as .npz"),
     "synth": ("moekda.cmd_synth", "Yosys + OpenSTA to Nangate45: area, timing, power, report.md"),
     "report": ("moekda.cmd_report", "rebuild report.md from an earlier synth's reports"),

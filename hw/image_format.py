@@ -1,0 +1,147 @@
+"""The memory image: what the chip reads through its weight port, and the file format.
+
+One image holds one model for one config::
+
+    address 0           header     HEADER_WORDS little-endian 32-bit words, padded
+    header_bytes        parameters the parameter region (hw/param_map.py)
+    weights_base        matrices   every weight matrix (hw/memory_map.py)
+    length              (end; padded to a whole port beat and 32-bit word)
+
+Header words (``HEADER_WORDS``): MAGIC (the bytes "MKDI"), VERSION, CONFIG_HASH
+(the first 8 hex digits of ``moekda config``'s hash, as the CSR reads back),
+LENGTH (bytes of the whole image), CHECKSUM (chosen so that the 32-bit
+little-endian words of the whole image sum to 0 modulo 2**32).  The rest of the
+header is zero.
+
+The chip checks the same things during LOAD (hw/loader.py): it compares the
+first four words with its own constants and sums every word it reads, and
+takes no token until a LOAD passed.  The tools check them when they read a
+file (``read_image``), and say in one line what is wrong.  The same file is
+the simulated weight memory's contents: a ``moekda image`` file is the image,
+byte for byte, with nothing around it.
+
+Nothing here imports sim/ or Amaranth: the image is data, built from the
+integer parameters ``{dotted name: array}`` of ``QLayer.to_flat()``.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from hw.param_map import param_map, structural
+
+MAGIC = int.from_bytes(b"MKDI", "little")
+VERSION = 1
+HEADER_WORDS = ("MAGIC", "VERSION", "CONFIG_HASH", "LENGTH", "CHECKSUM")
+HEADER_MIN_BYTES = 32          # 8 words: room for later fields without moving the regions
+
+
+class ImageError(ValueError):
+    """An image that is not for this chip: one line saying what is wrong."""
+
+
+def config_hash_word(cfg) -> int:
+    return int(cfg.hash()[:8], 16)
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    header_bytes: int
+    params_addr: int
+    params_bytes: int
+    weights_base: int
+    length: int
+    port_bytes: int
+
+    @property
+    def beats(self) -> int:
+        return self.length // self.port_bytes
+
+    @property
+    def words(self) -> int:
+        return self.length // 4
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def header_bytes(port_bytes: int) -> int:
+    return _round_up(HEADER_MIN_BYTES, port_bytes)
+
+
+def image_layout(cfg, weights_bytes: int | None = None) -> ImageLayout:
+    """Where the regions are.  ``weights_bytes``: the matrices' span (memory_map passes it;
+    by default it is taken from the memory map)."""
+    pb = cfg.hw.weight_port_bytes
+    hb = header_bytes(pb)
+    pm = param_map(cfg)
+    base = hb + pm.nbytes
+    if weights_bytes is None:
+        from hw.memory_map import memory_map
+        mm = memory_map(cfg)
+        weights_bytes = mm.size - mm.base
+    length = _round_up(base + weights_bytes, max(4, pb))
+    return ImageLayout(hb, hb, pm.nbytes, base, length, pb)
+
+
+def word_sum(image: bytes) -> int:
+    """The 32-bit little-endian words of ``image`` summed modulo 2**32 (length a multiple of 4)."""
+    return int(np.frombuffer(image, dtype="<u4").astype(np.uint64).sum() % (1 << 32))
+
+
+def pack_image(cfg, flat: Mapping[str, np.ndarray], tensors: Mapping[str, np.ndarray]) -> bytes:
+    """The whole image from the integer parameters ``flat`` (QLayer.to_flat() names) and the
+    weight matrices ``tensors`` (memory-map region names, hw.memory_map.qlayer_tensors).
+    ValueError naming the field when a value does not fit its field, or when a value the
+    config fixes (hw.param_map.structural) differs."""
+    from hw.memory_map import build_weights, memory_map
+    for name, want in structural(cfg).items():
+        if name in flat and int(np.asarray(flat[name])) != want:
+            raise ValueError(f"parameter {name} = {int(np.asarray(flat[name]))}: this config fixes it to {want}")
+    mm = memory_map(cfg)
+    lay = image_layout(cfg)
+    img = bytearray(lay.length)
+    img[lay.params_addr:lay.params_addr + lay.params_bytes] = param_map(cfg).pack(flat)
+    weights = build_weights(cfg, tensors, mm)
+    img[mm.base:mm.base + len(weights)] = weights
+    header = [MAGIC, VERSION, config_hash_word(cfg), lay.length, 0]
+    img[:4 * len(header)] = np.array(header, dtype="<u4").tobytes()
+    checksum = (-word_sum(bytes(img))) % (1 << 32)
+    img[16:20] = checksum.to_bytes(4, "little")
+    return bytes(img)
+
+
+def check_image(cfg, image: bytes, what: str = "image") -> None:
+    """ImageError, one line, if ``image`` is not a good image for ``cfg``."""
+    lay = image_layout(cfg)
+    if len(image) < HEADER_MIN_BYTES:
+        raise ImageError(f"{what}: {len(image)} bytes, shorter than the {HEADER_MIN_BYTES}-byte header (truncated?)")
+    magic, version, chash, length, _ = np.frombuffer(image[:20], dtype="<u4").tolist()
+    if magic != MAGIC:
+        raise ImageError(f"{what}: magic {magic:#010x} is not a moekda image (expected {MAGIC:#010x}, \"MKDI\")")
+    if version != VERSION:
+        raise ImageError(f"{what}: format version {version}; this moekda reads version {VERSION}")
+    if chash != config_hash_word(cfg):
+        raise ImageError(f"{what}: made for config hash {chash:08x}, this config ({cfg.name}) is "
+                         f"{config_hash_word(cfg):08x}: build the image with the same config")
+    if length != len(image):
+        raise ImageError(f"{what}: header says {length} bytes, the file has {len(image)} (truncated or padded)")
+    if length != lay.length:
+        raise ImageError(f"{what}: {length} bytes, config {cfg.name} needs {lay.length}")
+    s = word_sum(image)
+    if s != 0:
+        raise ImageError(f"{what}: bad checksum (the words sum to {s:#010x}, not 0): the file is corrupt")
+
+
+def read_image(cfg, image: bytes, what: str = "image") -> tuple[dict, dict]:
+    """(parameters {dotted name: array}, tensors {region name: int8 matrix}) of a checked image."""
+    from hw.memory_map import memory_map, read_weights
+    check_image(cfg, image, what)
+    lay = image_layout(cfg)
+    params = param_map(cfg).unpack(image[lay.params_addr:lay.params_addr + lay.params_bytes])
+    for name, v in structural(cfg).items():
+        params[name] = np.int64(v)
+    return params, read_weights(memory_map(cfg), image)

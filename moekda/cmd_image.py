@@ -1,0 +1,70 @@
+"""`moekda image`: the memory image of a quantised model, for the chip's LOAD step.
+
+    moekda image -c tiny --seed 3 -o build/tiny/seed3.img
+    moekda image -c tiny --params trained.safetensors -o model.img
+    moekda image -c tiny --check model.img
+
+The image (format: hw/image_format.py, docs/chip.md) is a header (magic,
+format version, config hash, length, checksum), the parameter region and
+the weight matrices: exactly what the weight memory holds.  --params takes
+float parameters (.npz / .safetensors, quantised here) or integer ones (an
+.npz of QLayer names, as `moekda vectors` writes params.npz).  --check reads
+an image and says whether it is good for the config (exit 0) or what is
+wrong (one line, exit 2).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from moekda.cli import UserError
+
+
+def configure(p):
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--seed", type=int, help="the seeded random layer (sim/models/params.py)")
+    src.add_argument("--params", help="parameter file: float (.npz, .safetensors) or integer (.npz)")
+    src.add_argument("--check", metavar="IMAGE", help="check an image against the config and print its layout")
+    p.add_argument("--calib-seed", type=int, default=0,
+                   help="with float --params: channel profile of the calibration sequences (default 0)")
+    p.add_argument("-o", "--output", help="image file to write (required with --seed / --params)")
+
+
+def run(args) -> int:
+    from hw.image_format import ImageError, image_layout
+    from moekda.config import load_config
+
+    cfg = load_config(args.config)
+    lay = image_layout(cfg)
+    if args.check:
+        from sim.models.image import read_image_file
+        try:
+            read_image_file(cfg, args.check)
+        except ImageError as e:
+            raise UserError(str(e)) from None
+        print(f"moekda image: {args.check}: good image for {cfg.name} (config hash {cfg.hash()[:8]}), "
+              f"{lay.length} bytes: header {lay.header_bytes}, parameters {lay.params_bytes} at "
+              f"{lay.params_addr:#x}, matrices from {lay.weights_base:#x}")
+        return 0
+    if not args.output:
+        raise UserError("-o/--output: needed with --seed or --params")
+    if args.seed is not None and args.seed < 0:
+        raise UserError(f"--seed = {args.seed}: allowed range is 0 or more")
+    from sim.models.image import model_from_file, qlayer_image
+    if args.params:
+        try:
+            q = model_from_file(cfg, args.params, model_seed=args.calib_seed)
+        except ValueError as e:
+            raise UserError(f"--params {e}") from None
+    else:
+        from sim.models.quantize import quantize_random_layer
+        q = quantize_random_layer(cfg, args.seed)
+    try:
+        image = qlayer_image(cfg, q)
+    except (ValueError, KeyError) as e:
+        raise UserError(f"{args.params or 'model'}: {e}") from None
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(image)
+    print(f"moekda image: {out}: {len(image)} bytes for {cfg.name} (config hash {cfg.hash()[:8]}); "
+          f"parameters {lay.params_bytes} bytes, matrices {lay.length - lay.weights_base} bytes")
+    return 0
