@@ -1,0 +1,175 @@
+"""LOAD: the chip reads its memory image once, checks it, and fills the parameter bank.
+
+Started by a CSR write (CTRL.LOAD) while no token is inside.  The loader
+reads the whole image (hw/image_format.py) through the weight port, in the
+port's own request order, one beat per cycle when the memory keeps up:
+
+* the header's first four words are compared with the chip's constants:
+  MAGIC, VERSION, CONFIG_HASH (this config's) and LENGTH (this config's
+  image length); a difference sets its bit in ``errors``;
+* every 32-bit word of the image is summed (carry-save, resolved at the
+  end): a good image sums to 0 modulo 2**32, anything else sets ERR_CHECKSUM
+  (a truncated image reads as whatever the memory holds past its end, which
+  fails here too);
+* the parameter region's beats are shifted into the bank register: after
+  the region's last beat its first byte is the bank's bit 0, as
+  hw/param_map.py packs it, so every block reads its fields from a fixed
+  slice (no address decoder, one flip-flop with enable per bit).
+
+``loaded`` is high after a LOAD with no error and stays high until the next
+LOAD starts (or reset); the layer takes tokens only while it is high.
+Cycles: the image's beats, the memory's latency and the checksum's few
+pipeline stages (``cycles`` counts them; CSR LOAD_CYCLES).
+"""
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.carry_save import compress_3_2, pipelined_add, reduce_to_two
+from hw.counter import ChunkedCounter
+from hw.image_format import MAGIC, VERSION, config_hash_word, image_layout
+from hw.param_map import param_layout, param_map
+from hw.pipeline import Pipe, plan_pipeline
+from hw.weight_port import WeightPortSignature, split_request
+
+# bits of ``errors`` (CSR LOAD_ERRORS), in header-word order, then the checksum
+LOAD_ERRORS = ("MAGIC", "VERSION", "CONFIG_HASH", "LENGTH", "CHECKSUM")
+ERR = {name: 1 << n for n, name in enumerate(LOAD_ERRORS)}
+
+
+class ImageLoader(wiring.Component):
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.W = W = cfg.hw.weight_port_bytes
+        self.layout = image_layout(cfg)
+        self.pmap = param_map(cfg)
+        self.reqs = split_request(0, self.layout.beats, W)
+        super().__init__({
+            "start": In(1),
+            "wport": Out(WeightPortSignature(W)),
+            "busy": Out(1),
+            "loaded": Out(1),
+            "errors": Out(len(LOAD_ERRORS)),
+            "cycles": Out(32),
+            "bank": Out(param_layout(cfg)),
+        })
+
+    def header_checks(self) -> list[tuple[int, int]]:
+        """(header word index, expected value) of the words the chip compares."""
+        return [(0, MAGIC), (1, VERSION), (2, config_hash_word(self.cfg)), (3, self.layout.length)]
+
+    def elaborate(self, platform):
+        m = Module()
+        W, lay, reqs = self.W, self.layout, self.reqs
+        plan = plan_pipeline(self.cfg.hw.clock_period_ns)
+        beats = lay.beats
+
+        running = Signal()
+        loaded = Signal()
+        errors = Signal(len(LOAD_ERRORS))
+        m.d.comb += [self.busy.eq(running | self.start), self.loaded.eq(loaded), self.errors.eq(errors)]
+
+        # ---- requests: the whole image, cut to what one request carries
+        req_idx = Signal(range(len(reqs) + 1), init=len(reqs))
+        with m.Switch(req_idx):
+            for n, (addr, nb) in enumerate(reqs):
+                with m.Case(n):
+                    m.d.comb += [self.wport.req.valid.eq(1), self.wport.req.payload.addr.eq(addr),
+                                 self.wport.req.payload.beats.eq(nb)]
+        with m.If(self.wport.req.valid & self.wport.req.ready):
+            m.d.sync += req_idx.eq(req_idx + 1)
+
+        # ---- response beats
+        m.d.comb += self.wport.resp.ready.eq(running)
+        beat_go = Signal()
+        m.d.comb += beat_go.eq(self.wport.resp.valid & self.wport.resp.ready)
+        data = self.wport.resp.payload.data
+        beat = ChunkedCounter(max(1, beats.bit_length()), name="load_beat")
+        m.d.comb += beat.inc.eq(beat_go)
+        beat.load(self.start, 0)
+        beat.elaborate(m)
+        last_beat = Signal()
+        m.d.comb += last_beat.eq(beat_go & (beat.value == beats - 1))
+
+        # 32-bit words: W/4 per beat, or one per 4/W beats on a narrow port
+        if W >= 4:
+            words = [data[32 * j:32 * j + 32] for j in range(W // 4)]
+            words_valid = beat_go
+
+            def header_word(h):
+                return data[8 * (4 * h % W):8 * (4 * h % W) + 32]
+        else:
+            asm = Signal(32, name="load_word")
+            asm_next = Signal(32, name="load_word_next")
+            m.d.comb += asm_next.eq(Cat(asm[8 * W:], data))
+            with m.If(beat_go):
+                m.d.sync += asm.eq(asm_next)
+            group = 4 // W
+            words = [asm_next]
+            words_valid = beat_go & (beat.value[:group.bit_length() - 1] == group - 1)
+
+            def header_word(h):
+                return asm_next
+
+        # ---- header: compare each checked word in the beat that completes it
+        for h, want in self.header_checks():
+            done_beat = -(-(4 * h + 4) // W) - 1
+            with m.If(beat_go & (beat.value == done_beat) & (header_word(h) != want)):
+                m.d.sync += errors.eq(errors | ERR[LOAD_ERRORS[h]])
+
+        # ---- parameter region: shift its beats into the bank
+        p0, p1 = lay.params_addr // W, (lay.params_addr + lay.params_bytes) // W
+        bank = Signal(8 * lay.params_bytes, name="param_bank")
+        in_params = Signal()
+        m.d.comb += in_params.eq((beat.value >= p0) & (beat.value < p1))
+        with m.If(beat_go & in_params):
+            m.d.sync += bank.eq(Cat(bank[8 * W:], data))
+        m.d.comb += self.bank.as_value().eq(bank[:self.pmap.bits])
+
+        # ---- checksum: the beat's words to two (clock-derived stages), then a 4:2
+        # into the carry-save accumulator; resolved by a pipelined add after the last beat
+        pipe = Pipe(m, plan, "load_sum")
+        live = reduce_to_two(pipe, {"valid": words_valid, "words": words}, "words", 32)
+        live = pipe.register(live)
+        acc_s, acc_c = Signal(32, name="load_acc_s"), Signal(32, name="load_acc_c")
+        with m.If(self.start):
+            m.d.sync += [acc_s.eq(0), acc_c.eq(0)]
+        with m.Elif(live["valid"]):
+            ws, wc = live["words"]
+            s1, c1 = compress_3_2(acc_s, acc_c, ws, 32)
+            s2, c2 = compress_3_2(s1, c1, wc, 32)
+            m.d.sync += [acc_s.eq(s2), acc_c.eq(c2)]
+        fin = Pipe(m, plan, "load_fin")
+        total = pipelined_add(fin, {"a": acc_s, "b": acc_c}, "a", "b", "total", 32)["total"]
+        sum_zero = Signal()
+        m.d.sync += sum_zero.eq(total == 0)
+        # from the last beat: the tree's stages, the accumulate, the add's stages, the compare
+        drain = pipe.stages + fin.stages + 3
+        wait = Signal(range(drain + 1))
+
+        # ---- control
+        cycles = ChunkedCounter(32, name="load_cycles")
+        m.d.comb += [cycles.inc.eq(running), self.cycles.eq(cycles.value)]
+        cycles.load(self.start, 1)
+        cycles.elaborate(m)
+        with m.FSM(name="loader"):
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.d.sync += [running.eq(1), loaded.eq(0), errors.eq(0), req_idx.eq(0)]
+                    m.next = "READ"
+            with m.State("READ"):
+                with m.If(last_beat):
+                    m.d.sync += wait.eq(drain)
+                    m.next = "DRAIN"
+            with m.State("DRAIN"):
+                m.d.sync += wait.eq(wait - 1)
+                with m.If(wait == 0):
+                    m.d.sync += running.eq(0)
+                    with m.If(sum_zero & (errors == 0)):
+                        m.d.sync += loaded.eq(1)
+                    with m.If(~sum_zero):
+                        m.d.sync += errors.eq(errors | ERR["CHECKSUM"])
+                    m.next = "IDLE"
+        return m
