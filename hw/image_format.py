@@ -10,8 +10,10 @@ One image holds one model for one config::
 Header words (``HEADER_WORDS``): MAGIC (the bytes "MKDI"), VERSION, CONFIG_HASH
 (the first 8 hex digits of ``moekda config``'s hash, as the CSR reads back),
 LENGTH (bytes of the whole image), CHECKSUM (chosen so that the 32-bit
-little-endian words of the whole image sum to 0 modulo 2**32).  The rest of the
-header is zero.
+little-endian words of the whole image sum to 0 modulo 2**32), X_SCALE and
+Y_SCALE (IEEE float32: the real value of one LSB of the layer's input and
+output, for the host that quantises tokens and reads results; the chip
+ignores them; 0 when unknown).  The rest of the header is zero.
 
 The chip checks the same things during LOAD (hw/loader.py): it compares the
 first four words with its own constants and sums every word it reads, and
@@ -34,7 +36,8 @@ from hw.param_map import param_map, structural
 
 MAGIC = int.from_bytes(b"MKDI", "little")
 VERSION = 1
-HEADER_WORDS = ("MAGIC", "VERSION", "CONFIG_HASH", "LENGTH", "CHECKSUM")
+HEADER_WORDS = ("MAGIC", "VERSION", "CONFIG_HASH", "LENGTH", "CHECKSUM", "X_SCALE", "Y_SCALE")
+HOST_SCALES = {"X_SCALE": "scales.x", "Y_SCALE": "scales.y"}   # header word -> QLayer.to_flat() name
 HEADER_MIN_BYTES = 32          # 8 words: room for later fields without moving the regions
 
 
@@ -109,6 +112,9 @@ def pack_image(cfg, flat: Mapping[str, np.ndarray], tensors: Mapping[str, np.nda
     img[mm.base:mm.base + len(weights)] = weights
     header = [MAGIC, VERSION, config_hash_word(cfg), lay.length, 0]
     img[:4 * len(header)] = np.array(header, dtype="<u4").tobytes()
+    for word, name in HOST_SCALES.items():
+        at = 4 * HEADER_WORDS.index(word)
+        img[at:at + 4] = np.array([float(flat.get(name, 0.0))], dtype="<f4").tobytes()
     checksum = (-word_sum(bytes(img))) % (1 << 32)
     img[16:20] = checksum.to_bytes(4, "little")
     return bytes(img)
@@ -144,4 +150,9 @@ def read_image(cfg, image: bytes, what: str = "image") -> tuple[dict, dict]:
     params = param_map(cfg).unpack(image[lay.params_addr:lay.params_addr + lay.params_bytes])
     for name, v in structural(cfg).items():
         params[name] = np.int64(v)
+    for word, name in HOST_SCALES.items():
+        at = 4 * HEADER_WORDS.index(word)
+        value = float(np.frombuffer(image[at:at + 4], dtype="<f4")[0])
+        if value > 0:
+            params[name] = np.float64(value)
     return params, read_weights(memory_map(cfg), image)

@@ -69,7 +69,7 @@ class ImageLoader(wiring.Component):
         running = Signal()
         loaded = Signal()
         errors = Signal(len(LOAD_ERRORS))
-        m.d.comb += [self.busy.eq(running | self.start), self.loaded.eq(loaded), self.errors.eq(errors)]
+        m.d.comb += [self.busy.eq(running), self.loaded.eq(loaded), self.errors.eq(errors)]
 
         # ---- requests: the whole image, cut to what one request carries
         req_idx = Signal(range(len(reqs) + 1), init=len(reqs))

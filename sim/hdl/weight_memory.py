@@ -4,8 +4,12 @@ Not part of the chip.  It is the other end of a weight port (hw/weight_port.py)
 with the timing of the Python model sim/cocotb/weight_memory.py, so a long
 simulation needs no Python call per clock cycle:
 
-* the image (hw.memory_map.build_image) is the memory's initial contents, one
-  word per ``port_bytes`` beat (little-endian lanes, as the port defines);
+* the memory holds ``slots`` images of ``image_bytes`` each, one word per
+  ``port_bytes`` beat (little-endian lanes, as the port defines); ``slot``
+  picks the one requests read (the chip always reads from address 0: a second
+  slot lets a bench LOAD a damaged image, then a good one).  The contents are
+  the initial image (if given) or written by the bench through ``wr_*`` (one
+  word per cycle), so one simulator build serves every model;
 * requests are queued (up to ``max_outstanding``) and answered in order; the
   first beat of a request accepted in cycle ``c`` is offered in cycle
   ``c + latency`` at the earliest, further beats one per cycle;
@@ -35,13 +39,16 @@ COUNT_BITS = 48          # bytes of a 4096-token run of small (~0.5 GB) fit with
 STALL_BITS = 8           # thresholds are in 1/256
 
 
-# run-time controls (stall thresholds, seed) and counters, also exposed by tops that wrap the memory
-CONTROL_MEMBERS = {
-    "seed": In(32), "seed_load": In(1),
-    "req_stall": In(STALL_BITS), "resp_stall": In(STALL_BITS),
-    "requests": Out(COUNT_BITS), "beats": Out(COUNT_BITS), "bytes": Out(COUNT_BITS),
-    "error": Out(3),
-}
+def control_members(port_bytes: int) -> dict:
+    """Run-time controls (stall thresholds, seed, slot, writes) and counters, also exposed by
+    tops that wrap the memory."""
+    return {
+        "seed": In(32), "seed_load": In(1),
+        "req_stall": In(STALL_BITS), "resp_stall": In(STALL_BITS),
+        "slot": In(1), "wr_en": In(1), "wr_addr": In(32), "wr_data": In(8 * port_bytes),
+        "requests": Out(COUNT_BITS), "beats": Out(COUNT_BITS), "bytes": Out(COUNT_BITS),
+        "error": Out(3),
+    }
 
 
 def xorshift32(x):
@@ -52,29 +59,37 @@ def xorshift32(x):
 
 
 class HdlWeightMemory(wiring.Component):
-    def __init__(self, image: bytes, port_bytes: int, latency: int, max_outstanding: int = 8):
+    """``image``: the initial contents of slot 0 (bytes), or the slot size in bytes (an int:
+    zeros, to be written through ``wr_*``)."""
+
+    def __init__(self, image, port_bytes: int, latency: int, max_outstanding: int = 8, slots: int = 1):
         if latency < 1:
             raise ValueError("latency must be at least one cycle")
         if max_outstanding < 1:
             raise ValueError("max_outstanding must be at least 1")
-        self.port_bytes, self.latency, self.depth = port_bytes, latency, max_outstanding
-        self.words = max(1, ceil_div(len(image), port_bytes))
-        padded = bytes(image) + bytes(self.words * port_bytes - len(image))
+        if slots not in (1, 2):
+            raise ValueError("slots must be 1 or 2")
+        self.port_bytes, self.latency, self.depth, self.slots = port_bytes, latency, max_outstanding, slots
+        image = bytes(image)          # bytes(n) of an int: n zero bytes
         self.image_bytes = len(image)
+        self.words = max(1, ceil_div(len(image), port_bytes))
+        padded = image + bytes(self.words * port_bytes - len(image))
         self.init = [int.from_bytes(padded[w * port_bytes:(w + 1) * port_bytes], "little")
                      for w in range(self.words)]
         super().__init__({
             "req": In(stream.Signature(WeightRequest)),
             "resp": Out(stream.Signature(response_layout(port_bytes))),
-            **CONTROL_MEMBERS,
+            **control_members(port_bytes),
         })
 
     def elaborate(self, platform):
         m = Module()
         pb, depth = self.port_bytes, self.depth
 
-        m.submodules.mem = mem = Memory(shape=unsigned(8 * pb), depth=self.words, init=self.init)
+        m.submodules.mem = mem = Memory(shape=unsigned(8 * pb), depth=self.words * self.slots, init=self.init)
         rd = mem.read_port(domain="comb")
+        wr = mem.write_port()
+        m.d.comb += [wr.en.eq(self.wr_en), wr.addr.eq(self.wr_addr), wr.data.eq(self.wr_data)]
 
         rand = Signal(32, init=1, reset_less=True)
         m.d.sync += rand.eq(Mux(self.seed_load, Mux(self.seed == 0, 1, self.seed), xorshift32(rand)))
@@ -120,7 +135,7 @@ class HdlWeightMemory(wiring.Component):
         accept = self.req.valid & self.req.ready
         addr, beats = self.req.payload.addr, self.req.payload.beats
         with m.If(accept):
-            m.d.sync += [q_word[tail].eq(addr // pb), q_beats[tail].eq(beats),
+            m.d.sync += [q_word[tail].eq(addr // pb + Mux(self.slot, self.words, 0)), q_beats[tail].eq(beats),
                          q_due[tail].eq(now + self.latency), tail.eq(bump(tail)),
                          self.requests.eq(self.requests + 1)]
             with m.If(addr % pb != 0):

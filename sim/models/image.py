@@ -24,7 +24,8 @@ def qlayer_image(cfg: Config, q: QLayer) -> bytes:
 
 def qlayer_from_image(cfg: Config, image: bytes, what: str = "image") -> QLayer:
     """The quantised layer an image holds (checked: ImageError if it is not for ``cfg``).
-    The tensor scales are not in the image (the chip does not need them): ``scales`` is empty."""
+    Of the tensor scales only the input's and the output's are in the image (the host's
+    conversion, in the header): ``scales`` has ``x`` and ``y``."""
     params, tensors = read_image(cfg, image, what)
     return QLayer.from_flat({**params, **tensors_flat(cfg, tensors)})
 
@@ -62,3 +63,39 @@ def model_from_file(cfg: Config, path, model_seed: int = 0) -> QLayer:
         raise ValueError(f"{path}: not a readable .npz ({e})") from None
     except KeyError as e:
         raise ValueError(f"{path}: {e.args[0] if e.args else e}") from None
+
+
+# damaged images for the chip's LOAD tests: kind -> (what is done, the LOAD_ERRORS bits expected)
+DAMAGE_KINDS = ("magic", "version", "config", "length", "checksum", "truncated")
+
+
+def damaged_image(image: bytes, kind: str) -> tuple[bytes, int]:
+    """``image`` with one kind of damage, and the LOAD_ERRORS bits the chip must report.
+    Changing a header word also breaks the checksum (the words no longer sum to 0).
+    ``truncated`` keeps the first three quarters and zero-fills the rest (what an
+    erased memory past a short write holds)."""
+    from hw.loader import ERR
+    b = bytearray(image)
+
+    def word(offset, value):
+        b[offset:offset + 4] = int(value & 0xFFFF_FFFF).to_bytes(4, "little")
+
+    if kind == "magic":
+        word(0, 0x4F4F4F4F)
+        return bytes(b), ERR["MAGIC"] | ERR["CHECKSUM"]
+    if kind == "version":
+        word(4, int.from_bytes(image[4:8], "little") + 1)
+        return bytes(b), ERR["VERSION"] | ERR["CHECKSUM"]
+    if kind == "config":
+        word(8, ~int.from_bytes(image[8:12], "little"))
+        return bytes(b), ERR["CONFIG_HASH"] | ERR["CHECKSUM"]
+    if kind == "length":
+        word(12, len(image) - 4)
+        return bytes(b), ERR["LENGTH"] | ERR["CHECKSUM"]
+    if kind == "checksum":
+        b[len(b) // 2] ^= 0x10          # one bit of one byte in the middle (parameters or matrices)
+        return bytes(b), ERR["CHECKSUM"]
+    if kind == "truncated":
+        keep = 3 * len(b) // 4
+        return bytes(b[:keep]) + bytes(len(b) - keep), ERR["CHECKSUM"]
+    raise ValueError(f"damage kind {kind!r}: one of {', '.join(DAMAGE_KINDS)}")

@@ -25,6 +25,8 @@ def test_round_trip_keeps_every_integer(tiny):
     for k, v in q.to_flat().items():
         if not k.startswith("scales."):
             assert np.array_equal(back[k], v), k
+    for k in ("scales.x", "scales.y"):          # the host's conversion, float32 in the header
+        assert back[k] == pytest.approx(q.to_flat()[k], rel=1e-7)
 
 
 def _with(img, offset, value):

@@ -49,7 +49,7 @@ def run_load(cfg, image: bytes, seed: int = 1, stall: float = 0.3, loads: int = 
             ctx.set(dut.start, 1)
             await ctx.tick()
             ctx.set(dut.start, 0)
-            assert ctx.get(dut.busy) and not ctx.get(dut.loaded)
+            assert ctx.get(dut.busy) and not ctx.get(dut.loaded)   # busy from the cycle after start
             for _ in range(20 * len(image) // W + 200):     # bounded: a hung loader fails
                 await ctx.tick()
                 if not ctx.get(dut.busy):
