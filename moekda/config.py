@@ -137,8 +137,43 @@ def _build_section(section: str, cls, raw: dict):
     return cls(**values)
 
 
+# resource limits: a config past them is refused before anything is generated (numpy arrays,
+# RTL, simulation memories), so a typo gets one line instead of a memory error minutes later
+MAX_WEIGHT_BYTES = 64 << 20      # the weight matrices of one layer in the memory image
+MAX_STATE_BITS = 1 << 20         # the KDA state (flip-flops or SRAM)
+MAX_CELLS = 5_000_000            # a rough cell estimate: past it synthesis does not fit this machine
+
+
+def resource_estimate(cfg: Config) -> dict[str, int]:
+    """Weight bytes, state bits and a cell estimate of the layer chip (order of magnitude:
+    ~12 cells per state or parameter bit with its muxes, ~3 000 per MAC lane)."""
+    m, hw = cfg.model, cfg.hw
+    d, hk, r, E, F = m.d_model, m.n_heads * m.head_dim, m.gate_rank, m.n_experts, m.d_ff
+    weights = 3 * hk * d + 2 * r * d + m.n_heads * d + 2 * hk * r + d * hk + E * d + (E + m.n_shared) * 3 * F * d
+    state = m.n_heads * m.head_dim * m.head_dim * cfg.formats.state_bits
+    params = 8 * (3 * hk * m.conv_kernel + 4 * hk) + 8 * 16 * (1 << cfg.formats.lut_in_bits)
+    return {"weight_bytes": weights, "state_bits": state,
+            "cells": 12 * (state + params) + 3000 * hw.lanes + 40 * d * 8}
+
+
+def _check_resources(cfg: Config):
+    m = cfg.model
+    est = resource_estimate(cfg)
+    shape = f"model.d_model = {m.d_model}, model.d_ff = {m.d_ff}, model.n_experts = {m.n_experts}"
+    if est["weight_bytes"] > MAX_WEIGHT_BYTES:
+        raise ConfigError(f"{shape}: the layer's weights would be {est['weight_bytes']:,} bytes, "
+                          f"the limit is {MAX_WEIGHT_BYTES:,} (64 MiB)")
+    if est["state_bits"] > MAX_STATE_BITS:
+        raise ConfigError(f"model.head_dim = {m.head_dim} with model.n_heads = {m.n_heads}: the KDA state would be "
+                          f"{est['state_bits']:,} bits, the limit is {MAX_STATE_BITS:,}")
+    if est["cells"] > MAX_CELLS:
+        raise ConfigError(f"{shape}, hw.lanes = {cfg.hw.lanes}: about {est['cells']:,} cells, "
+                          f"the limit is {MAX_CELLS:,}")
+
+
 def _check_relations(cfg: Config):
     """Constraints between fields, each reported against the field to change."""
+    _check_resources(cfg)
     m, hw = cfg.model, cfg.hw
     if m.top_k > m.n_experts:
         raise ConfigError(f"model.top_k = {m.top_k}: allowed range is 1 to model.n_experts ({m.n_experts})")
@@ -202,7 +237,9 @@ def load_config(name_or_path: str | Path) -> Config:
         known = ", ".join(sorted(q.stem for q in CONFIG_DIR.glob("*.toml")))
         raise ConfigError(f"config {name_or_path!s}: no such file {path} (known configs: {known})")
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config {path}: not UTF-8 text (byte {e.start})") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config {path}: not valid TOML: {e}") from None
     return config_from_dict(raw, source=str(path))

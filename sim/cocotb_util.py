@@ -122,7 +122,7 @@ def run_cocotb(top: str, config: str, test_module: str, simulator: str = "icarus
                env: dict | None = None, test_name: str = "run", testcase: str | None = None) -> Path:
     """Run cocotb ``test_module`` against (top, config) on ``simulator``.
 
-    Returns the results file; raises AssertionError if any cocotb test failed.
+    Returns the results file; raises AssertionError if any cocotb test failed or none ran.
     """
     from cocotb_tools.check_results import get_results
     from cocotb_tools.runner import get_runner
@@ -144,7 +144,10 @@ def run_cocotb(top: str, config: str, test_module: str, simulator: str = "icarus
         pass   # the runner exits on a failed test; the results file says which
     if not results_xml.exists():
         raise AssertionError(f"simulation did not finish; see {log}")
-    _tests, failed = get_results(results_xml)
+    ran, failed = get_results(results_xml)
+    if ran == 0:      # a misspelt testcase or module runs nothing: that is not a pass
+        raise AssertionError(f"no cocotb test ran ({test_module}"
+                             f"{', testcase ' + testcase if testcase else ''}); log {log}")
     if failed:
         raise AssertionError(f"{failed} cocotb test(s) failed ({', '.join(_failed_names(results_xml))}); "
                              f"first error: {_first_error(log)}; log {log}")

@@ -72,3 +72,50 @@ def test_cli_bad_config_is_one_line_and_nonzero(tmp_path):
 def test_cli_unknown_config_lists_known():
     r = subprocess.run([sys.executable, "-m", "moekda", "config", "-c", "nosuch"], capture_output=True, text=True)
     assert r.returncode == 2 and "known configs:" in r.stderr and "tiny" in r.stderr
+
+
+@pytest.mark.parametrize("model, needle", [
+    ({"d_model": 4096, "n_experts": 1024, "d_ff": 16384}, "the layer's weights would be"),
+    ({"d_model": 1024, "n_heads": 4, "head_dim": 256}, "the KDA state would be"),
+])
+def test_resource_limits_refuse_huge_configs(model, needle):
+    """Configs every field of which is in range but that no machine here could generate: refused
+    in one line before any array is built."""
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(base(model=model))
+    assert needle in str(e.value) and "limit is" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_config_loader_fuzz(tmp_path):
+    """Random TOML-ish and random-valued configs (a bounded number, fixed seed): the loader
+    either accepts or raises ConfigError with one line, never another exception."""
+    import random
+
+    from moekda.config import SECTIONS
+    import dataclasses
+    rng = random.Random(1234)
+    fields = [(sec, f) for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+    values = [0, 1, -1, 3, 7, 64, 4096, 1 << 40, 0.5, -2.5, "x", True, None, [], {}, 1e300]
+    ok = refused = 0
+    for n in range(300):
+        raw = base()
+        for _ in range(rng.randrange(1, 5)):
+            sec, f = rng.choice(fields)
+            v = rng.choice(values)
+            if v is None:
+                continue
+            raw.setdefault(sec, {})[f.name] = v
+        try:
+            config_from_dict(raw)
+            ok += 1
+        except ConfigError as e:
+            assert "\n" not in str(e)
+            refused += 1
+    for n in range(100):    # raw bytes as TOML
+        p = tmp_path / f"f{n}.toml"
+        p.write_bytes(bytes(rng.randrange(256) for _ in range(rng.randrange(0, 80))))
+        try:
+            load_config(p)
+        except ConfigError as e:
+            assert "\n" not in str(e) or "TOML" in str(e)
+    assert ok and refused
