@@ -1,10 +1,14 @@
 """The KDA token mixer: one int8 token in, one int8 token out, constant work per token.
 
-Implements ``sim.models.int_kda.int_kda_step`` bit for bit (the RTL is
-generated from a config and the quantised parameters ``QKDA``: weights live
-in the external weight memory, read through ``wport``; the small constants -
-requantisation (m, s), the f_up bias, short-conv taps, the six tables and the
-norm constants - are baked in at elaboration).
+Implements ``sim.models.int_kda.int_kda_step`` bit for bit.  The RTL is a
+function of the config alone: weights live in the external weight memory,
+read through ``wport``; every other per-model value - requantisation (m, s),
+the f_up bias, short-conv taps, the six tables, the norm constants and the
+delta rule's shifts - comes in on ``params`` (the KDA's slice of the parameter
+bank, laid out by hw/param_map.py ``param_layout(cfg, "kda")``), so one netlist
+runs any quantised model.  ``params`` must be stable while tokens are in
+flight (and from a cycle before the first): the blocks register what they
+derive from it.  A test drives ``region_value(cfg, qlayer.to_flat(), "kda")``.
 
 Ports
 -----
@@ -13,6 +17,7 @@ Ports
         the short-convolution history are cleared before this token).
 ``o``   stream, one beat per token: d_model int8.
 ``wport`` weight port (hw/weight_port.py).
+``params`` the per-model values (hw/param_map.py).
 ``cycles`` free-running cycle counter; ``token_cycles`` the cycles the last
         token took from its acceptance on ``i`` to its offer on ``o``;
         ``tokens`` tokens completed.  For tests and reports.
@@ -48,22 +53,22 @@ and 1224 (bytes / port width).
 """
 from __future__ import annotations
 
-import numpy as np
 from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.booth_multiply import booth_multiply, requantise
 from hw.carry_save import pipelined_add
-from hw.kda_delta import DeltaRule, DeltaShifts, round_shift, saturate
+from hw.kda_delta import DeltaRule
 from hw.matvec import MatVecEngine
 from hw.kda_norm import Normalizer
 from hw.lut import LookupTable
 from hw.memory_map import memory_map
+from hw.param_map import kda_norm_ss_bits, param_layout, param_map, structural
 from hw.pipeline import Pipe, plan_pipeline
 from hw.short_conv import ShortConv
 from hw.weight_port import WeightPortSignature, split_request
-from moekda.formats import clog2, formats_for
+from moekda.formats import formats_for
 
 # the projections in weight-memory order: (op, memory-map tensor, QKDA field, input vector)
 OPS = [
@@ -98,9 +103,9 @@ def kda_requests(cfg) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
 
 
 class KdaUnit(wiring.Component):
-    def __init__(self, cfg, qkda):
+    def __init__(self, cfg):
         m_, hw = cfg.model, cfg.hw
-        self.cfg, self.q = cfg, qkda
+        self.cfg = cfg
         self.fm = fm = formats_for(cfg)
         self.d, self.H, self.dk, self.r = m_.d_model, m_.n_heads, m_.head_dim, m_.gate_rank
         self.dv = self.dk
@@ -115,6 +120,7 @@ class KdaUnit(wiring.Component):
             "i": In(stream.Signature(token_layout(self.d, a))),
             "o": Out(stream.Signature(data.ArrayLayout(signed(a), self.d))),
             "wport": Out(WeightPortSignature(self.W)),
+            "params": In(param_layout(cfg, "kda")),
             "cycles": Out(32),
             "token_cycles": Out(32),
             "tokens": Out(32),
@@ -132,7 +138,9 @@ class KdaUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cfg, q, fm = self.cfg, self.q, self.fm
+        cfg, fm, P = self.cfg, self.fm, self.params
+        st = structural(cfg)          # the config-fixed widths (requantiser outputs, table inputs)
+        pm = param_map(cfg)
         d, H, dk, dv, r, W = self.d, self.H, self.dk, self.dv, self.r, self.W
         a = fm.act_bits
         hk, hv = H * dk, H * dv
@@ -183,7 +191,6 @@ class KdaUnit(wiring.Component):
 
         # ---- the projection feeder: response beats + input groups -> MAC ----------------
         regions = [self.mm[t] for _, t, _, _ in OPS]
-        lins = [getattr(q, f) for _, _, f, _ in OPS]
         sources = {"x": self._groups(X, a), "fd": self._groups(FD, a), "gd": self._groups(GD, a),
                    "zo": self._groups(ZO, a)}
         n_ops = len(OPS)
@@ -234,8 +241,6 @@ class KdaUnit(wiring.Component):
             m.d.sync += res_row.eq(res_row + 1)
             with m.If(res_row == Array(Const(reg.rows - 1) for reg in regions)[res_op]):
                 m.d.sync += [res_row.eq(0), res_op.eq(res_op + 1)]
-        fu = lins[OP["fu"]]
-        bias = Array(Const(int(v), signed(fm.acc_bits)) for v in fu.bias) if fu.bias is not None else None
         # R0: the accumulator and its bias (0 but for f_up) registered; the bias add
         # (a carry chain as wide as the accumulator), times M, round, shift, saturate
         # over clock-derived stages (hw/booth_multiply.py); the last register is R2
@@ -243,16 +248,16 @@ class KdaUnit(wiring.Component):
         r0_acc, r0_bias = Signal(signed(fm.acc_bits + 1)), Signal(signed(fm.acc_bits + 1))
         m.d.sync += [r0_valid.eq(res_valid), r0_op.eq(res_op), r0_row.eq(res_row),
                      r0_acc.eq(eng.o.payload.acc), r0_bias.eq(0)]
-        if bias is not None:
-            with m.If(res_op == OP["fu"]):
-                m.d.sync += r0_bias.eq(bias[res_row])
+        # the f_up bias, read from the parameters by row (an H d_k : 1 mux from the bank)
+        with m.If(res_op == OP["fu"]):
+            m.d.sync += r0_bias.eq(P.f_up.bias[res_row[:max(1, (hk - 1).bit_length())]])
         plan = plan_pipeline(cfg.hw.clock_period_ns)
         rq = Pipe(m, plan, "rq")
         rq_live = pipelined_add(rq, {"valid": r0_valid, "op": r0_op, "row": r0_row, "acc": r0_acc,
                                      "bias": r0_bias}, "acc", "bias", "biased", fm.acc_bits + 1)
         r0_biased = Value.cast(rq_live.pop("biased")).as_signed()
         rq_live = requantise(rq, rq_live, r0_biased, "op",
-                             [(int(lin.m), int(lin.s), int(lin.out_bits)) for lin in lins],
+                             [(getattr(P, f).m, getattr(P, f).s, st[f"kda.{f}.out_bits"]) for _, _, f, _ in OPS],
                              fm.acc_bits + 3 + fm.mult_bits, "y")
         rq_live = rq.register(rq_live)
         r2_valid, r2_op, r2_row = rq_live["valid"], rq_live["op"], rq_live["row"]
@@ -278,10 +283,14 @@ class KdaUnit(wiring.Component):
 
         # tables after the engine: beta, alpha, gate (one cycle each)
         tables = {}
-        for name, qlut, dest, op in (("beta", q.beta, BETA, "b"), ("alpha", q.alpha, ALPHA, "fu"),
-                                     ("gate", q.gate, GATE, "gu")):
-            lut = LookupTable(qlut.table, int(qlut.in_bits))
+        def table(name):
+            """A LookupTable whose entries are the parameter table ``kda.<name>.table``."""
+            lut = LookupTable(st[f"kda.{name}.in_bits"], getattr(P, name).table.shape().elem_shape)
             m.submodules[f"lut_{name}"] = lut
+            m.d.comb += lut.table.eq(getattr(P, name).table)
+            return lut
+        for name, dest, op in (("beta", BETA, "b"), ("alpha", ALPHA, "fu"), ("gate", GATE, "gu")):
+            lut = table(name)
             hit = r2_valid & (r2_op == OP[op])
             l_valid, l_row = Signal(name=f"{name}_valid"), Signal.like(f_row, name=f"{name}_row")
             m.d.comb += [lut.addr.eq(r2_y), lut.en.eq(hit)]
@@ -292,9 +301,12 @@ class KdaUnit(wiring.Component):
             tables[name] = lut
 
         # short convolution of q, k, v (channels in that order), requant, SiLU
-        conv_w = [q.conv_q.w, q.conv_k.w, q.conv_v.w]
-        m.submodules.conv = conv = ShortConv(np.concatenate(conv_w, axis=0), a, fm.weight_bits,
-                                                clock_period_ns=cfg.hw.clock_period_ns)
+        conv_names = ("conv_q", "conv_k", "conv_v")
+        m.submodules.conv = conv = ShortConv(hk + hk + hv, cfg.model.conv_kernel, a, fm.weight_bits,
+                                             clock_period_ns=cfg.hw.clock_period_ns)
+        for name, base_c, n in zip(conv_names, (0, hk, 2 * hk), (hk, hk, hv)):
+            for c in range(n):
+                m.d.comb += conv.taps[base_c + c].eq(getattr(P, name).w[c])
         is_qkv = (r2_op == OP["q"]) | (r2_op == OP["k"]) | (r2_op == OP["v"])
         m.d.comb += [conv.i.valid.eq(r2_valid & is_qkv), conv.i.payload.eq(r2_y), conv.o.ready.eq(1)]
         c_chan = Signal(range(hk + hk + hv))
@@ -304,7 +316,6 @@ class KdaUnit(wiring.Component):
         c_idx = Signal(range(max(hk, hv)))
         m.d.comb += [c_sec.eq(Mux(c_chan < hk, 0, Mux(c_chan < 2 * hk, 1, 2))),
                      c_idx.eq(Mux(c_chan < hk, c_chan, Mux(c_chan < 2 * hk, c_chan - hk, c_chan - 2 * hk)))]
-        convs = [q.conv_q, q.conv_k, q.conv_v]
         # CR1: the convolution sum registered with its channel; then requantised like R0
         cr1_valid, cr1_sec, cr1_idx = Signal(), Signal(2), Signal.like(c_idx)
         cr1_acc = Signal.like(conv.o.payload)
@@ -313,7 +324,8 @@ class KdaUnit(wiring.Component):
         crq = Pipe(m, plan, "crq")
         crq_live = crq.register(requantise(crq, {"valid": cr1_valid, "sec": cr1_sec, "idx": cr1_idx},
                                            cr1_acc, "sec",
-                                           [(int(c.m), int(c.s), int(c.out_bits)) for c in convs],
+                                           [(getattr(P, c).m, getattr(P, c).s, st[f"kda.{c}.out_bits"])
+                                            for c in conv_names],
                                            conv.acc_bits + fm.mult_bits + 2, "code"))
         cr2_valid, cr2_sec, cr2_idx = crq_live["valid"], crq_live["sec"], crq_live["idx"]
         cr2_code = Signal(signed(fm.lut_in_bits))
@@ -321,9 +333,8 @@ class KdaUnit(wiring.Component):
         s_valid, s_sec, s_idx = Signal(), Signal(2), Signal.like(c_idx)
         m.d.sync += [s_valid.eq(cr2_valid), s_sec.eq(cr2_sec), s_idx.eq(cr2_idx)]
         silu = []
-        for n, (name, qlut) in enumerate((("q", q.silu_q), ("k", q.silu_k), ("v", q.silu_v))):
-            lut = LookupTable(qlut.table, int(qlut.in_bits))
-            m.submodules[f"lut_silu_{name}"] = lut
+        for n, name in enumerate(("silu_q", "silu_k", "silu_v")):
+            lut = table(name)
             m.d.comb += [lut.addr.eq(cr2_code), lut.en.eq(cr2_valid & (cr2_sec == n))]
             silu.append(lut)
         with m.If(s_valid):
@@ -343,11 +354,12 @@ class KdaUnit(wiring.Component):
         drained = pending == 0           # (registered: rows issued this cycle are not in it yet)
 
         # ---- the shared normaliser: q, k (L2) and o (RMS) ----------------------------------
-        shifts = DeltaShifts.of(q)
         nbits = max(fm.qkv_bits, fm.o_bits)
-        m.submodules.norm = norm = Normalizer(fm, dk, nbits, 2 * (nbits - 1) + clog2(dk + 1) + 1,
-                                              [q.q_norm, q.k_norm, q.o_norm], [fm.qk_bits, fm.qk_bits, a],
+        m.submodules.norm = norm = Normalizer(fm, dk, nbits, kda_norm_ss_bits(cfg), [fm.qk_bits, fm.qk_bits, a],
+                                              param_layout(cfg, "kda.q_norm"),
                                               clock_period_ns=cfg.hw.clock_period_ns)
+        for k, name in enumerate(("q_norm", "k_norm", "o_norm")):
+            m.d.comb += norm.norms[k].eq(getattr(P, name))
         nh = Signal(range(H))
         base = nh * dk
         m.d.comb += norm.rd_x.eq(Mux(norm.mode == 0, Array(QS)[base + norm.rd_idx],
@@ -379,8 +391,11 @@ class KdaUnit(wiring.Component):
         m.d.sync += g_pending.eq(g_pending + (norm.wr_en & (norm.mode == 2)) - g_live["valid"])
 
         # ---- the delta rule ----------------------------------------------------------------
-        m.submodules.delta = delta = DeltaRule(fm, H, dk, dv, cfg.hw.state_lanes, shifts,
-                                                 clock_period_ns=cfg.hw.clock_period_ns)
+        shift_names = ("f_k", "f_v", "f_s", "o_shift")
+        m.submodules.delta = delta = DeltaRule(
+            fm, H, dk, dv, cfg.hw.state_lanes, clock_period_ns=cfg.hw.clock_period_ns,
+            shift_fields={k: (pm[f"kda.{k}"].bits, pm[f"kda.{k}"].hi) for k in shift_names})
+        m.d.comb += [getattr(delta.shifts, k).eq(getattr(P, k)) for k in shift_names]
         m.d.comb += [delta.k.eq(Cat(*KN)), delta.q.eq(Cat(*QN)), delta.alpha.eq(Cat(*ALPHA)),
                      delta.v.eq(Cat(*V)), delta.beta.eq(Cat(*BETA)), delta.o.ready.eq(1)]
         o_idx = Signal(range(hv + 1))
@@ -453,10 +468,7 @@ class KdaUnit(wiring.Component):
         return m
 
 
-def default_kda(cfg, seed: int = 0) -> KdaUnit:
-    """The unit with the baked constants of the seeded random layer (sim/models/params.py),
-    quantised by sim/models/quantize.py: what `moekda synth --top kda` builds.  The
-    constants change the ROM contents and shift amounts, not the structure."""
-    from sim.models.params import random_params
-    from sim.models.quantize import quantize_layer
-    return KdaUnit(cfg, quantize_layer(random_params(cfg, seed), cfg).kda)
+def default_kda(cfg) -> KdaUnit:
+    """What `moekda rtl/synth --top kda` builds: the unit of the config (it takes no model;
+    every per-model value is an input, ``params``)."""
+    return KdaUnit(cfg)

@@ -15,7 +15,13 @@ value column j (the state memory is column-major, see hw/kda_state.py):
     then
         o_hj  = sat_{o_bits}(rs(acc, o_shift))                  one beat on ``o``
 
-rs = round half up shift, sat = saturate to state_bits.  Each column needs
+rs = round half up shift, sat = saturate to state_bits.  The shifts f_k, f_v,
+f_s and o_shift are run-time inputs (``shifts``: the parameter bank,
+hw/param_map.py ``kda.f_k`` ...): each variable shift is a barrel (one mux level
+per bit of the field's allowed range, hw/booth_multiply.py's shared helper), each
+rounding constant 2**(s-1) a one-hot word; those words and f_s - f_v are
+registered from the inputs, so the shifts must be stable from a cycle before
+``start`` to the end of the token.  Each column needs
 only its own u_j, so the two passes run column by column and nothing wider
 than one column is buffered.
 
@@ -52,17 +58,18 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
+from hw.booth_multiply import barrel_shift_saturate, rounding_word, saturate as saturate_bits
 from hw.carry_save import (booth_partial_products, compress_3_2, pipelined_add, pipelined_add_all,
                            reduce_all_to_two, reduce_to_two, sign_extend)
 from hw.kda_state import StateMemory
-from hw.matvec import saturate as saturate_bits
 from hw.pipeline import Pipe, plan_pipeline
 from moekda.formats import Formats
 
 
 @dataclass(frozen=True)
 class DeltaShifts:
-    """The calibrated fractional-bit positions (QKDA.f_k, f_v, f_s, o_shift)."""
+    """Values of the calibrated fractional-bit positions (QKDA.f_k, f_v, f_s, o_shift):
+    what a test drives on ``DeltaRule.shifts``."""
     f_k: int
     f_v: int
     f_s: int
@@ -73,14 +80,12 @@ class DeltaShifts:
         return cls(int(qkda.f_k), int(qkda.f_v), int(qkda.f_s), int(qkda.o_shift))
 
 
-def round_shift(x, s: int):
-    """Round half up arithmetic right shift, as moekda.numerics.round_shift."""
-    return x if s == 0 else (x + (1 << (s - 1))) >> s
-
-
-def saturate(x, bits: int):
-    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    return Mux(x > hi, hi, Mux(x < lo, lo, x))
+# the shift inputs: field width and largest allowed value, as hw/param_map.py lists them
+# (kda.f_k: 0..qk_bits-1, kda.f_v: 0..qkv_bits-1, kda.f_s: 0..state_bits-1, kda.o_shift:
+# 0..qk_bits+state_bits-2); a KdaUnit passes the fields of its parameter map
+def default_shift_fields(fm: Formats) -> dict[str, tuple[int, int]]:
+    return {"f_k": (4, fm.qk_bits - 1), "f_v": (5, fm.qkv_bits - 1), "f_s": (5, fm.state_bits - 1),
+            "o_shift": (5, fm.qk_bits + fm.state_bits - 2)}
 
 
 def clamp(x, bits: int):
@@ -91,13 +96,13 @@ def clamp(x, bits: int):
 
 
 class DeltaRule(wiring.Component):
-    def __init__(self, fm: Formats, heads: int, d_k: int, d_v: int, lanes: int, shifts: DeltaShifts,
-                 clock_period_ns: float):
-        if shifts.f_s < shifts.f_v:
-            raise ValueError(f"delta rule: f_s = {shifts.f_s} < f_v = {shifts.f_v} (v << (f_s - f_v) needs f_s >= f_v)")
-        if min(shifts.f_k, shifts.o_shift) < 0:
-            raise ValueError("delta rule: shifts must be non-negative")
-        self.fm, self.heads, self.d_k, self.d_v, self.lanes, self.shifts = fm, heads, d_k, d_v, lanes, shifts
+    def __init__(self, fm: Formats, heads: int, d_k: int, d_v: int, lanes: int, clock_period_ns: float,
+                 shift_fields: dict | None = None):
+        """``shift_fields``: per shift (f_k, f_v, f_s, o_shift) its (field bits, largest
+        allowed value), default ``default_shift_fields(fm)``; a shift outside its range
+        (or f_s < f_v) is not computed as the model would (the image tools refuse it)."""
+        self.fm, self.heads, self.d_k, self.d_v, self.lanes = fm, heads, d_k, d_v, lanes
+        self.shift_fields = dict(shift_fields or default_shift_fields(fm))
         self.clock_period_ns = clock_period_ns
         self.blocks = d_k // lanes
         a = fm.qk_bits               # the normalised q and k
@@ -110,18 +115,36 @@ class DeltaRule(wiring.Component):
             "alpha": In(data.ArrayLayout(unsigned(fm.alpha_frac), heads * d_k)),
             "v": In(data.ArrayLayout(signed(fm.qkv_bits), heads * d_v)),
             "beta": In(data.ArrayLayout(unsigned(fm.unit_frac + 1), heads)),
+            "shifts": In(data.StructLayout({k: unsigned(self.shift_fields[k][0])
+                                            for k in ("f_k", "f_v", "f_s", "o_shift")})),
             "o": Out(stream.Signature(signed(fm.o_bits))),
         })
 
     def elaborate(self, platform):
         m = Module()
-        fm, sh = self.fm, self.shifts
+        fm = self.fm
         H, dk, dv, P, nb = self.heads, self.d_k, self.d_v, self.lanes, self.blocks
         sb, af, uf, qk = fm.state_bits, fm.alpha_frac, fm.unit_frac, fm.qk_bits
         plan = plan_pipeline(self.clock_period_ns)
         dl = plan.delays
         m.submodules.mem = mem = StateMemory(H, dk, dv, P, sb)
         acc_width = sb + qk + (dk - 1).bit_length() + 1
+        w_dec, w_ku = sb + af + 2, sb + qk + 1
+
+        # ---- the shifts: registered from the inputs with what follows from them (the
+        # rounding words 2**(s-1), f_s - f_v), so no path runs from the ports into a tree
+        sf, shifts = self.shift_fields, self.shifts
+        lv = {k: max(1, hi.bit_length()) for k, (_, hi) in sf.items()}   # barrel levels
+        f_k = Signal(lv["f_k"], name="sh_fk", reset_less=True)
+        o_sh = Signal(lv["o_shift"], name="sh_o", reset_less=True)
+        sv_hi = sf["f_s"][1]                          # f_s - f_v <= f_s's largest value
+        d_sv = Signal(max(1, sv_hi.bit_length()), name="sh_dsv", reset_less=True)
+        rnd_ku = Signal(w_ku, name="sh_rnd_ku", reset_less=True)
+        rnd_ks = Signal(acc_width, name="sh_rnd_ks", reset_less=True)
+        rnd_o = Signal(acc_width, name="sh_rnd_o", reset_less=True)
+        m.d.sync += [f_k.eq(shifts.f_k), o_sh.eq(shifts.o_shift), d_sv.eq(shifts.f_s - shifts.f_v),
+                     rnd_ku.eq(rounding_word(shifts.f_k, w_ku)), rnd_ks.eq(rounding_word(shifts.f_k, acc_width)),
+                     rnd_o.eq(rounding_word(shifts.o_shift, acc_width))]
 
         # ---- control: two issue cursors, one per pass, each walking the words in
         # memory order (column-major: column c = h*d_v + j holds words c*nb .. c*nb+nb-1).
@@ -196,14 +219,12 @@ class DeltaRule(wiring.Component):
         live = rd                               # rd_data leaves the memory's read register
         # decay S*alpha and the rank-1 term k*u as Booth trees, rounding constants as
         # words; u_c travels with each pass-2 word from its issue
-        w_dec, w_ku = sb + af + 2, sb + qk + 1
         live = dp.spend(dl.booth_select, live)
         rnd_af = Const(1 << (af - 1) if af else 0, w_dec)
-        rnd_fk = Const(1 << (sh.f_k - 1) if sh.f_k else 0, w_ku)
         for l in range(P):
             live[f"dec{l}"] = booth_partial_products(m, Cat(live["alpha"][l], Const(0, 1)), live["s"][l], w_dec,
                                                      name=f"dl_dec{l}") + [rnd_af]
-            live[f"ku{l}"] = booth_partial_products(m, live["u"], live["k"][l], w_ku, name=f"dl_ku{l}") + [rnd_fk]
+            live[f"ku{l}"] = booth_partial_products(m, live["u"], live["k"][l], w_ku, name=f"dl_ku{l}") + [rnd_ku]
         for key in ("alpha", "k", "s", "u"):
             live.pop(key)
         keys = [f"{n}{l}" for n in ("dec", "ku") for l in range(P)]
@@ -213,21 +234,36 @@ class DeltaRule(wiring.Component):
             live[f"{key}_a"], live[f"{key}_b"] = live.pop(key)
             jobs.append((f"{key}_a", f"{key}_b", key, w))
         live = pipelined_add_all(dp, live, jobs)
-        # S1 = rs(S alpha), S2 = sat(S1 + rs(k u)) in pass 2, S1 passed on in pass 1
-        tw = max(sb, w_ku - sh.f_k) + 1
+        # rs(k u, f_k): the rounded products shifted by f_k, every lane through one barrel
+        live["ku"] = [live.pop(f"ku{l}") for l in range(P)]
+        live = barrel_shift_saturate(dp, live, "ku", f_k, w_ku, lv["f_k"], "ku")
+        # S1 = rs(S alpha), S2 = sat(S1 + rs(k u)) in pass 2, S1 passed on in pass 1.  With
+        # f_k a run-time value rs(k u) keeps up to w_ku bits, but |S1| < 2**(sb-1): when
+        # rs(k u) does not fit sb + 1 bits the sum saturates to its sign, so the add is
+        # sb + 2 bits wide on its low bits and the fit test runs beside it
+        tw = sb + 2
         live = dp.spend(dl.adder(tw), live)
-        s1s, ts = [], []
+        s1s, ts, fits, negs = [], [], [], []
+        kus = live.pop("ku")
         for l in range(P):
             s1 = Value.cast(live.pop(f"dec{l}"))[af:af + sb].as_signed()   # |S1| <= |S|: no overflow
-            ku = Value.cast(live.pop(f"ku{l}"))[sh.f_k:].as_signed()
+            ku = Value.cast(kus[l])
             t = Signal(signed(tw), name=f"dl_s1ku{l}")
-            m.d.comb += t.eq(s1 + ku)
+            fit, neg = Signal(name=f"dl_kufit{l}"), Signal(name=f"dl_kuneg{l}")
+            top = ku[sb:]
+            m.d.comb += [t.eq(s1 + ku[:sb + 1].as_signed()), fit.eq((top == 0) | (top == (1 << len(top)) - 1)),
+                         neg.eq(ku[-1])]
             s1s.append(s1)
             ts.append(t)
-        live = dp.spend(dl.saturate + dl.mux_level, {**live, "s1": s1s, "t": ts})
+            fits.append(fit)
+            negs.append(neg)
+        live = dp.spend(dl.saturate + dl.mux_level, {**live, "s1": s1s, "t": ts, "fit": fits, "neg": negs})
         new_s = [Signal(signed(sb), name=f"dl_snew{l}") for l in range(P)]
+        lo, hi = -(1 << (sb - 1)), (1 << (sb - 1)) - 1
         for l in range(P):
-            m.d.comb += new_s[l].eq(Mux(live["pass2"], clamp(live["t"][l], sb), live["s1"][l]))
+            s2 = Mux(live["fit"][l], clamp(live["t"][l], sb), Mux(live["neg"][l], lo, hi))
+            m.d.comb += new_s[l].eq(Mux(live["pass2"], s2, live["s1"][l]))
+        live.pop("fit"), live.pop("neg")
         live.pop("s1"), live.pop("t")
         live["snew"] = new_s
         # the write-back leaves from a register: the memory's address decode (one
@@ -267,26 +303,35 @@ class DeltaRule(wiring.Component):
 
         # ---- per column: u_c = sat(rs(beta_h ((v_c << (f_s - f_v)) - kS), unit_frac)) ----------
         # kS = sat(rs(sum_k, f_k)), resolved over clock-derived stages
-        dw = max(sb, fm.qkv_bits + sh.f_s - sh.f_v) + 2
+        dw = max(sb, fm.qkv_bits + sv_hi) + 2
         cu = {"valid": Signal(name="cu_valid"), "par": Signal(name="cu_par"),
               "s": Signal(acc_width, name="cu_s"), "c": Signal(acc_width, name="cu_c"),
-              "rnd": Const(1 << (sh.f_k - 1) if sh.f_k else 0, acc_width),
-              "vsh": Signal(signed(dw), name="cu_vsh"), "beta": Signal(unsigned(uf + 1), name="cu_beta")}
+              "v": Signal(signed(fm.qkv_bits), name="cu_v"), "beta": Signal(unsigned(uf + 1), name="cu_beta")}
         v_c = Array(self.v[i] for i in range(N))[c_col]
         beta_c = Array(self.beta[c // dv] for c in range(N))[c_col]
         m.d.sync += [cu["valid"].eq(c_valid & ~c_pass2 & c_last), cu["par"].eq(c_col[0]),
                      cu["s"].eq(sum_k[0]), cu["c"].eq(sum_k[1]),
-                     cu["vsh"].eq(v_c << (sh.f_s - sh.f_v)), cu["beta"].eq(beta_c)]
+                     cu["v"].eq(v_c), cu["beta"].eq(beta_c)]
         up = Pipe(m, plan, "du")
-        live = up.spend(dl.csa_level, cu)
-        live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), live.pop("rnd"), acc_width)
+        # v << (f_s - f_v): a left barrel, one level per bit of the difference's range
+        vsh = sign_extend(cu.pop("v"), dw)
+        live = cu
+        for bit in range(len(d_sv)):
+            live = up.spend(dl.mux_level, {**live, "vsh": vsh})
+            v = Value.cast(live.pop("vsh"))
+            vsh = Signal(dw, name=f"du_vsh{bit}")
+            m.d.comb += vsh.eq(Mux(d_sv[bit], Cat(Const(0, 1 << bit), v)[:dw], v))
+        live["vsh"] = vsh
+        live = up.spend(dl.csa_level, live)
+        live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), rnd_ks, acc_width)
         live = pipelined_add(up, live, "a", "b", "acc", acc_width)
-        live = up.spend(dl.saturate, live)
-        ks = Signal(signed(sb), name="du_ks")
-        m.d.comb += ks.eq(clamp(Value.cast(live.pop("acc"))[sh.f_k:].as_signed(), sb))
-        live = up.spend(dl.adder(dw), {**live, "ks": ks})
-        diff = Signal(signed(dw), name="du_diff")
-        m.d.comb += diff.eq(live.pop("vsh") - live.pop("ks"))
+        live = barrel_shift_saturate(up, live, "acc", f_k, acc_width, lv["f_k"], "ks", [sb])
+        # diff = vsh - ks = vsh + ~ks + 1: a 3:2 step, then the add split as the clock needs
+        # (dw is as wide as the largest f_s - f_v allows)
+        live = up.spend(dl.csa_level, live)
+        live["da"], live["db"] = compress_3_2(live.pop("vsh"), ~sign_extend(live.pop("ks"), dw), Const(1, dw), dw)
+        live = pipelined_add(up, live, "da", "db", "diff", dw)
+        diff = Value.cast(live.pop("diff")).as_signed()
         w_u = dw + uf + 3
         live = up.spend(dl.booth_select, {**live, "diff": diff})
         live["words"] = booth_partial_products(m, live.pop("diff"), live.pop("beta"), w_u, multiplier_signed=False,
@@ -301,17 +346,14 @@ class DeltaRule(wiring.Component):
 
         # ---- per column: o_c = sat(rs(sum_o, o_shift)), into a small FIFO on ``o`` ------------
         co = {"valid": Signal(name="co_valid"), "s": Signal(acc_width, name="co_s"),
-              "c": Signal(acc_width, name="co_c"),
-              "rnd": Const(1 << (sh.o_shift - 1) if sh.o_shift else 0, acc_width)}
+              "c": Signal(acc_width, name="co_c")}
         m.d.sync += [co["valid"].eq(c_valid & c_pass2 & c_last), co["s"].eq(sum_o[0]), co["c"].eq(sum_o[1])]
         op = Pipe(m, plan, "do")
         live = op.spend(dl.csa_level, co)
-        live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), live.pop("rnd"), acc_width)
+        live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), rnd_o, acc_width)
         live = pipelined_add(op, live, "a", "b", "acc", acc_width)
-        live = op.spend(dl.saturate, live)
-        o_y = Signal(signed(fm.o_bits), name="do_y")
-        m.d.comb += o_y.eq(clamp(Value.cast(live["acc"])[sh.o_shift:].as_signed(), fm.o_bits))
-        live = op.register({**live, "y": o_y})
+        live = barrel_shift_saturate(op, live, "acc", o_sh, acc_width, lv["o_shift"], "y", [fm.o_bits])
+        live = op.register(live)
         ODEPTH = 2
         m.submodules.o_fifo = o_fifo = SyncFIFOBuffered(width=fm.o_bits, depth=ODEPTH)
         m.d.comb += [o_fifo.w_en.eq(live["valid"]), o_fifo.w_data.eq(live["y"]),

@@ -8,8 +8,13 @@ elements, bit for bit:
     m_r     = rs(y * m, rsqrt_frac + 1);  s_r = E + s - rsqrt_frac - 1
     out_i   = sat_out(rs(x_i * m_r, s_r))             one element per cycle
 
-(eps_int, m, s) come from a ``QNorm``; several are baked in and ``mode``
-picks one per run, so the q, k and o norms share this unit and its rsqrt.
+(eps_int, m, s) are run-time inputs, one set per mode on ``norms`` (the
+owner ties them to its parameter bank, hw/param_map.py: ``kda.q_norm`` ...,
+``attn_norm``); ``mode`` picks one per run, so the q, k and o norms share this
+unit and its rsqrt.  The widths follow from the parameter fields, not from the
+values: the sum starts at eps (a field as wide as the sum of squares), and
+the shift s (5 bits) sets how far s_r can reach.  The parameters must be
+stable while the unit runs (the mode's m and s are registered at ``start``).
 
 The unit reads its input by index (``rd_idx`` -> ``rd_x``, combinational, from
 the owner's register file) and writes by index (``wr_en``, ``wr_idx``,
@@ -19,44 +24,56 @@ shift); cycles per row: 2 n + rsqrt latency + the sum's resolve stages + 10.
 """
 from __future__ import annotations
 
-from amaranth import Array, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import wiring
+from amaranth import Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.booth_multiply import booth_multiply
-from hw.carry_save import compress_3_2, pipelined_add, sign_extend
-from hw.matvec import saturate
+from hw.booth_multiply import barrel_shift_saturate, booth_multiply
+from hw.carry_save import compress_3_2, pipelined_add
 from hw.pipeline import Pipe, plan_pipeline
 from hw.rsqrt import Rsqrt
 from moekda.formats import Formats
 
 
+def norm_layout(eps_bits: int, mult_bits: int, s_bits: int = 5) -> data.StructLayout:
+    """One mode's parameters, laid out as hw/param_map.py's ``<norm>.eps_int|m|s`` fields."""
+    return data.StructLayout({"eps_int": unsigned(eps_bits), "m": unsigned(mult_bits), "s": unsigned(s_bits)})
+
+
 class Normalizer(wiring.Component):
-    def __init__(self, fm: Formats, n: int, in_bits: int, ss_bits: int, norms, out_bits,
+    def __init__(self, fm: Formats, n: int, in_bits: int, ss_bits: int, out_bits, params,
                  clock_period_ns: float = 1.0):
-        """``norms``: one QNorm per mode; ``out_bits``: one output width per mode (or one for all);
-        ``clock_period_ns`` (hw.clock_period_ns) sets the depth of the product pipelines."""
+        """``out_bits``: one output width per mode (the number of modes); ``params``: the
+        layout of one mode's (eps_int, m, s), e.g. ``param_layout(cfg, "kda.q_norm")``
+        (or ``norm_layout``), from which the widths are taken; ``clock_period_ns``
+        (hw.clock_period_ns) sets the depth of the product pipelines."""
         self.clock_period_ns = clock_period_ns
-        if isinstance(out_bits, int):
-            out_bits = [out_bits] * len(norms)
-        if len(out_bits) != len(norms):
-            raise ValueError("normalizer: one out_bits per norm")
+        out_bits = [int(b) for b in out_bits]
+        if not out_bits:
+            raise ValueError("normalizer: at least one mode")
         self.fm, self.n, self.in_bits, self.ss_bits = fm, n, in_bits, ss_bits
-        self.mode_bits = list(out_bits)
-        self.out_bits = out_bits = max(out_bits)
-        self.norms = [(int(q.eps_int), int(q.m), int(q.s)) for q in norms]
-        if any(eps < 0 for eps, _, _ in self.norms):
-            raise ValueError("normalizer: eps_int must be >= 0")
-        self.rs_bits = ss_bits + 1 + max(eps for eps, _, _ in self.norms).bit_length()
+        self.mode_bits = out_bits
+        self.modes = len(out_bits)
+        self.out_bits = max(out_bits)
+        layout = data.StructLayout({"eps_int": params["eps_int"].shape, "m": params["m"].shape,
+                                    "s": params["s"].shape})
+        if any(layout[k].shape.signed for k in ("eps_int", "m", "s")):
+            raise ValueError("normalizer: eps_int, m and s are unsigned fields")
+        self.eps_bits = layout["eps_int"].shape.width
+        self.m_bits = layout["m"].shape.width
+        self.s_bits = layout["s"].shape.width
+        # sum of squares (< 2**ss_bits) plus eps (< 2**eps_bits)
+        self.rs_bits = max(ss_bits, self.eps_bits) + 1
         super().__init__({
             "start": In(1),
-            "mode": In(range(max(2, len(self.norms)))),
+            "mode": In(range(max(2, self.modes))),
+            "norms": In(data.ArrayLayout(layout, self.modes)),
             "busy": Out(1),
             "rd_idx": Out(range(n)),
             "rd_x": In(signed(in_bits)),
             "wr_en": Out(1),
             "wr_idx": Out(range(n)),
-            "wr_y": Out(signed(out_bits)),
+            "wr_y": Out(signed(self.out_bits)),
         })
 
     def elaborate(self, platform):
@@ -73,14 +90,16 @@ class Normalizer(wiring.Component):
         # resolved once per row over clock-derived stages before rsqrt
         ss = [Signal(self.rs_bits, name="ss_s"), Signal(self.rs_bits, name="ss_c")]
         m_r = Signal(fm.mult_bits + 1)
-        # s_r = E + s - frac - 1 is at most this (E is largest for the widest ss)
+        # s_r = E + s - frac - 1 is at most this (E is largest for the widest ss, s for
+        # the largest value its field holds)
         e_max = max(E for _, _, E in rsq.norm_table.values())
-        s_max = e_max + max(sft for _, _, sft in self.norms) - frac - 1
+        s_max = e_max + (1 << self.s_bits) - 1 - frac - 1
         s_r = Signal(range(max(2, s_max + 1)))
         half = Signal(max(1, s_max))   # 2**(s_r-1) in the scale pass, 0 in the squares pass
-        eps = Array(e for e, _, _ in self.norms)[self.mode]
-        mul = Array(mm for _, mm, _ in self.norms)[mode]
-        sft = Array(s for _, _, s in self.norms)[mode]
+        eps = self.norms[self.mode].eps_int
+        # the run's m and s, registered at start (no path from the inputs into the product)
+        mul = Signal(self.m_bits, name="norm_m")
+        sft = Signal(self.s_bits, name="norm_s")
 
         # ---- m_r = rs(y * m, frac + 1): a pipelined product, started once per row
         ym_go = Signal()
@@ -103,7 +122,11 @@ class Normalizer(wiring.Component):
                      b1.eq(Mux(scaling, m_r, self.rd_x))]
         pw = 2 * self.in_bits + fm.mult_bits + 3
         el = Pipe(m, plan, "norm_el")
-        live = booth_multiply(el, {"valid": v1, "idx": i1, "w": w1}, x1, b1, pw, "p", extra_words=[half])
+        # b1 fans out to every Booth digit select of the row, and ``half`` (as wide as the
+        # s field's whole range allows) is one more word up to the product's high bits:
+        # charged as a mux level more (small at 1 ns was 0.031 ns short on b1 -> the tree)
+        live = el.spend(plan.delays.mux_level, {"valid": v1, "idx": i1, "w": w1})
+        live = booth_multiply(el, live, x1, b1, pw, "p", extra_words=[half])
         # squares: one register, then the running sum (its own carry chain)
         sq_valid, sq_p = Signal(), Signal(self.ss_bits)
         m.d.sync += [sq_valid.eq(live["valid"] & ~live["w"]), sq_p.eq(live["p"])]
@@ -114,26 +137,18 @@ class Normalizer(wiring.Component):
         rp = Pipe(m, plan, "norm_ss")
         rs_live = pipelined_add(rp, {"valid": rs_go, "a": ss[0], "b": ss[1]}, "a", "b", "total", self.rs_bits)
         rs_live = rp.register(rs_live)
-        shifted = live.pop("p")
-        # each bit of s_r steers a whole barrel level (pw muxes): charge its buffer tree as one
-        # more mux level (measured: tiny layer -0.022 ns on s_r -> wr_y without it)
-        live = el.spend(plan.delays.mux_level, {**live, "v": shifted})
-        shifted = live.pop("v")
-        for bit in range(len(s_r)):
-            live = el.spend(plan.delays.mux_level, {**live, "v": shifted})
-            v = live.pop("v")
-            amount = 1 << bit
-            moved = sign_extend(v[amount:], pw) if amount < pw else v[-1].replicate(pw)
-            shifted = Signal(pw, name=f"norm_shift{bit}")   # named: keeps the netlist linear
-            m.d.comb += shifted.eq(Mux(s_r[bit], moved, v))
-        live = el.spend(plan.delays.saturate, {**live, "v": shifted})
-        v = live.pop("v")
-        y = Signal(signed(self.out_bits))
-        with m.Switch(mode):
-            for k, bits in enumerate(self.mode_bits):
-                with m.Case(k):
-                    y_k = Signal(signed(bits), name=f"norm_sat{k}")
-                    m.d.comb += [y_k.eq(saturate(v, bits)), y.eq(y_k)]
+        # the shift by s_r and the saturation (hw/booth_multiply.py's shared barrel): s_r is
+        # stable over the scale pass, so it steers the barrel from its register.  Each bit of
+        # s_r steers a whole barrel level (pw muxes): charge its buffer tree as one more mux
+        # level (measured: tiny layer -0.022 ns on s_r -> wr_y without it)
+        live = barrel_shift_saturate(el, {**live, "sr": s_r}, "p", "sr", pw, len(s_r), "y", self.mode_bits,
+                                     sel=mode, fanout_levels=1)
+        live.pop("sr")
+        y = live.pop("y")
+        if len(y) < self.out_bits:
+            y_w = Signal(signed(self.out_bits), name="norm_y")
+            m.d.comb += y_w.eq(y)
+            y = y_w
         live = el.register({**live, "y": y})
         m.d.comb += [self.wr_en.eq(live["valid"] & live["w"]), self.wr_idx.eq(live["idx"]),
                      self.wr_y.eq(live["y"])]
@@ -147,7 +162,7 @@ class Normalizer(wiring.Component):
             with m.State("IDLE"):
                 with m.If(self.start):
                     m.d.sync += [mode.eq(self.mode), idx.eq(0), ss[0].eq(eps), ss[1].eq(0), scaling.eq(0),
-                                 half.eq(0)]
+                                 half.eq(0), mul.eq(self.norms[self.mode].m), sft.eq(self.norms[self.mode].s)]
                     m.next = "SQUARES"
             with m.State("SQUARES"):
                 m.d.comb += [self.busy.eq(1), issue.eq(1)]

@@ -103,7 +103,8 @@ class LayerTop(wiring.Component):
         bank = Signal(param_layout(cfg), name="param_bank")
         m.d.comb += bank.eq(region_value(cfg, q.to_flat()))
 
-        m.submodules.kda = kda = KdaUnit(cfg, q.kda)
+        m.submodules.kda = kda = KdaUnit(cfg)
+        m.d.comb += kda.params.eq(bank.kda)
         m.submodules.moe = moe = MoEUnit(cfg, q.moe)
         m.submodules.arbiter = arb = WeightArbiter(cfg.hw.weight_port_bytes, 2)
         connect(m, kda.wport, arb.up[0])
@@ -111,8 +112,12 @@ class LayerTop(wiring.Component):
         connect(m, arb.down, wiring.flipped(self.wport))
         ss_bits = derived_widths(cfg)["ss_rmsnorm"]
         period = cfg.hw.clock_period_ns
-        m.submodules.norm1 = norm1 = Normalizer(fm, d, rb, ss_bits, [q.attn_norm], a, clock_period_ns=period)
-        m.submodules.norm2 = norm2 = Normalizer(fm, d, rb, ss_bits, [q.mlp_norm], a, clock_period_ns=period)
+        m.submodules.norm1 = norm1 = Normalizer(fm, d, rb, ss_bits, [a], param_layout(cfg, "attn_norm"),
+                                                clock_period_ns=period)
+        m.d.comb += norm1.norms[0].eq(bank.attn_norm)
+        m.submodules.norm2 = norm2 = Normalizer(fm, d, rb, ss_bits, [a], param_layout(cfg, "mlp_norm"),
+                                                clock_period_ns=period)
+        m.d.comb += norm2.norms[0].eq(bank.mlp_norm)
         m.submodules.res1 = res1 = ResidualAdd(q.res1, rb, a, rb, d, clock_period_ns=period)
         m.submodules.res2 = res2 = ResidualAdd(q.res2, rb, moe.out_bits, rb, d, clock_period_ns=period)
         m.submodules.csr = csr = LayerCsr(cfg, macs_per_token(cfg))

@@ -39,14 +39,14 @@ from zero.
 """
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
+from amaranth.hdl import Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from hw.carry_save import (booth_partial_products, compress_3_2, pipelined_add, reduce_to_two,
-                           sign_extend, zero_extend)
+from hw.booth_multiply import barrel_shift_saturate, rounding_word, saturate  # noqa: F401 (saturate: re-exported)
+from hw.carry_save import booth_partial_products, compress_3_2, pipelined_add, reduce_to_two, sign_extend
 from hw.pipeline import Pipe, PipelinePlan, plan_pipeline
 
 
@@ -120,15 +120,6 @@ class MatVecFormats:
         if self.tag_shape is not None:
             fields["tag"] = self.tag_shape
         return data.StructLayout(fields)
-
-
-def saturate(value, bits: int):
-    """Signed ``value`` clamped to ``bits`` signed bits (moekda.numerics.saturate)."""
-    value = Value.cast(value)
-    hi, lo = (1 << (bits - 1)) - 1, -(1 << (bits - 1))
-    top = value[bits - 1:]            # all equal to the sign bit exactly when value fits
-    fits = (top == 0) | (top == (1 << len(top)) - 1)
-    return Mux(fits, value[:bits].as_signed(), Mux(value[-1], Const(lo, signed(bits)), Const(hi, signed(bits))))
 
 
 def _dry_build_stages(block) -> int:
@@ -274,35 +265,18 @@ class Requantiser(_ResultStage):
         # 2**(s-1) for s >= 1, nothing for s == 0: one-hot decode of s-1.  Taken
         # from live AFTER spend(): a value from before a register boundary
         # would belong to the previous beat.
-        s = live["shift"]
         rounding = Signal(width, name="rq_rounding")
-        m.d.comb += rounding.eq(Cat(*[s == k + 1 for k in range(width)]))
+        m.d.comb += rounding.eq(rounding_word(live["shift"], width))
         words = booth_partial_products(m, live["acc"], live["mult"], width, multiplier_signed=False,
                                        name="rq")
         live = reduce_to_two(pipe, {**live, "words": words + [rounding]}, "words", width)
         p_sum, p_carry = live.pop("words")
         live = pipelined_add(pipe, {**live, "ps": p_sum, "pc": p_carry}, "ps", "pc", "p", width)
-        # arithmetic right shift by s, one barrel level per bit of s
-        shifted = live.pop("p")
-        for bit in range(f.shift_bits):
-            live = pipe.spend(d.mux_level, {**live, "v": shifted})
-            v = live.pop("v")
-            amount = 1 << bit
-            moved = sign_extend(v[amount:], width) if amount < width else v[-1].replicate(width)
-            shifted = Signal(width, name=f"rq_shift{bit}")   # named: keeps the netlist linear
-            m.d.comb += shifted.eq(Mux(live["shift"][bit], moved, v))
-        if len(f.out_widths) == 1:
-            live = pipe.spend(d.saturate, {**live, "v": shifted})
-            y = saturate(live.pop("v"), f.out_bits)
-        else:
-            # every width's clamp in parallel, then the row's pick: one mux level more
-            live = pipe.spend(d.saturate + d.mux_level, {**live, "v": shifted})
-            v = live.pop("v")
-            y = Signal(signed(f.out_bits), name="rq_saturated")
-            with m.Switch(live.pop("out_sel")):
-                for sel, bits in enumerate(f.out_widths):
-                    with m.Case(sel):
-                        m.d.comb += y.eq(saturate(v, bits))
+        # arithmetic right shift by s, one barrel level per bit of s, and the saturation
+        # (per row's out_sel with several widths): the shared helper of hw/booth_multiply.py
+        live = barrel_shift_saturate(pipe, live, "p", "shift", width, f.shift_bits, "y", f.out_widths,
+                                     sel="out_sel" if len(f.out_widths) > 1 else None)
+        y = live.pop("y")
         live = pipe.register({"valid": live["valid"], "acc": live["acc"], "y": y, **self._tag_of(live)})
         self._outputs(m, live)
         return m, pipe.stages

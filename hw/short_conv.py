@@ -10,9 +10,13 @@ channel, the last K-1 inputs (``channels`` registers of (K-1) int8, read through
 after a ``restart`` the stale history is *masked* by a count of the tokens
 seen since, instead of being overwritten, so a new sequence costs no cycles.
 
-The taps are elaboration-time constants (a ROM): they are few (channels x K
-bytes) and needed one channel per cycle, which a port-width weight stream
-would deliver in the wrong shape.
+The taps are a run-time input (``taps``, channels x K signed words: the
+parameter bank, hw/param_map.py ``kda.conv_*.w``), so one netlist serves every
+model; they are few and needed one channel per cycle, which a port-width
+weight stream would deliver in the wrong shape.  A channel's taps are read
+through the same rotating one-hot select as its history (an AND-OR tree, no
+C:1 mux on ``chan``) and registered beside it; the taps must be stable while
+tokens are in flight.
 
 Streams: ``i`` carries the channels of a token in order 0..channels-1, then
 the next token; ``o`` carries ``acc`` in the same order.  ``restart`` is a
@@ -25,9 +29,8 @@ has a place there, so back-pressure on ``o`` stalls ``i`` without loss.
 """
 from __future__ import annotations
 
-import numpy as np
 from amaranth import Cat, Module, Mux, Signal, Value, signed
-from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
@@ -41,15 +44,11 @@ def conv_acc_bits(in_bits: int, weight_bits: int, kernel: int) -> int:
 
 
 class ShortConv(wiring.Component):
-    def __init__(self, weights, in_bits: int = 8, weight_bits: int = 8, clock_period_ns: float = 1.0):
-        w = np.asarray(weights, dtype=np.int64)
-        if w.ndim != 2 or w.shape[0] < 2 or w.shape[1] < 1:
-            raise ValueError(f"conv weights must be (channels >= 2, kernel >= 1), got {w.shape}")
-        lim = 1 << (weight_bits - 1)
-        if w.min() < -lim or w.max() >= lim:
-            raise ValueError(f"conv weights must fit {weight_bits} signed bits")
-        self.weights = w
-        self.channels, self.kernel = w.shape
+    def __init__(self, channels: int, kernel: int, in_bits: int = 8, weight_bits: int = 8,
+                 clock_period_ns: float = 1.0):
+        if channels < 2 or kernel < 1:
+            raise ValueError(f"short conv: needs channels >= 2 and kernel >= 1, got ({channels}, {kernel})")
+        self.channels, self.kernel = channels, kernel
         self.in_bits, self.weight_bits = in_bits, weight_bits
         self.clock_period_ns = clock_period_ns
         self.acc_bits = conv_acc_bits(in_bits, weight_bits, self.kernel)
@@ -57,6 +56,7 @@ class ShortConv(wiring.Component):
             "i": In(stream.Signature(signed(in_bits))),
             "o": Out(stream.Signature(signed(self.acc_bits))),
             "restart": In(1),
+            "taps": In(data.ArrayLayout(data.ArrayLayout(signed(weight_bits), kernel), channels)),
         })
 
     def elaborate(self, platform):
@@ -64,10 +64,7 @@ class ShortConv(wiring.Component):
         C, K = self.channels, self.kernel
         hist_layout = data.ArrayLayout(signed(self.in_bits), max(1, K - 1))
         taps_layout = data.ArrayLayout(signed(self.weight_bits), K)
-
-        m.submodules.taps = taps = memory.Memory(
-            shape=taps_layout, depth=C, init=[[int(v) for v in row] for row in self.weights])
-        taps_rd = taps.read_port(domain="sync")
+        s1_taps = Signal(taps_layout)     # the accepted channel's taps, beside stage 1
 
         chan = Signal(range(C))
         # the history is read and written in channel order, so the word to read is a
@@ -91,15 +88,18 @@ class ShortConv(wiring.Component):
         plan = plan_pipeline(self.clock_period_ns)
         pipe = Pipe(m, plan, "conv")
         accept = self.i.valid & self.i.ready
-        m.d.comb += [taps_rd.en.eq(accept), taps_rd.addr.eq(chan)]
         m.d.sync += s1_valid.eq(accept)
-        picked = [Mux(sel[c], hist[c].as_value(), 0) for c in range(C)]
-        while len(picked) > 1:
-            picked = [picked[i] | picked[i + 1] if i + 1 < len(picked) else picked[i]
-                      for i in range(0, len(picked), 2)]
+
+        def one_hot_read(words):
+            picked = [Mux(sel[c], Value.cast(words[c]), 0) for c in range(C)]
+            while len(picked) > 1:
+                picked = [picked[i] | picked[i + 1] if i + 1 < len(picked) else picked[i]
+                          for i in range(0, len(picked), 2)]
+            return picked[0]
         with m.If(accept):
             m.d.sync += [s1_x.eq(self.i.payload), s1_seen.eq(seen),
-                         hist_rd_data.eq(picked[0]), s1_sel.eq(sel), sel.eq(sel.rotate_left(1))]
+                         hist_rd_data.eq(one_hot_read(hist)), s1_taps.eq(one_hot_read(self.taps)),
+                         s1_sel.eq(sel), sel.eq(sel.rotate_left(1))]
             with m.If(chan == C - 1):
                 m.d.sync += chan.eq(0)
                 with m.If(seen != K - 1):
@@ -129,7 +129,7 @@ class ShortConv(wiring.Component):
         d = plan.delays
         width = self.acc_bits
         live = pipe.spend(2 * d.mux_level, {"valid": s1_valid, "win": window,
-                                            "taps": [taps_rd.data[j] for j in range(K)]})
+                                            "taps": [s1_taps[j] for j in range(K)]})
         live = pipe.spend(d.booth_select, live)
         words = []
         for j in range(K):

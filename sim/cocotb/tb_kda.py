@@ -1,10 +1,12 @@
 """cocotb bench of the KDA unit (hw/kda.py) against the integer model, bit for bit.
 
-The case - config, weight image, input tokens, where sequences start,
-expected outputs - is made by ``kda_case`` in the pytest process that also
-generates the RTL from the same quantised parameters, and handed over in
-one .npz file (KDA_CASE), so the RTL and the expectations cannot come from
-two different versions of the model.  Inputs are realistic: residual-stream
+The RTL is the config's (hw/tops.py ``kda``, built by sim/cocotb_util.py): it
+holds no model.  The case - config, weight image, the parameter bits driven
+on ``params`` (hw/param_map.py ``region_value(cfg, qlayer.to_flat(), "kda")``),
+input tokens, where sequences start, expected outputs - is made by
+``kda_case`` in the pytest process from one quantised model and handed over
+in one .npz file (KDA_CASE), so the parameters, the weights and the
+expectations cannot come from two different versions of the model.  Inputs are realistic: residual-stream
 tokens through the integer model's attention RMSNorm.
 
 Checks: every output token equals the model's; stalls on the input stream,
@@ -23,6 +25,7 @@ import numpy as np
 
 from hw.memory_map import build_image, memory_map
 from hw.kda import OPS
+from hw.param_map import region_value
 from moekda.config import load_config
 from moekda.formats import formats_for
 from sim.models.int_kda import IntKDAState, int_kda_step
@@ -37,6 +40,7 @@ class KdaCase:
     cfg: object
     qkda: object
     image: bytes
+    params: int         # the bits of the ``params`` port
     xn: np.ndarray      # (T, d) int8 unit inputs
     first: np.ndarray   # (T,) bool: a sequence starts at this token
     want: np.ndarray    # (T, d) int8 model outputs
@@ -66,17 +70,21 @@ def kda_case(config: str, seed: int, tokens: int, first=(0,)) -> KdaCase:
     tensors = {name: np.zeros((reg.rows, reg.cols), np.int64) for name, reg in mm.regions.items()}
     for _, region, field, _ in OPS:
         tensors[region] = getattr(qp.kda, field).w
-    return KdaCase(cfg, qp.kda, build_image(cfg, tensors, mm), xn, starts, want)
+    return KdaCase(cfg, qp.kda, build_image(cfg, tensors, mm), region_value(cfg, qp.to_flat(), "kda"),
+                   xn, starts, want)
 
 
 def save_case(case: KdaCase, path) -> None:
+    nbytes = max(1, -(-case.params.bit_length() // 8))
     np.savez(path, config=case.cfg.source, xn=case.xn, first=case.first, want=case.want,
-             image=np.frombuffer(case.image, dtype=np.uint8))
+             image=np.frombuffer(case.image, dtype=np.uint8),
+             params=np.frombuffer(case.params.to_bytes(nbytes, "little"), dtype=np.uint8))
 
 
 def case_from_env() -> KdaCase:
     z = np.load(os.environ["KDA_CASE"])
-    return KdaCase(load_config(str(z["config"])), None, z["image"].tobytes(), z["xn"], z["first"], z["want"])
+    return KdaCase(load_config(str(z["config"])), None, z["image"].tobytes(),
+                   int.from_bytes(z["params"].tobytes(), "little"), z["xn"], z["first"], z["want"])
 
 
 def pack(values, bits: int) -> int:
@@ -112,6 +120,7 @@ if cocotb is not None:
 
         cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
         dut.rst.value = 1
+        dut.params.value = case.params       # the model: stable from before reset on
         dut.i__valid.value = 0
         dut.o__ready.value = 0
         mem = WeightMemory(dut, case.image, cfg.hw.weight_port_bytes, cfg.hw.weight_port_latency,

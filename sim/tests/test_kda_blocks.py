@@ -140,11 +140,14 @@ def test_short_conv_matches_reference_under_stalls(C, K):
     tokens[1][:] = -128
     restarts = {0, 6, 7}
     want = conv_reference(w, tokens, restarts).reshape(-1)
-    dut = ShortConv(w)
+    dut = ShortConv(C, K)
     got = []
     stall = random.Random(K)
 
     async def source(ctx):
+        for c in range(C):                      # the taps are a run-time input
+            ctx.set(dut.taps[c], [int(v) for v in w[c]])
+        await ctx.tick()
         for t, x in enumerate(tokens):
             if t in restarts:
                 # a restart is a strobe between tokens

@@ -52,7 +52,7 @@ def test_delta_rule_matches_model(H, dk, P, shifts, qk_bits, period):
         S, o16 = int_delta_rule(q, fm, S, tok["q"], tok["k"], tok["v"], tok["alpha"], tok["beta"])
         want.append(o16.ravel().tolist())
 
-    dut = DeltaRule(fm, H, dk, dk, P, shifts, clock_period_ns=period)
+    dut = DeltaRule(fm, H, dk, dk, P, clock_period_ns=period)
     stall = random.Random(P)
     got_flat = []
 
@@ -62,6 +62,9 @@ def test_delta_rule_matches_model(H, dk, P, shifts, qk_bits, period):
                 got_flat.append(payload)
 
     async def bench(ctx):
+        for name in ("f_k", "f_v", "f_s", "o_shift"):   # run-time inputs, stable from a cycle ahead
+            ctx.set(getattr(dut.shifts, name), getattr(shifts, name))
+        await ctx.tick()
         for t, tok in enumerate(tokens):
             for name in ("q", "k", "v", "alpha"):
                 ctx.set(getattr(dut, name), [int(x) for x in tok[name].ravel()])

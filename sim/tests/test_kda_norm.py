@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from hw.kda_norm import Normalizer
+from hw.kda_norm import Normalizer, norm_layout
 from moekda.config import load_config
 from moekda.formats import clog2, formats_for
 from sim.models.int_ops import int_normalize
@@ -27,7 +27,9 @@ def test_normalizer_matches_model(name, qk_bits):
     norms = [qk.q_norm, qk.k_norm, qk.o_norm]
     in_bits = max(fm.qkv_bits, fm.o_bits)
     out_bits = [fm.qk_bits, fm.qk_bits, fm.act_bits]
-    dut = Normalizer(fm, n, in_bits, 2 * (in_bits - 1) + clog2(n + 1) + 1, norms, out_bits)
+    ss_bits = 2 * (in_bits - 1) + clog2(n + 1) + 1
+    # the parameter fields: eps as wide as the sum of squares, s 5 bits (hw/param_map.py)
+    dut = Normalizer(fm, n, in_bits, ss_bits, out_bits, norm_layout(ss_bits, fm.mult_bits, 5))
     rng = np.random.default_rng(3)
     a8, a16 = 1 << (fm.qkv_bits - 1), 1 << (fm.o_bits - 1)
     cases = []
@@ -41,6 +43,11 @@ def test_normalizer_matches_model(name, qk_bits):
     got = []
 
     async def bench(ctx):
+        for k, q in enumerate(norms):           # the run-time parameters of the three modes
+            ctx.set(dut.norms[k].eps_int, int(q.eps_int))
+            ctx.set(dut.norms[k].m, int(q.m))
+            ctx.set(dut.norms[k].s, int(q.s))
+        await ctx.tick()
         for mode, x in cases:
             ctx.set(dut.mode, mode)
             ctx.set(dut.start, 1)

@@ -1,5 +1,11 @@
 """The whole KDA unit (hw/kda.py) in cocotb against the integer model, bit for bit.
 
+The unit's RTL is a function of the config alone (issue 13): it is built once
+per (config, simulator) from the Verilog of hw/tops.py's ``kda`` (written by
+sim/cocotb_util.py, the text `moekda rtl --top kda` writes), and the model -
+its parameter bits on ``params`` and its weight image - only drives the
+bench.  So one build runs every seed's model.
+
 Icarus for the short default runs, Verilator for the long ones (>= 512
 tokens, two configs, a clear in the middle, stalls and back-pressure) and
 the constant-cost check: cycles per token at token 4096 equal those at 16.
@@ -7,53 +13,63 @@ the constant-cost check: cycles per token at token 4096 equal those at 16.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
-from amaranth.back import verilog
 
-from hw.kda import KdaUnit
-from moekda.config import REPO_ROOT
-from sim.cocotb_util import simulator_available
+from moekda.config import REPO_ROOT, load_config
+from sim.cocotb_util import sim_build_dir, simulator_available, write_top_verilog
+
+
+def build_kda(config: str, simulator: str) -> Path:
+    """The config's unit built once for ``simulator`` (the Verilog of hw/tops.py's ``kda``,
+    written by sim/cocotb_util.py; the build is redone only when that text changes).
+    Icarus in its default -g2012 mode applies declaration initialisers without an event,
+    so the generated always @* blocks would never run: -g2005 semantics."""
+    from cocotb_tools.runner import get_runner
+    build = sim_build_dir("kda", config, simulator)
+    build.mkdir(parents=True, exist_ok=True)
+    build_args = ["-Wno-fatal", "-O2"] if simulator == "verilator" else ["-g2005"]
+    # a lock keeps parallel pytest workers from building in the same directory at once
+    with open(build / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        text = write_top_verilog("kda", config, build / "kda.v")
+        key = hashlib.sha256((text + " ".join(build_args)).encode()).hexdigest()
+        stamp = build / ".built"
+        if not (stamp.exists() and stamp.read_text() == key):
+            get_runner(simulator).build(sources=[build / "kda.v"], hdl_toplevel="kda", build_dir=build,
+                                        build_args=build_args, always=True, timescale=("1ns", "1ps"))
+            stamp.write_text(key)
+    return build
 
 
 def run_kda(config: str, simulator: str, tokens: int, first=(0,), stall=True, seed=0) -> list[int]:
-    """Generate the unit for (config, seed), simulate ``tokens`` tokens; returns token_cycles per token."""
+    """Simulate the config's unit on the seeded model's ``tokens`` tokens; returns token_cycles per token."""
     from cocotb_tools.check_results import get_results
     from cocotb_tools.runner import get_runner
 
     from sim.cocotb.tb_kda import kda_case, save_case
     case = kda_case(config, seed, tokens, first)
-    build = REPO_ROOT / "build" / config / "sim" / f"kda_{simulator}_s{seed}"
-    build.mkdir(parents=True, exist_ok=True)
-    src = build / "kda.v"
-    text = verilog.convert(KdaUnit(case.cfg, case.qkda), name="kda")
-    cycles_out = build / f"cycles_{tokens}.txt"
-    case_file = build / f"case_{tokens}.npz"
+    build = build_kda(config, simulator)
+    run_dir = build / "runs" / f"s{seed}_t{tokens}_{int(stall)}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    case_file, cycles_out = run_dir / "case.npz", run_dir / "cycles.txt"
     save_case(case, case_file)
-    runner = get_runner(simulator)
-    # Icarus in its default -g2012 mode applies declaration initialisers without an
-    # event, so the generated always @* blocks would never run: use -g2005 semantics
-    build_args = ["-Wno-fatal", "-O2"] if simulator == "verilator" else ["-g2005"]
-    # runs of the same (config, seed) share one build; a lock keeps parallel pytest
-    # workers from building in the same directory at once
-    with open(build / "build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not src.exists() or src.read_text() != text:
-            src.write_text(text)
-        runner.build(sources=[src], hdl_toplevel="kda", build_dir=build, build_args=build_args,
-                     timescale=("1ns", "1ps"))
-    results = runner.test(
-        # the simulator runs in the build directory (cocotb drops result files in it);
+    results = get_runner(simulator).test(
         # the bench is imported as a module of the installed repository
-        test_module="sim.cocotb.tb_kda", hdl_toplevel="kda", test_dir=build, build_dir=build,
-        results_xml=str(build / f"results_{tokens}_{int(stall)}.xml"),
+        test_module="sim.cocotb.tb_kda", hdl_toplevel="kda", hdl_toplevel_lang="verilog",
+        test_dir=run_dir, build_dir=build, timescale=("1ns", "1ps"),
+        results_xml=str(run_dir / "results.xml"),
         extra_env={"KDA_CASE": str(case_file), "KDA_SEED": str(seed), "KDA_STALL": "1" if stall else "0",
                    "KDA_CYCLES_OUT": str(cycles_out),
                    "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])})
     n, failed = get_results(Path(results))
-    assert n >= 1 and failed == 0, f"{failed} of {n} cocotb tests failed; see {build}"
+    assert n >= 1 and failed == 0, f"{failed} of {n} cocotb tests failed; see {run_dir}"
     return [int(v) for v in cycles_out.read_text().split()]
 
 
@@ -65,9 +81,43 @@ def test_kda_tiny_icarus_short_with_clear():
     run_kda("tiny", "icarus", 12, first=(0, 5))
 
 
+def test_kda_one_netlist_runs_two_models():
+    """The same build (no rebuild: the Verilog does not depend on the model) runs a
+    second seed's model bit-exact, its parameters on ``params`` only."""
+    run_kda("tiny", "icarus", 4, first=(0, 2), seed=2)
+    run_kda("tiny", "icarus", 4, seed=3)
+
+
 def test_kda_small_icarus_short():
     """The second config, quick: 3 tokens with stalls, a new sequence at the third."""
     run_kda("small", "icarus", 3, first=(0, 2))
+
+
+def test_kda_verilog_is_model_free(tmp_path):
+    """`moekda rtl -c tiny --top kda` writes the text hw/tops.py generates (the bench's
+    Verilog), byte for byte, with ``params`` as an input port; no model value is in it:
+    three quantised models' requantisation multipliers, f_up biases and table entries
+    are absent as Verilog literals."""
+    from hw.tops import top_verilog
+    from hw.param_map import param_layout
+    from sim.cocotb.tb_kda import quantised
+    cfg = load_config("tiny")
+    text = top_verilog("kda", cfg)
+    out = tmp_path / "kda.v"
+    subprocess.run([sys.executable, "-m", "moekda", "rtl", "-c", "tiny", "--top", "kda", "-o", str(out)],
+                   check=True, cwd=REPO_ROOT, capture_output=True)
+    assert out.read_text() == text, "moekda rtl's kda.v differs from hw/tops.py's"
+    assert f"input [{param_layout(cfg, 'kda').size - 1}:0] params;" in text
+    for seed in (0, 1, 2):
+        kda = quantised("tiny", seed)[1].kda
+        for lin in ("q_proj", "k_proj", "v_proj", "f_down", "g_down", "b_proj", "f_up", "g_up", "o_proj"):
+            mm = int(getattr(kda, lin).m)
+            assert f"16'h{mm:04x}" not in text and f"16'd{mm};" not in text, (seed, lin, mm)
+        for b in np.unique(kda.f_up.bias):
+            if abs(int(b)) > 1000:
+                assert f"32'd{int(b) & 0xFFFFFFFF};" not in text and f"32'h{int(b) & 0xFFFFFFFF:08x}" not in text, b
+    # generated again (a fresh elaboration): the same text
+    assert top_verilog("kda", cfg) == text
 
 
 @needs_verilator
