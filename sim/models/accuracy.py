@@ -3,7 +3,8 @@
 The same float input sequence goes to the float model and, quantised to the
 residual format, to the integer model; outputs are dequantised with the
 calibrated scales and compared token by token (cosine similarity, max abs
-error).  Calibration uses other sequences than the evaluation (different seeds).
+error).  Calibration uses other sequences than the evaluation (different token
+seeds) with the same channel profile: the model's, ``param_seed``.
 
 Because top-k routing is discontinuous, a token whose top-k set differs
 between the two models (a "routing flip", always a near-tie in the float
@@ -52,9 +53,14 @@ def _stack(traces, name):
 
 def evaluate(cfg: Config, n_tokens: int = 256, param_seed: int = 0, eval_seed: int = 1,
              n_calib: int = 4, params=None) -> dict:
-    """Run both models on one evaluation sequence; returns per-token arrays and a summary."""
+    """Run both models on one evaluation sequence; returns per-token arrays and a summary.
+
+    The layer is ``random_params(cfg, param_seed)``, or ``params`` (a checkpoint: then
+    ``param_seed`` only picks the channel profile of the synthetic inputs).  Calibration
+    and evaluation inputs share that profile (``model_seed=param_seed``)."""
     params = random_params(cfg, seed=param_seed) if params is None else params
-    qp = quantize_layer(params, cfg, calibration_sequences(cfg, n_seq=n_calib, n_tokens=n_tokens))
+    qp = quantize_layer(params, cfg, calibration_sequences(cfg, n_seq=n_calib, n_tokens=n_tokens,
+                                                           model_seed=param_seed))
     xs = random_inputs(cfg, n_tokens, seed=eval_seed, model_seed=param_seed)
     ftr, itr = [], []
     fl.run_layer(params, cfg, xs, traces=ftr)
@@ -62,6 +68,7 @@ def evaluate(cfg: Config, n_tokens: int = 256, param_seed: int = 0, eval_seed: i
     matched = []
     fl.run_layer(params, cfg, xs, traces=matched, selects=[t["idx"] for t in itr])
     flips = np.array([sorted(a["idx"].tolist()) != sorted(b["idx"].tolist()) for a, b in zip(ftr, itr)])
+    gaps, margins = flip_gaps(params, cfg, ftr, itr)
     # the float router (float weights, exact norm and sigmoid) on the integer model's h:
     # the flips that remain with a perfect router, caused by the KDA branch's error in h
     m = cfg.model
@@ -98,10 +105,66 @@ def evaluate(cfg: Config, n_tokens: int = 256, param_seed: int = 0, eval_seed: i
                       "max_abs_err": float(v["max_abs"].max()), "ref_max_abs": float(v["ref_max_abs"].max())}
                for name, v in per_token.items()}
     summary["routing_flips"] = int(flips.sum())
+    summary["flip_gap_max"] = float(gaps.max()) if n_tokens else 0.0
+    summary["topk_margin_median"] = float(np.median(margins)) if n_tokens else 0.0
     summary["flips_float_router_on_int_h"] = flips_float_router
     summary["float_perturbed_flips"] = {f"2^-{b}": n for b, n in perturbed_flips.items()}
     summary["n_tokens"] = n_tokens
-    return {"summary": summary, "per_token": per_token, "flips": flips, "qparams": qp}
+    return {"summary": summary, "per_token": per_token, "flips": flips, "flip_gap": gaps,
+            "topk_margin": margins, "qparams": qp}
+
+
+def flip_gaps(params, cfg: Config, ftr, itr):
+    """Per token, how far the integer model's expert set is from a valid float choice:
+    ``gap = c_k - min(c[I])`` with ``c`` the float model's choice values (score + bias),
+    ``c_k`` its k-th largest and ``I`` the integer model's experts; 0 when the integer
+    set is a float top-k (every unflipped token), small for a near-tie.  Also the float
+    top-k margin ``c_k - c_(k+1)`` of every token, the scale a gap compares with."""
+    k, E = cfg.model.top_k, cfg.model.n_experts
+    gaps, margins = [], []
+    for a, b in zip(ftr, itr):
+        c = np.asarray(a["score"], np.float64) + params.moe.router_bias
+        srt = np.sort(c)[::-1]
+        gaps.append(max(0.0, float(srt[k - 1] - c[np.asarray(b["idx"])].min())))
+        margins.append(float(srt[k - 1] - srt[k]) if k < E else np.inf)
+    return np.array(gaps), np.array(margins)
+
+
+# tensors of the multi-pair table (docs/numerics.md section 5)
+PAIR_TENSORS = ("y", "y_matched", "h", "kda_out", "moe_out_matched", "S")
+
+
+def evaluate_pairs(cfg: Config, pairs, n_tokens: int = 256) -> list[dict]:
+    """``evaluate`` on every (param_seed, eval_seed) of ``pairs``: their summaries."""
+    out = []
+    for p, e in pairs:
+        s = evaluate(cfg, n_tokens=n_tokens, param_seed=p, eval_seed=e)["summary"]
+        out.append({"param_seed": p, "eval_seed": e, **s})
+    return out
+
+
+def pairs_markdown(cfg_name: str, summaries: list[dict]) -> str:
+    """One row per pair, then min / mean / tokens below 0.99 per tensor over all pairs."""
+    n = summaries[0]["n_tokens"]
+    rows = [f"| config | P | E | {' | '.join(t + ' min' for t in PAIR_TENSORS)} | flips | max flip gap |",
+            "|---|---|---|" + "---|" * (len(PAIR_TENSORS) + 2)]
+    for s in summaries:
+        rows.append(f"| {cfg_name} | {s['param_seed']} | {s['eval_seed']} | "
+                    + " | ".join(f"{s[t]['cos_min']:.4f}" for t in PAIR_TENSORS)
+                    + f" | {s['routing_flips']} | {s['flip_gap_max']:.4f} |")
+    rows += ["", f"Over the {len(summaries)} pairs ({len(summaries)} x {n} tokens):", "",
+             "| config | tensor | cos min | cos mean | tokens < 0.99 | pairs with a token < 0.99 |",
+             "|---|---|---|---|---|---|"]
+    for t in PAIR_TENSORS:
+        below = [s[t]["tokens_below_0.99"] for s in summaries]
+        rows.append(f"| {cfg_name} | {t} | {min(s[t]['cos_min'] for s in summaries):.4f} | "
+                    f"{np.mean([s[t]['cos_mean'] for s in summaries]):.5f} | {sum(below)}/{len(summaries) * n} | "
+                    f"{sum(b > 0 for b in below)}/{len(summaries)} |")
+    flips = sum(s["routing_flips"] for s in summaries)
+    rows += ["", f"Routing flips: {flips}/{len(summaries) * n} tokens (max {max(s['routing_flips'] for s in summaries)}"
+             f"/{n} in one pair); largest flip gap {max(s['flip_gap_max'] for s in summaries):.4f} "
+             f"(median float top-k margin {np.median([s['topk_margin_median'] for s in summaries]):.4f})."]
+    return "\n".join(rows)
 
 
 def markdown_table(results: dict[str, dict]) -> str:

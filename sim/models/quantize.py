@@ -10,7 +10,8 @@ Scheme (the why is in docs/numerics.md):
 * k, q, v and the state get power-of-two scales, so the delta rule needs only shifts;
 * each table is computed from its float function, its input code scale and its
   output format, and stored as integers.
-Calibration runs the float model on sample sequences (never the evaluation ones).
+Calibration runs the float model on sample sequences (never the evaluation ones)
+with the model's own channel profile (``model_seed``, see ``calibration_sequences``).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from moekda.config import Config
 from moekda.formats import Formats, formats_for
 from moekda.numerics import build_lut, quantize_multiplier, shared_shift_multipliers
 from sim.models import float_layer as fl
-from sim.models.params import LayerParams, random_inputs
+from sim.models.params import LayerParams, random_inputs, random_params
 from sim.models.qparams import QExperts, QKDA, QLayer, QLinear, QLut, QMoE, QNorm, QResidual
 
 # A sigmoid input beyond +-SIGMOID_CLIP changes the U0.15 output by < 1 LSB... at
@@ -113,8 +114,16 @@ def collect(params: LayerParams, cfg: Config, seqs) -> dict[str, np.ndarray]:
     return {k: np.stack([t[k] for t in traces]) for k in keys}
 
 
-def calibration_sequences(cfg: Config, n_seq: int = 4, n_tokens: int = 256, seed: int = 1000):
-    return [random_inputs(cfg, n_tokens, seed=seed + i) for i in range(n_seq)]
+def calibration_sequences(cfg: Config, n_seq: int = 4, n_tokens: int = 256, seed: int = 1000,
+                          model_seed: int = 0):
+    """``n_seq`` calibration inputs (token seeds ``seed``..``seed + n_seq - 1``, never an
+    evaluation's) with the channel profile of the model ``model_seed`` (``random_inputs``):
+    the seed the model's parameters were drawn from, so calibration sees the outlier
+    channels the evaluation and the test vectors feed that model.  Calibrating model P
+    on another profile leaves its outlier channels outside the calibrated ranges, and
+    they saturate.  A checkpoint has no seed: its callers pick the profile (the
+    commands use --param-seed, default 0)."""
+    return [random_inputs(cfg, n_tokens, seed=seed + i, model_seed=model_seed) for i in range(n_seq)]
 
 
 def _experts_dense(w_gate, w_up, w_down, hn):
@@ -127,12 +136,18 @@ def _experts_dense(w_gate, w_up, w_down, hn):
     return gate, up, act, hid, out
 
 
-def quantize_layer(params: LayerParams, cfg: Config, seqs=None) -> QLayer:
-    """Integer parameters calibrated on ``seqs`` (list of (T, d) float inputs)."""
+def quantize_layer(params: LayerParams, cfg: Config, seqs=None, model_seed: int | None = None) -> QLayer:
+    """Integer parameters calibrated on ``seqs`` (list of (T, d) float inputs), by default
+    on ``calibration_sequences(cfg, model_seed=model_seed)``: pass the seed ``params``
+    were drawn from (``random_params(cfg, seed)``), or use ``quantize_random_layer``.
+    ``model_seed`` omitted means profile 0 (right for seed 0 only).  ``seqs`` and
+    ``model_seed`` together are an error: the sequences already carry their profile."""
     fm = formats_for(cfg)
     m = cfg.model
     H, dk, d = m.n_heads, m.head_dim, m.d_model
-    seqs = calibration_sequences(cfg) if seqs is None else seqs
+    if seqs is not None and model_seed is not None:
+        raise ValueError("quantize_layer: give seqs or model_seed, not both")
+    seqs = calibration_sequences(cfg, model_seed=model_seed or 0) if seqs is None else seqs
     tr = collect(params, cfg, seqs)
     A8, LB = fm.act_bits, fm.lut_in_bits
     sc: dict[str, float] = {}
@@ -269,3 +284,9 @@ def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float
              routed=bank(p.w_gate, p.w_up, p.w_down, routed), shared=bank(p.sh_gate, p.sh_up, p.sh_down, shared),
              rs=rs, comb_m=comb_m, comb_s=comb_s)
     return q, sc
+
+
+def quantize_random_layer(cfg: Config, seed: int = 0) -> QLayer:
+    """The seeded random layer ``random_params(cfg, seed)`` quantised on its own channel
+    profile: the one call for whoever builds a model from a seed."""
+    return quantize_layer(random_params(cfg, seed), cfg, model_seed=seed)

@@ -31,9 +31,9 @@ import numpy as np
 from moekda.config import Config, config_from_dict
 from moekda.formats import formats_for
 from sim.models.int_layer import int_run_layer, quantize_input
-from sim.models.params import random_inputs, random_params
+from sim.models.params import random_inputs
 from sim.models.qparams import QLayer
-from sim.models.quantize import calibration_sequences, quantize_layer
+from sim.models.quantize import quantize_random_layer
 
 KDA_TENSORS = ("a_q", "a_k", "a_v", "c_q", "c_k", "c_v", "q_s", "k_s", "v", "q", "k", "fd", "z", "alpha",
                "b_logit", "beta", "S_decayed", "kS", "u", "o_acc", "o16", "S", "on", "gd", "g_logit", "gate", "zo")
@@ -41,10 +41,11 @@ MOE_TENSORS = ("r_logit", "score", "moe_acc")
 EXPERT_TENSORS = ("gate", "act", "up", "hid", "hid_shift", "out")
 
 
-def vector_inputs(cfg: Config, qp: QLayer, n_tokens: int, seed: int):
-    """Quantised inputs with corner tokens, and the reset pattern."""
+def vector_inputs(cfg: Config, qp: QLayer, n_tokens: int, seed: int, model_seed: int = 0):
+    """Quantised inputs with corner tokens, and the reset pattern.  ``model_seed``: the
+    channel profile ``qp`` was calibrated on (the seed of its random parameters)."""
     fm = formats_for(cfg)
-    xs = quantize_input(random_inputs(cfg, n_tokens, seed=seed), qp, cfg)
+    xs = quantize_input(random_inputs(cfg, n_tokens, seed=seed, model_seed=model_seed), qp, cfg)
     hi, lo = (1 << (fm.resid_bits - 1)) - 1, -(1 << (fm.resid_bits - 1))
     for t, value in ((1, 0), (2, hi), (3, lo)):
         if t < n_tokens:
@@ -57,11 +58,14 @@ def vector_inputs(cfg: Config, qp: QLayer, n_tokens: int, seed: int):
 
 def export_vectors(cfg: Config, n_tokens: int, out_dir: Path, param_seed: int = 0, seed: int = 1,
                    qp: QLayer | None = None) -> dict[str, Path]:
+    """``qp`` None: the random layer of ``param_seed``, calibrated on its own channel
+    profile.  A given ``qp`` (a checkpoint's) must be calibrated on profile ``param_seed``:
+    the inputs are drawn with it."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if qp is None:
-        qp = quantize_layer(random_params(cfg, seed=param_seed), cfg, calibration_sequences(cfg))
-    xs, resets = vector_inputs(cfg, qp, n_tokens, seed)
+        qp = quantize_random_layer(cfg, param_seed)
+    xs, resets = vector_inputs(cfg, qp, n_tokens, seed, model_seed=param_seed)
     traces = []
     ys = int_run_layer(qp, cfg, xs, resets, traces=traces)
     stack = lambda name: np.stack([np.asarray(t[name], dtype=np.int64) for t in traces])

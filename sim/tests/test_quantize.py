@@ -142,3 +142,28 @@ def test_checkpoint_option_runs(tiny, tmp_path):
     cfg, p, qp = tiny
     save_params(p, tmp_path / "p.npz")
     assert main(["vectors", "-c", "tiny", "-n", "4", "--params", str(tmp_path / "p.npz"), "-o", str(tmp_path / "v")]) == 0
+
+
+def test_calibration_uses_the_models_channel_profile():
+    """A layer drawn from seed P is calibrated on P's input channel profile (issue 13.6):
+    tiny P = 12 has outlier channels that profile 0 lacks; calibrated on profile 0 its
+    16-bit residual input saturated on its own evaluation sequence (range 17.8, inputs up
+    to 29.8), calibrated on its own profile it covers them."""
+    from sim.models.quantize import quantize_random_layer
+    cfg = load_config("tiny")
+    seqs = calibration_sequences(cfg, n_seq=2, n_tokens=64, model_seed=12)
+    ev = random_inputs(cfg, 256, seed=12, model_seed=12)
+    # same per-channel profile: the channel RMS of the calibration and evaluation inputs agree
+    rms = lambda a: np.sqrt(np.mean(np.concatenate(a) ** 2, axis=0))
+    assert np.corrcoef(np.log(rms(seqs)), np.log(rms([ev])))[0, 1] > 0.9
+    full = (1 << (formats_for(cfg).resid_bits - 1)) - 1
+    own = quantize_random_layer(cfg, 12)
+    assert np.abs(ev).max() <= own.scales["x"] * full
+    stale = quantize_layer(random_params(cfg, 12), cfg, model_seed=0)   # the old default
+    assert np.abs(ev).max() > stale.scales["x"] * full
+
+
+def test_quantize_layer_takes_seqs_or_model_seed_not_both():
+    cfg = load_config("tiny")
+    with pytest.raises(ValueError, match="not both"):
+        quantize_layer(random_params(cfg, 1), cfg, calibration_sequences(cfg, n_seq=1, n_tokens=8), model_seed=1)
