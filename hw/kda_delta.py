@@ -41,8 +41,9 @@ saturate) or the o pipeline (round, saturate, into a 2-entry FIFO on ``o``).
 Schedule: the passes interleave, P1(0) P1(1) P2(0) P1(2) P2(1) ... P2(N-1), so
 2 d_k/lanes read cycles of other columns cover the time u_c takes; u is kept
 per column parity.  A column costs max(2 d_k/lanes, that latency) cycles:
-measured per token (the KDA unit's token_cycles, no stalls) tiny 887, small
-3341 for the whole unit (875 / 3305 before the state read took two cycles).  Independent of how many tokens came before.
+measured per token (the KDA unit's token_cycles, no stalls) tiny 918, small
+3418 for the whole unit (887 / 3341 with constant shifts, 875 / 3305 before the
+state read took two cycles).  Independent of how many tokens came before.
 
 Ports: ``start`` (strobe, when not ``busy``) runs one token over the vectors
 ``k``, ``q``, ``alpha``, ``v``, ``beta`` that must stay stable while ``busy``;

@@ -182,3 +182,74 @@ def test_short_conv_matches_reference_under_stalls(C, K):
     sim.add_process(monitor)
     sim.run_until(1e-8 * 4000)
     assert got == [int(v) for v in want]
+
+
+# ---- requantisation with run-time (m, s) ---------------------------------------------
+
+@pytest.mark.parametrize("period", [1.0, 2.5])
+def test_requantise_runtime_m_s_matches_model(period):
+    """hw/booth_multiply.py ``requantise`` with (m, s) per op as inputs against
+    moekda.numerics.requantize, bit for bit: every op's own (m, s) and output width,
+    s = 0, small and large shifts, shifts past the product width (0, as the model)."""
+    from amaranth import Module, signed, unsigned
+    from amaranth.lib import data, wiring
+    from amaranth.lib.wiring import In, Out
+
+    from hw.booth_multiply import requantise
+    from hw.pipeline import Pipe, plan_pipeline
+    from moekda.numerics import requantize
+
+    vbits, mb, sbits, width, outs = 33, 16, 6, 51, (8, 8, 12)
+
+    class Dut(wiring.Component):
+        def __init__(self):
+            super().__init__({"valid": In(1), "op": In(2), "value": In(signed(vbits)),
+                              "m": In(data.ArrayLayout(unsigned(mb), 3)), "s": In(data.ArrayLayout(unsigned(sbits), 3)),
+                              "out_valid": Out(1), "out_op": Out(2), "y": Out(signed(max(outs)))})
+
+        def elaborate(self, platform):
+            m = Module()
+            pipe = Pipe(m, plan_pipeline(period), "t")
+            live = requantise(pipe, {"valid": self.valid, "op": self.op}, self.value, "op",
+                              [(self.m[k], self.s[k], outs[k]) for k in range(3)], width, "y")
+            live = pipe.register(live)
+            m.d.comb += [self.out_valid.eq(live["valid"]), self.out_op.eq(live["op"]), self.y.eq(live["y"])]
+            return m
+
+    dut = Dut()
+    rng = np.random.default_rng(int(period * 10))
+    settings = [((1, 1, 1), (0, 0, 0)), ((65535, 40000, 12345), (1, 22, 30)),
+                ((65535, 65535, 65535), (47, 48, 49)), ((65535, 3, 65535), (50, 51, 63)),
+                ((32768, 50000, 7), (23, 14, 5))]
+    settings += [(tuple(int(v) for v in rng.integers(1, 1 << mb, 3)), tuple(int(v) for v in rng.integers(0, 64, 3)))
+                 for _ in range(6)]
+    lo, hi = -(1 << (vbits - 1)), (1 << (vbits - 1)) - 1
+    mismatches = []
+
+    async def bench(ctx):
+        for ms, ss in settings:
+            for k in range(3):
+                ctx.set(dut.m[k], ms[k])
+                ctx.set(dut.s[k], ss[k])
+            ctx.set(dut.valid, 0)
+            await ctx.tick().repeat(2)          # the parameters are registered once
+            vals = [lo, hi, 0, -1, 1] + [int(v) >> int(rng.integers(0, 32)) for v in rng.integers(lo, hi, 40)]
+            sent = [(n % 3, v) for n, v in enumerate(vals)]
+            got = []
+            for item in sent + [None] * 40:     # a value per cycle, then the pipeline drains
+                ctx.set(dut.valid, item is not None)
+                if item is not None:
+                    ctx.set(dut.op, item[0])
+                    ctx.set(dut.value, item[1])
+                await ctx.tick()
+                if ctx.get(dut.out_valid):
+                    got.append(ctx.get(dut.y))
+            want = [int(requantize(v, ms[op], ss[op], outs[op])) for op, v in sent]
+            if got != want:
+                mismatches.append((ms, ss, got, want))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert not mismatches, mismatches[0]
