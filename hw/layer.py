@@ -105,7 +105,8 @@ class LayerTop(wiring.Component):
 
         m.submodules.kda = kda = KdaUnit(cfg)
         m.d.comb += kda.params.eq(bank.kda)
-        m.submodules.moe = moe = MoEUnit(cfg, q.moe)
+        m.submodules.moe = moe = MoEUnit(cfg)
+        m.d.comb += moe.params.eq(bank.moe)
         m.submodules.arbiter = arb = WeightArbiter(cfg.hw.weight_port_bytes, 2)
         connect(m, kda.wport, arb.up[0])
         connect(m, moe.wport, arb.up[1])
@@ -118,8 +119,9 @@ class LayerTop(wiring.Component):
         m.submodules.norm2 = norm2 = Normalizer(fm, d, rb, ss_bits, [a], param_layout(cfg, "mlp_norm"),
                                                 clock_period_ns=period)
         m.d.comb += norm2.norms[0].eq(bank.mlp_norm)
-        m.submodules.res1 = res1 = ResidualAdd(q.res1, rb, a, rb, d, clock_period_ns=period)
-        m.submodules.res2 = res2 = ResidualAdd(q.res2, rb, moe.out_bits, rb, d, clock_period_ns=period)
+        m.submodules.res1 = res1 = ResidualAdd.for_config(cfg, a, d)
+        m.submodules.res2 = res2 = ResidualAdd.for_config(cfg, moe.out_bits, d)
+        m.d.comb += [res1.params.eq(bank.res1), res2.params.eq(bank.res2)]
         m.submodules.csr = csr = LayerCsr(cfg, macs_per_token(cfg))
         connect(m, wiring.flipped(self.bus), csr.bus)
 

@@ -3,7 +3,7 @@
     w_i  = s[idx_i]                       (the un-biased score, U0.score_frac)
     tot  = sum_i w_i
     wn_i = floor((w_i << wn_frac) / max(tot, 1))     restoring divider
-    wt_i = round_shift(wn_i * rs, rs_frac)           routed_scaling, a constant
+    wt_i = round_shift(wn_i * rs, rs_frac)           routed_scaling, the input ``rs``
 
 The selection arrives from hw/topk.py as one beat of k entries (index, key,
 tag = score).  The indices are available at once (``idx_valid``) so the
@@ -13,7 +13,8 @@ weight fetch of the chosen experts can start; the weights follow after
 sum runs one entry per cycle and also bumps the per-expert hit counters, so
 no k-wide adder tree or k x E comparator array is needed.
 
-``release`` (one cycle) empties the unit for the next token.
+``release`` (one cycle) empties the unit for the next token.  ``rs`` (the
+parameter bank's ``moe.rs``, ``rs_bits`` wide) is static while tokens flow.
 
 Timing: the scaling product wn * rs is a Booth tree over stages the clock
 decides (hw/pipeline.py), a quotient at a time (divisions are sequential,
@@ -34,13 +35,13 @@ from hw.topk import index_bits, selection_layout
 
 class RouteWeights(wiring.Component):
     def __init__(self, n_experts: int, k: int, key_bits: int, score_bits: int, *, wn_frac: int,
-                 rs: int, rs_frac: int, div_num_bits: int, div_den_bits: int, weight_bits: int,
+                 rs_bits: int, rs_frac: int, div_num_bits: int, div_den_bits: int, weight_bits: int,
                  counter_bits: int = 32, clock_period_ns: float = 1.0):
         self.plan = plan_pipeline(clock_period_ns)
         self.clock_period_ns = clock_period_ns
         self.counter_bits = counter_bits
         self.E, self.k = n_experts, k
-        self.score_bits, self.wn_frac, self.rs, self.rs_frac = score_bits, wn_frac, rs, rs_frac
+        self.score_bits, self.wn_frac, self.rs_bits, self.rs_frac = score_bits, wn_frac, rs_bits, rs_frac
         self.div_num_bits, self.div_den_bits, self.weight_bits = div_num_bits, div_den_bits, weight_bits
         if score_bits + wn_frac > div_num_bits:
             raise ValueError("route weights: score << wn_frac does not fit the divider numerator")
@@ -51,6 +52,7 @@ class RouteWeights(wiring.Component):
             "wt": Out(unsigned(weight_bits)).array(k),
             "wt_valid": Out(1),
             "release": In(1),
+            "rs": In(unsigned(rs_bits)),
             "hits": Out(unsigned(counter_bits)).array(n_experts),
         })
 
@@ -78,15 +80,18 @@ class RouteWeights(wiring.Component):
             m.d.comb += self.hits[e].eq(chunked_counter(m, self.plan, self.counter_bits, hit_go & (hit_e == e),
                                                         f"hit{e}"))
 
-        # wt = round_shift(wn * rs, rs_frac): rs a constant, the rounding one more word
+        # wt = round_shift(wn * rs, rs_frac): rs an input, the rounding one more word
         scale = Pipe(m, self.plan, "scale")
         quotient = Signal(self.div_num_bits)
         q_valid = Signal()
         q_slot = Signal(range(k))
         m.d.sync += [q_valid.eq(0)]
-        rs_bits = max(1, self.rs.bit_length())
-        prod_bits = self.div_num_bits + rs_bits + 1
-        live = booth_multiply(scale, {"valid": q_valid, "slot": q_slot}, quotient, Const(self.rs, unsigned(rs_bits)),
+        prod_bits = self.div_num_bits + self.rs_bits + 1
+        # rs is static: registered once (a cycle behind the bank), so its Booth digits
+        # decode from a register, not from the bank through the select
+        rs = Signal(self.rs_bits, name="rs_q", reset_less=True)
+        m.d.sync += rs.eq(self.rs)
+        live = booth_multiply(scale, {"valid": q_valid, "slot": q_slot}, quotient, rs,
                               prod_bits, "p", extra_words=[Const((1 << self.rs_frac) >> 1, prod_bits)])
         live = scale.register(live)
         with m.If(live["valid"]):

@@ -31,7 +31,7 @@ Amaranth lazily, so the image tools stay light.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -158,6 +158,10 @@ def param_fields(cfg) -> list[ParamField]:
             continue
         for mat in EXPERT_MATS:
             requant(f"moe.{bank}.{mat}_m", f"moe.{bank}.{mat}_s", f"{bank} experts' {mat} requantisation", (n,))
+        # the down projection's shift is down_s - sh, sh the per-token hidden exponent
+        # (0 .. swiglu_prod - hid_bits, hw/moe.py), and the model needs it >= 1: with
+        # down_s above every sh the unit's 6-bit subtraction can neither wrap nor reach 0
+        out[-1] = replace(out[-1], lo=dw["swiglu_prod"] - fm.hid_bits + 1)
     out.append(_f("moe.rs", (), dw["rs_int"], False, "routed_scaling as U.rs_frac"))
     requant("moe.comb_m", "moe.comb_s", "MoE combine -> resid_bits")
     residual("res2", "MoE residual add")

@@ -5,8 +5,12 @@ Implements ``sim.models.int_ops.int_residual_add`` element by element:
     y = sat_resid(round_shift(a * m_a + b * m_b, s))
 
 ``a`` is the residual stream (resid_bits), ``b`` the branch output (int8
-from KDA, resid_bits from MoE); (m_a, m_b, s) come from a ``QResidual`` and
-are constants of the generated RTL.
+from KDA, resid_bits from MoE); (m_a, m_b, s) come in on ``params`` (the
+layout of hw/param_map.py's ``res1`` / ``res2`` fields: the chip's parameter
+bank), so one netlist serves every model.  The parameters are static while
+elements flow (the bank changes only at LOAD, with the chip idle): they are
+registered once at the input (a cycle behind the bank) and read where they
+are used, not carried through the pipeline registers.
 
 The owner hands over both whole vectors (its registers and the block's held
 output) and streams indices ``(valid, idx)``; ``(wr_en, wr_idx, wr_y)``
@@ -20,76 +24,56 @@ clock period):
    an AND-OR over the elements.  Done here, not as an ``Array`` read in the
    owner, because a d-way mux in front of the multiply was the layer's
    worst path (issue 7);
-2. both constant products as canonical-signed-digit words (one shifted,
-   possibly inverted copy of the operand per non-zero digit) plus one
-   constant word holding the rounding 2**(s-1) and the +1s of the inverted
-   copies, reduced by a 3:2 tree to two words;
+2. both products as radix-4 Booth partial products (hw/carry_save.py) plus
+   one word holding the rounding 2**(s-1) (a one-hot decode of s - 1),
+   reduced by a 3:2 tree to two words;
 3. one carry-propagate add, split where the clock needs it;
-4. the shift by ``s`` (wires) and the saturation, registered.
+4. the arithmetic shift by s (hw/booth_multiply.py's barrel shifter, one
+   mux level per bit of s; s is clamped to the sum's width, beyond which the
+   result is 0 anyway) and the saturation, registered.
 """
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed
+from amaranth import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.carry_save import pipelined_add, reduce_to_two, sign_extend
-from hw.matvec import saturate
+from hw.booth_multiply import barrel_shift_saturate, clamp_shift, rounding_word
+from hw.carry_save import booth_partial_products, pipelined_add, reduce_to_two
+from hw.param_map import SHIFT_BITS
 from hw.pipeline import Pipe, plan_pipeline
 
 
-def csd_digits(k: int) -> list[tuple[int, int]]:
-    """Canonical signed digits of ``k >= 0``: ``[(shift, +1 or -1)]`` with sum d * 2**shift == k.
-    No two digits are adjacent, so a w-bit constant needs at most w/2 + 1 of them."""
-    if k < 0:
-        raise ValueError(f"csd_digits: {k} < 0")
-    out, shift = [], 0
-    while k:
-        if k & 1:
-            d = 2 - (k & 3)          # +1 when k = 1 mod 4, -1 when k = 3 mod 4
-            out.append((shift, d))
-            k -= d
-        k >>= 1
-        shift += 1
-    return out
-
-
-def constant_product_words(x, k: int, width: int) -> tuple[list, int]:
-    """Words whose sum, plus the returned integer, is ``x * k`` modulo 2**width.
-
-    ``x`` is signed.  A digit +1 at i is ``x << i``; a digit -1 is ``~(x << i)``
-    (ones in the low i bits), whose missing +1 of the two's complement is
-    counted in the returned integer, for the caller's one constant word."""
-    words, ones = [], 0
-    for shift, d in csd_digits(k):
-        if shift >= width:
-            continue
-        word = sign_extend(x, width - shift)
-        low = 0
-        if d < 0:
-            word, low, ones = ~word, (1 << shift) - 1, ones + 1
-        words.append(Cat(Const(low, shift), word) if shift else word)
-    return words, ones
+def residual_layout(mult_bits: int = 16, shift_bits: int = SHIFT_BITS) -> data.StructLayout:
+    """The ``params`` port: hw/param_map.py's ``res1`` / ``res2`` fields (same shape)."""
+    return data.StructLayout({"m_a": unsigned(mult_bits), "m_b": unsigned(mult_bits),
+                              "s": unsigned(shift_bits)})
 
 
 class ResidualAdd(wiring.Component):
-    def __init__(self, res, a_bits: int, b_bits: int, out_bits: int, n: int,
-                 clock_period_ns: float = 1.0):
-        self.m_a, self.m_b, self.s = int(res.m_a), int(res.m_b), int(res.s)
-        if self.s < 0:
-            raise ValueError(f"residual add: shift {self.s} < 0")
-        if self.m_a < 0 or self.m_b < 0:
-            raise ValueError(f"residual add: multipliers must be >= 0 (m_a {self.m_a}, m_b {self.m_b})")
+    def __init__(self, a_bits: int, b_bits: int, out_bits: int, n: int, clock_period_ns: float = 1.0,
+                 mult_bits: int = 16, shift_bits: int = SHIFT_BITS):
         self.a_bits, self.b_bits, self.out_bits, self.n = a_bits, b_bits, out_bits, n
+        self.mult_bits, self.shift_bits = mult_bits, shift_bits
         self.clock_period_ns = clock_period_ns
-        # a*m_a + b*m_b + 2**(s-1) in signed bits, and at least out_bits above the shift
-        self.width = max(a_bits + self.m_a.bit_length(), b_bits + self.m_b.bit_length(),
-                         self.s + out_bits) + 2
+        # |a*m_a + b*m_b| < 2**(max(a, b) + mult_bits): ``sum_bits`` signed bits; one more
+        # holds the rounding of a shift by sum_bits (a larger shift is clamped to it)
+        self.sum_bits = max(a_bits, b_bits) + mult_bits + 1
+        self.width = self.sum_bits + 1
         super().__init__({
             "valid": In(1), "idx": In(range(n)),
             "a": In(data.ArrayLayout(signed(a_bits), n)), "b": In(data.ArrayLayout(signed(b_bits), n)),
+            "params": In(residual_layout(mult_bits, shift_bits)),
             "wr_en": Out(1), "wr_idx": Out(range(n)), "wr_y": Out(signed(out_bits)),
         })
+
+    @classmethod
+    def for_config(cls, cfg, b_bits: int, n: int) -> "ResidualAdd":
+        """The layer's residual add of a ``b_bits`` branch: a and y are resid_bits wide."""
+        from moekda.formats import formats_for
+        fm = formats_for(cfg)
+        return cls(fm.resid_bits, b_bits, fm.resid_bits, n, clock_period_ns=cfg.hw.clock_period_ns,
+                   mult_bits=fm.mult_bits)
 
     def elaborate(self, platform):
         m = Module()
@@ -123,24 +107,35 @@ class ResidualAdd(wiring.Component):
                 words[key] = merged
             level += 1
         # 2. the product words.  The select and the product tree do not share a stage:
-        # registers on the two selected operands are cheaper than on the many words
+        # registers on the two selected operands are cheaper than on the many words.
+        # The multipliers are static: their Booth digits decode outside the data path
         live = pipe.register({**live, "a": words["a"][0], "b": words["b"][0]})
-        words_a, ones_a = constant_product_words(live["a"], self.m_a, w)
-        words_b, ones_b = constant_product_words(live["b"], self.m_b, w)
-        rounding = (1 << (self.s - 1)) if self.s else 0
-        const = Const((rounding + ones_a + ones_b) % (1 << w), w)
-        live = {k: v for k, v in live.items() if k not in ("a", "b")}
-        live = reduce_to_two(pipe, {**live, "words": words_a + words_b + [const]}, "words", w)
+        # The scales are static: registered once, a cycle behind the bank, with the
+        # clamped shift and its rounding word decoded, so no path runs from the bank
+        # through the decode into the tree; the Booth digits of the registered
+        # multipliers are decoded outside the data path
+        p = self.params
+        m_a = Signal(self.mult_bits, name="res_m_a", reset_less=True)
+        m_b = Signal(self.mult_bits, name="res_m_b", reset_less=True)
+        shift = Signal(range(self.sum_bits + 1), name="res_shift", reset_less=True)
+        rnd = Signal(w, name="res_rounding", reset_less=True)
+        clamped = clamp_shift(p.s, self.sum_bits)
+        m.d.sync += [m_a.eq(p.m_a), m_b.eq(p.m_b), shift.eq(clamped), rnd.eq(rounding_word(clamped, w))]
+        live = pipe.spend(d.booth_select, live)
+        words_a = booth_partial_products(m, live.pop("a"), m_a, w, multiplier_signed=False, name="res_a")
+        words_b = booth_partial_products(m, live.pop("b"), m_b, w, multiplier_signed=False, name="res_b")
+        live = reduce_to_two(pipe, {**live, "words": words_a + words_b + [rnd]}, "words", w)
         s_word, c_word = live.pop("words")
 
         # 3. the carry-propagate add
         live = pipelined_add(pipe, {**live, "sum_s": s_word, "sum_c": c_word}, "sum_s", "sum_c", "total", w)
 
-        # 4. shift by s (wires), saturate, register
-        live = pipe.spend(d.saturate, live)
-        total = live.pop("total")
-        y = Signal(signed(self.out_bits), name="res_y")
-        m.d.comb += y.eq(saturate(total[self.s:], self.out_bits))
+        # 4. shift by s (barrel: hw/booth_multiply.py's one variable round-shift), saturate, register
+        # the shift travels with the value (a copy per stage, fewer fan-out buffers)
+        live = barrel_shift_saturate(pipe, {**live, "res_s": shift}, "total", "res_s", w, len(shift), "y",
+                                     out_widths=[self.out_bits])
+        live.pop("res_s")
+        y = live.pop("y")
         live = pipe.register({**live, "y": y})
         self.latency = pipe.stages
         m.d.comb += [self.wr_en.eq(live["valid"]), self.wr_idx.eq(live["idx"]), self.wr_y.eq(live["y"])]

@@ -26,8 +26,8 @@ def _matvec(cfg):
 
 def _moe(cfg):
     from amaranth.hdl import Value
-    from hw.moe import moe_for_config
-    unit = moe_for_config(cfg)
+    from hw.moe import MoEUnit
+    unit = MoEUnit(cfg)   # model-free: the per-model values come in on ``params``
     # stream payloads are data.Views: their underlying signals are the ports
     return unit, [Value.cast(v) for v in _flat_ports(unit)]
 

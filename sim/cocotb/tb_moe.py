@@ -1,9 +1,10 @@
 """cocotb bench of the MoE unit (hw/moe.py): tokens in, tokens out, bit-exact.
 
-Reads the case written by sim/cocotb/tb_moe_case.py (path in MOE_CASE), fills
-the weight memory (sim/cocotb/weight_memory.py: latency, random stalls),
-drives tokens with random gaps, takes outputs with random back-pressure, and
-compares every output with the integer model.  If ``reset_after`` > 0 a
+Reads the case written by sim/cocotb/tb_moe_case.py (path in MOE_CASE), sets
+the model's per-model values on the ``params`` port, fills the weight memory
+(sim/cocotb/weight_memory.py: latency, random stalls), drives tokens with
+random gaps, takes outputs with random back-pressure, and compares every
+output with the integer model.  If ``reset_after`` > 0 a
 first pass is cut by a reset in the middle of a token, then the whole
 sequence runs from the start (state after reset must not matter).  Writes
 the counters to MOE_RESULT (json) for the pytest side.
@@ -95,6 +96,9 @@ async def moe_tokens_bit_exact(dut):
     tokens, expected = case["tokens"], case["expected"]
     d, pb = meta["d"], meta["port_bytes"]
     rng = random.Random(meta["seed"])
+    # the model's values on the parameter port (hw/param_map.py region_value), static
+    # for the whole run like the chip's parameter bank
+    dut.params.value = int(meta["params"], 16)
     cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
     cycle = [0]
 

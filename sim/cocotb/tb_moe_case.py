@@ -2,7 +2,9 @@
 integer model's answers, written to one .npz the cocotb bench reads.
 
 Built by sim/tests/test_moe.py (pytest side), read by sim/cocotb/tb_moe.py
-(simulator side); the expected outputs come from sim.models.int_moe only.
+(simulator side); the expected outputs come from sim.models.int_moe only.  The
+model reaches the RTL as the weight image and the value of the ``params`` port
+(``moe_params``): the RTL itself is the config's.
 
 Tokens (the MoE input hn, int8): first the corner tokens (all zero -> equal
 router scores; all +127 / all -128 / alternating -> saturated engine
@@ -19,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from hw.memory_map import build_image, memory_map, qlayer_tensors
+from hw.param_map import region_value
 from moekda.config import Config, config_from_dict, load_config
 from moekda.formats import formats_for
 from sim.models.int_layer import int_run_layer, quantize_input
@@ -94,6 +97,11 @@ def build_case(cfg: Config, n_tokens: int, seed: int = 0, zero_bias: bool = Fals
                    np.array(sat), image)
 
 
+def moe_params(case: MoECase) -> int:
+    """The value of the unit's ``params`` port for the case's model (hw/param_map.py)."""
+    return region_value(case.cfg, case.qlayer.to_flat(), "moe")
+
+
 def save_case(case: MoECase, path: Path, *, req_stall: float, resp_stall: float, in_stall: float,
               out_stall: float, reset_after: int, seed: int, bytes_per_token: int, out_bits: int) -> None:
     """The bench's whole input: vectors, image and knobs (stall probabilities, a
@@ -102,6 +110,8 @@ def save_case(case: MoECase, path: Path, *, req_stall: float, resp_stall: float,
     meta = {"d": cfg.model.d_model, "E": cfg.model.n_experts, "port_bytes": cfg.hw.weight_port_bytes,
             "latency": cfg.hw.weight_port_latency, "req_stall": req_stall, "resp_stall": resp_stall,
             "in_stall": in_stall, "out_stall": out_stall, "reset_after": reset_after, "seed": seed,
-            "bytes_per_token": bytes_per_token, "out_bits": out_bits}
+            "bytes_per_token": bytes_per_token, "out_bits": out_bits,
+            # the MoE's slice of the parameter bank for this model, as hex (wider than json ints)
+            "params": format(moe_params(case), "x")}
     np.savez(path, tokens=case.tokens, expected=case.expected, idx=case.idx,
              image=np.frombuffer(case.image, dtype=np.uint8), meta=json.dumps(meta))

@@ -1,6 +1,6 @@
 """The MoE unit (hw/moe.py) against the integer model (sim/models/int_moe.py), in cocotb.
 
-Each case builds the RTL from a config and its quantised parameters, runs the
+Each case builds the RTL from a config alone (hw.tops, the `moe` top), runs the
 bench sim/cocotb/tb_moe.py with stalls on every stream and a reset in the
 middle of a token, and checks here what the bench measured: tokens, weight
 bytes per token (against the analytic count for k + shared experts, which is
@@ -16,35 +16,48 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from amaranth.back import verilog
 from cocotb_tools.runner import get_runner
 
 from hw.moe import MoEUnit
 from moekda.config import REPO_ROOT
 from sim.cocotb_util import simulator_available
-from sim.cocotb.tb_moe_case import build_case, make_config, save_case
+from sim.cocotb.tb_moe_case import build_case, make_config, moe_params, save_case
 
 BENCH_DIR = REPO_ROOT / "sim" / "cocotb"
+# the benches build a unit only for its analytic counts (the Verilog comes from hw.tops)
+pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 
 
 needs_verilator = pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
 
 
-def run_moe_bench(case, workdir: Path, sim: str = "icarus", stalls: float = 0.25, reset_after: int = 2,
-                  seed: int = 1) -> dict:
+def build_moe_bench(cfg, workdir: Path, sim: str = "icarus") -> tuple:
+    """The unit's Verilog for ``cfg`` (hw.tops, as `moekda rtl --top moe`: no model in it)
+    built for ``sim``; returns (runner, build dir, Verilog text).  Any number of models run on it."""
+    from hw.tops import top_verilog
     workdir.mkdir(parents=True, exist_ok=True)
-    unit = MoEUnit(case.cfg, case.qlayer.moe)
-    (workdir / "moe.v").write_text(verilog.convert(unit, name="moe"))
-    save_case(case, workdir / "case.npz", req_stall=stalls, resp_stall=stalls, in_stall=stalls,
-              out_stall=stalls, reset_after=reset_after, seed=seed, bytes_per_token=unit.bytes_per_token(),
-              out_bits=unit.out_bits)
+    text = top_verilog("moe", cfg)
+    (workdir / "moe.v").write_text(text)
     runner = get_runner(sim)
     # Icarus: -g2005 so that initialised regs create a time-0 event and every
     # always @* block of the Yosys-written netlist evaluates once (-g2012 does not)
     build_args = ["-Wno-fatal", "-O2"] if sim == "verilator" else ["-g2005"]
-    runner.build(sources=[workdir / "moe.v"], hdl_toplevel="moe", build_dir=workdir / f"build_{sim}",
+    build_dir = workdir / f"build_{sim}"
+    runner.build(sources=[workdir / "moe.v"], hdl_toplevel="moe", build_dir=build_dir,
                  build_args=build_args, always=True, log_file=workdir / f"build_{sim}.log",
                  timescale=("1ns", "1ps"))
+    return runner, build_dir, text
+
+
+def run_moe_case(case, built, workdir: Path, sim: str = "icarus", stalls: float = 0.25,
+                 reset_after: int = 2, seed: int = 1) -> dict:
+    """Run the bench on a built unit with ``case``'s model (image + ``params`` value)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    runner, build_dir, _ = built
+    unit = MoEUnit(case.cfg)     # for the analytic counts only
+    save_case(case, workdir / "case.npz", req_stall=stalls, resp_stall=stalls, in_stall=stalls,
+              out_stall=stalls, reset_after=reset_after, seed=seed, bytes_per_token=unit.bytes_per_token(),
+              out_bits=unit.out_bits)
     result_path = workdir / "result.json"
     if result_path.exists():
         result_path.unlink()
@@ -53,7 +66,7 @@ def run_moe_bench(case, workdir: Path, sim: str = "icarus", stalls: float = 0.25
     saved = list(sys.path)
     sys.path[:0] = [str(BENCH_DIR), str(REPO_ROOT)]
     try:
-        runner.test(hdl_toplevel="moe", test_module="tb_moe", build_dir=workdir / f"build_{sim}",
+        runner.test(hdl_toplevel="moe", test_module="tb_moe", build_dir=build_dir,
                     test_dir=workdir, extra_env=env, log_file=workdir / f"test_{sim}.log",
                     results_xml=str(workdir / "results.xml"), timescale=("1ns", "1ps"))
     except SystemExit:   # the runner exits on a failed test; the xml says why
@@ -68,6 +81,12 @@ def run_moe_bench(case, workdir: Path, sim: str = "icarus", stalls: float = 0.25
     result = json.loads(result_path.read_text())
     result["unit"] = unit
     return result
+
+
+def run_moe_bench(case, workdir: Path, sim: str = "icarus", stalls: float = 0.25, reset_after: int = 2,
+                  seed: int = 1) -> dict:
+    built = build_moe_bench(case.cfg, workdir, sim)
+    return run_moe_case(case, built, workdir, sim, stalls=stalls, reset_after=reset_after, seed=seed)
 
 
 def _failures(xml_path) -> list[str]:
@@ -146,12 +165,39 @@ def test_moe_bit_exact_icarus(name, tmp_path):
 def test_lanes_must_equal_port_bytes():
     """One port beat is one engine beat: any other pairing is a one-line config error."""
     from moekda.config import ConfigError
-    from sim.models.params import random_params
-    from sim.models.quantize import quantize_layer
     cfg = make_config("tiny")
     cfg = type(cfg)(**{**cfg.__dict__, "hw": type(cfg.hw)(**{**cfg.hw.__dict__, "weight_port_bytes": 8})})
     with pytest.raises(ConfigError, match="hw.lanes = 4: .*weight_port_bytes"):
-        MoEUnit(cfg, quantize_layer(random_params(cfg, 0), cfg).moe)
+        MoEUnit(cfg)
+
+
+def test_one_unit_runs_two_models(tmp_path):
+    """Issue 13: the RTL is a function of the config alone.  One generated unit (the
+    `moekda rtl --top moe` Verilog, built once) runs two different quantised models,
+    each bit-exact, told apart only by the weight image and the ``params`` port; the
+    Verilog is the same text whatever model is at hand, with ``params`` an input of the
+    MoE sub-bank's width, and hw/ imports nothing of sim/."""
+    import re
+
+    from hw.param_map import param_layout
+    from hw.tops import top_verilog
+    cfg = make_config("tiny")
+    cases = [build_case(cfg, 10, seed=3), build_case(cfg, 10, seed=11, zero_bias=True)]
+    assert moe_params(cases[0]) != moe_params(cases[1])
+    built = build_moe_bench(cfg, tmp_path / "unit", "icarus")
+    text = built[2]
+    width = param_layout(cfg, "moe").size
+    assert re.search(rf"input \[{width - 1}:0\] params;", text), "no params input port of the sub-bank's width"
+    for n, case in enumerate(cases):
+        res = run_moe_case(case, built, tmp_path / f"model{n}", "icarus", stalls=0.2, reset_after=0)
+        check_counters(case, res)
+        # the model at hand (quantised, routed through the integer model) changes nothing in the RTL
+        assert top_verilog("moe", cfg) == text
+    assert not list(cases[0].expected.reshape(-1)) == list(cases[1].expected.reshape(-1))
+    hw_dir = REPO_ROOT / "hw"
+    for name in ("moe.py", "moe_route.py", "moe_arith.py", "moe_divider.py", "topk.py", "residual.py"):
+        src = (hw_dir / name).read_text()
+        assert not re.search(r"^\s*(from|import) sim\b", src, re.M), f"hw/{name} imports sim/"
 
 
 def _long_run(cfg, n, tmp_path, zero_bias=False, seed=5):
