@@ -3,7 +3,7 @@
 It is a ``UserError`` so the CLI prints it as one line (exit 2): the line
 names the step and the log to read, never a Python traceback.
 """
-from moekda.cli import UserError
+from moekda.errors import UserError
 
 
 class FlowError(UserError):

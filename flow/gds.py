@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moekda.cli import UserError
+from moekda.errors import UserError
 from pdk.kit import PLATFORM, Kit, Platform
 
 # DEF shapes the reader produces per LEF layer: the wire itself, pin shapes, labels

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from flow.paths import BuildPaths
-from moekda.cli import UserError
+from moekda.errors import UserError
 from moekda.config import Config
 from pdk.kit import PLATFORM, Kit, Platform
 

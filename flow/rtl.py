@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moekda.cli import UserError
+from moekda.errors import UserError
 from moekda.config import Config
 
 CHIP_TOP_PREFERENCE = ("layer", "matvec")

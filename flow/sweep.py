@@ -166,7 +166,7 @@ def run_point(cfg_dict: dict, tokens: int, simulator: str, root: str) -> dict:
     from flow.synth_flow import FlowOptions, Steps, synth_and_sta
     from pdk.kit import find_kit
     from sim.driver import LayerDriver, RunPlan
-    from hw.layer import default_qlayer
+    from sim.models.quantize import quantize_random_layer
 
     root_p = Path(root)
     out = point_dir(config_from_dict(cfg_dict, source="sweep point"), root_p)  # == the point's BuildPaths root
@@ -186,7 +186,7 @@ def run_point(cfg_dict: dict, tokens: int, simulator: str, root: str) -> dict:
         m = synth_and_sta(cfg, find_kit(), paths, [paths.rtl], FlowOptions(), steps,
                           on_pass=lambda name: None, extra_seconds={"rtl": steps.seconds["rtl"]})
     # the point's simulation builds inside its own directory, next to its synthesis
-    drv = LayerDriver(cfg, default_qlayer(cfg, 0), label="sweep", build_root=out)
+    drv = LayerDriver(cfg, quantize_random_layer(cfg, 0), label="sweep", build_root=out)
     res = drv.run(RunPlan(tokens=tokens, stall=False, seed=1), simulator=simulator, name="sweep")
     if not res.match:
         raise RuntimeError(f"point {cfg.hash()}: simulation does not match the model: {res.problems[0]}")

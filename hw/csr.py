@@ -18,10 +18,15 @@ word name           rw meaning
                        (reset 0); bit1 CLEAR (write 1): the next token starts
                        a new sequence - the KDA state and short-convolution
                        history are cleared before it; reads 1 until then;
-                       bit2 COUNTERS_RESET (write 1): zero every counter
+                       bit2 COUNTERS_RESET (write 1): zero every counter;
+                       bit3 LOAD (write 1): read the memory image into the
+                       parameter bank (hw/loader.py), as soon as no token is
+                       inside; the next token starts a new sequence
 0x02 STATUS         r  bit0 BUSY (a token is inside), bit1 CLEAR pending,
                        bit2 input token waiting (i.valid), bit3 output token
-                       waiting (o.valid)
+                       waiting (o.valid), bit4 LOADING (LOAD asked or
+                       running), bit5 LOADED (the last LOAD was good: tokens
+                       are taken only while set), bit6 LOAD_ERROR
 0x03 CYCLES         r  clock cycles since reset / counter reset
 0x04 BUSY_CYCLES    r  cycles with a token inside the chip
 0x05 TOKENS         r  tokens delivered on the output stream
@@ -29,6 +34,11 @@ word name           rw meaning
 0x07 WEIGHT_BYTES   r  bytes received on the weight port
 0x08 TOKEN_CYCLES   r  cycles the last token took, input accepted to output offered
 0x09 MACS_PER_TOKEN r  the per-token constant behind MACS
+0x0A LOAD_CYCLES    r  cycles the last LOAD took
+0x0B LOAD_ERRORS    r  what the last LOAD found wrong, one bit each
+                       (hw/loader.py LOAD_ERRORS): bit0 MAGIC, bit1 VERSION,
+                       bit2 CONFIG_HASH, bit3 LENGTH, bit4 CHECKSUM
+0x0C IMAGE_BYTES    r  the image length this chip expects
 0x10 D_MODEL ...    r  configuration read-back: D_MODEL, N_HEADS, HEAD_DIM,
      0x1A              N_EXPERTS, TOP_K, D_FF, N_SHARED, GATE_RANK,
                        PORT_BYTES, LANES, CONFIG_HASH (first 8 hex digits of
@@ -39,7 +49,7 @@ Counters are 32 bits and wrap.
 """
 from __future__ import annotations
 
-from amaranth import Module, Signal
+from amaranth import Cat, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -49,7 +59,9 @@ ADDR_BITS = 6
 DATA_BITS = 32
 CHIP_ID = 0x4D4B4441
 
-CTRL_RUN, CTRL_CLEAR, CTRL_COUNTERS_RESET = 1, 2, 4
+CTRL_RUN, CTRL_CLEAR, CTRL_COUNTERS_RESET, CTRL_LOAD = 1, 2, 4, 8
+STATUS_BITS = ("BUSY", "CLEAR_PENDING", "IN_WAITING", "OUT_WAITING", "LOADING", "LOADED", "LOAD_ERROR")
+STATUS = {name: 1 << n for n, name in enumerate(STATUS_BITS)}
 
 COUNTERS = ("CYCLES", "BUSY_CYCLES", "TOKENS", "MACS", "WEIGHT_BYTES", "TOKEN_CYCLES")
 CONFIG_FIELDS = (("D_MODEL", "model.d_model"), ("N_HEADS", "model.n_heads"), ("HEAD_DIM", "model.head_dim"),
@@ -59,7 +71,8 @@ CONFIG_FIELDS = (("D_MODEL", "model.d_model"), ("N_HEADS", "model.n_heads"), ("H
 
 REGISTERS: dict[str, int] = {"ID": 0x00, "CTRL": 0x01, "STATUS": 0x02,
                              **{name: 0x03 + n for n, name in enumerate(COUNTERS)},
-                             "MACS_PER_TOKEN": 0x09,
+                             "MACS_PER_TOKEN": 0x09, "LOAD_CYCLES": 0x0A, "LOAD_ERRORS": 0x0B,
+                             "IMAGE_BYTES": 0x0C,
                              **{name: 0x10 + n for n, (name, _) in enumerate(CONFIG_FIELDS)},
                              "CONFIG_HASH": 0x10 + len(CONFIG_FIELDS)}
 
@@ -103,17 +116,19 @@ class LayerCsr(wiring.Component):
     keeps the clear pending and reports it back on ``clear_pending``.
     """
 
-    def __init__(self, cfg, macs_per_token: int):
+    def __init__(self, cfg, macs_per_token: int, image_bytes: int):
         self.cfg, self.macs_per_token = cfg, int(macs_per_token)
         self.port_bytes = cfg.hw.weight_port_bytes
-        self.constants = {"ID": CHIP_ID, "MACS_PER_TOKEN": self.macs_per_token, **config_words(cfg)}
+        self.constants = {"ID": CHIP_ID, "MACS_PER_TOKEN": self.macs_per_token, "IMAGE_BYTES": int(image_bytes),
+                          **config_words(cfg)}
         for name, value in self.constants.items():
             if not 0 <= value < 1 << DATA_BITS:
                 raise ValueError(f"CSR {name} = {value} does not fit {DATA_BITS} bits")
         super().__init__({
             "bus": In(WishboneSignature()),
-            "run": Out(1), "clear": Out(1),
+            "run": Out(1), "clear": Out(1), "load": Out(1),
             "clear_pending": In(1), "busy": In(1), "in_waiting": In(1), "out_waiting": In(1),
+            "loading": In(1), "loaded": In(1), "load_errors": In(8), "load_cycles": In(32),
             "ev_token": In(1), "ev_beat": In(1), "token_cycles": In(32),
         })
 
@@ -138,9 +153,13 @@ class LayerCsr(wiring.Component):
 
         readable = {REGISTERS[name]: sig for name, sig in counters.items()}
         readable[REGISTERS["TOKEN_CYCLES"]] = self.token_cycles
-        readable[REGISTERS["CTRL"]] = run | (self.clear_pending << 1)
-        readable[REGISTERS["STATUS"]] = (self.busy | (self.clear_pending << 1) | (self.in_waiting << 2)
-                                         | (self.out_waiting << 3))
+        readable[REGISTERS["LOAD_CYCLES"]] = self.load_cycles
+        readable[REGISTERS["LOAD_ERRORS"]] = self.load_errors
+        readable[REGISTERS["CTRL"]] = run | (self.clear_pending << 1) | (self.loading << 3)
+        status = {"BUSY": self.busy, "CLEAR_PENDING": self.clear_pending, "IN_WAITING": self.in_waiting,
+                  "OUT_WAITING": self.out_waiting, "LOADING": self.loading, "LOADED": self.loaded,
+                  "LOAD_ERROR": self.load_errors.any()}
+        readable[REGISTERS["STATUS"]] = Cat(*(status[name] for name in STATUS_BITS))
         for name, value in self.constants.items():
             readable[REGISTERS[name]] = value
 
@@ -155,5 +174,5 @@ class LayerCsr(wiring.Component):
                         m.d.sync += bus.dat_r.eq(value)
             with m.If(bus.we & bus.sel[0] & (bus.adr == REGISTERS["CTRL"])):
                 m.d.sync += run.eq(bus.dat_w[0])
-                m.d.comb += [self.clear.eq(bus.dat_w[1]), zero.eq(bus.dat_w[2])]
+                m.d.comb += [self.clear.eq(bus.dat_w[1]), zero.eq(bus.dat_w[2]), self.load.eq(bus.dat_w[3])]
         return m

@@ -52,7 +52,9 @@ from hw.kda import KdaUnit
 from hw.kda_norm import Normalizer
 from hw.memory_map import memory_map
 from hw.moe import MoEUnit
-from hw.param_map import param_layout, region_value
+from hw.param_map import param_layout
+from hw.image_format import image_layout
+from hw.loader import ImageLoader
 from hw.residual import ResidualAdd
 from hw.weight_arbiter import WeightArbiter
 from hw.weight_port import WeightPortSignature
@@ -81,8 +83,8 @@ def macs_per_token(cfg) -> int:
 
 
 class LayerTop(wiring.Component):
-    def __init__(self, cfg, qlayer):
-        self.cfg, self.q = cfg, qlayer
+    def __init__(self, cfg):
+        self.cfg = cfg
         self.fm = formats_for(cfg)
         self.d = cfg.model.d_model
         super().__init__({
@@ -94,22 +96,23 @@ class LayerTop(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cfg, q, fm, d = self.cfg, self.q, self.fm, self.d
+        cfg, fm, d = self.cfg, self.fm, self.d
         rb, a = fm.resid_bits, fm.act_bits
 
         # the parameter bank: every per-model value (hw/param_map.py), one field per
-        # block (bank.kda, bank.moe, bank.attn_norm, ...).  Tied to the quantised model's
-        # values until the LOAD step fills it from the memory image (issue 13)
-        bank = Signal(param_layout(cfg), name="param_bank")
-        m.d.comb += bank.eq(region_value(cfg, q.to_flat()))
+        # block (bank.kda, bank.moe, bank.attn_norm, ...), filled from the memory image by
+        # LOAD (hw/loader.py), which reads the weight port as the arbiter's third client
+        m.submodules.loader = loader = ImageLoader(cfg)
+        bank = loader.bank
 
         m.submodules.kda = kda = KdaUnit(cfg)
         m.d.comb += kda.params.eq(bank.kda)
         m.submodules.moe = moe = MoEUnit(cfg)
         m.d.comb += moe.params.eq(bank.moe)
-        m.submodules.arbiter = arb = WeightArbiter(cfg.hw.weight_port_bytes, 2)
+        m.submodules.arbiter = arb = WeightArbiter(cfg.hw.weight_port_bytes, 3)
         connect(m, kda.wport, arb.up[0])
         connect(m, moe.wport, arb.up[1])
+        connect(m, loader.wport, arb.up[2])
         connect(m, arb.down, wiring.flipped(self.wport))
         ss_bits = derived_widths(cfg)["ss_rmsnorm"]
         period = cfg.hw.clock_period_ns
@@ -122,7 +125,7 @@ class LayerTop(wiring.Component):
         m.submodules.res1 = res1 = ResidualAdd.for_config(cfg, a, d)
         m.submodules.res2 = res2 = ResidualAdd.for_config(cfg, moe.out_bits, d)
         m.d.comb += [res1.params.eq(bank.res1), res2.params.eq(bank.res2)]
-        m.submodules.csr = csr = LayerCsr(cfg, macs_per_token(cfg))
+        m.submodules.csr = csr = LayerCsr(cfg, macs_per_token(cfg), image_layout(cfg).length)
         connect(m, wiring.flipped(self.bus), csr.bus)
 
         # stage A (token mixer): x -> xn -> KDA -> h, all in place in XA / NA
@@ -168,14 +171,25 @@ class LayerTop(wiring.Component):
                      moe.tokens.payload.eq(Cat(*NB)), self.o.payload.eq(Cat(*HB))]
 
         accept = self.i.valid & self.i.ready
+        # LOAD waits until no token is inside (nothing else then uses the weight port, and no
+        # block is half way through a token with the old parameters); the next token starts a
+        # new sequence (the state belongs to the old model)
+        load_pending, loading, load_start = Signal(), Signal(), Signal()
+        m.d.comb += loading.eq(load_pending | loader.busy)
+        with m.If(csr.load):
+            m.d.sync += load_pending.eq(1)
+        with m.If(load_start):
+            m.d.sync += load_pending.eq(0)
+        m.d.comb += loader.start.eq(load_start)
         with m.If(accept):
             m.d.sync += clear_pending.eq(0)
-        with m.Elif(csr.clear):
+        with m.Elif(csr.clear | load_start):
             m.d.sync += clear_pending.eq(1)
 
         with m.FSM(name="stage_a") as stage_a:
             with m.State("IDLE"):
-                m.d.comb += self.i.ready.eq(csr.run & ~pre_run)     # not while norm1 runs early
+                # not while norm1 runs early, nor before a good LOAD or while one is asked or runs
+                m.d.comb += self.i.ready.eq(csr.run & ~pre_run & loader.loaded & ~loading)
                 with m.If(accept):
                     m.d.sync += [Cat(*XA).eq(self.i.payload.x),
                                  first.eq(self.i.payload.first | clear_pending | csr.clear)]
@@ -213,10 +227,11 @@ class LayerTop(wiring.Component):
             m.d.sync += pre_ok.eq(1)
         with m.If(pre_run & ~norm1.busy):
             m.d.sync += [pre_run.eq(0), pre_done.eq(pre_ok & self.i.valid)]
-        with m.If(accept | ~self.i.valid):       # used, or withdrawn
+        with m.If(accept | ~self.i.valid | load_start):       # used, withdrawn, or parameters change
             m.d.sync += [pre_done.eq(0), pre_ok.eq(0)]
 
         busy_a, busy_b = ~stage_a.ongoing("IDLE"), ~stage_b.ongoing("IDLE")
+        m.d.comb += load_start.eq(load_pending & ~busy_a & ~busy_b & ~pre_run & ~loader.busy)
         m.d.comb += stage_b_idle.eq(stage_b.ongoing("IDLE"))
         # a stage counts every cycle it is not idle, the cycle of its last step included,
         # so "lat + 1" at the handoff and at the end is the counter's own next value
@@ -236,7 +251,9 @@ class LayerTop(wiring.Component):
                      csr.in_waiting.eq(self.i.valid), csr.out_waiting.eq(self.o.valid),
                      csr.ev_token.eq(self.o.valid & self.o.ready),
                      csr.ev_beat.eq(beat_r),
-                     csr.token_cycles.eq(token_cycles)]
+                     csr.token_cycles.eq(token_cycles),
+                     csr.loading.eq(loading), csr.loaded.eq(loader.loaded),
+                     csr.load_errors.eq(loader.errors), csr.load_cycles.eq(loader.cycles)]
         return m
 
 
@@ -275,13 +292,6 @@ def _norm_unit_residual(m, d: int, norm, unit_in, unit_out, res, then: str, name
     return done
 
 
-def default_qlayer(cfg, seed: int = 0):
-    """The quantised seeded random layer (sim/models/params.py + quantize.py) whose
-    constants the synthesised chip bakes in; tests of the netlist use the same one."""
-    from sim.models.params import random_params
-    from sim.models.quantize import quantize_layer
-    return quantize_layer(random_params(cfg, seed), cfg)
-
-
-def layer_for_config(cfg, seed: int = 0) -> LayerTop:
-    return LayerTop(cfg, default_qlayer(cfg, seed))
+def layer_for_config(cfg) -> LayerTop:
+    """The chip for ``cfg``: one netlist for every model (the model is the image it LOADs)."""
+    return LayerTop(cfg)

@@ -121,7 +121,8 @@ class ImageLoader(wiring.Component):
 
         # ---- parameter region: shift its beats into the bank
         p0, p1 = lay.params_addr // W, (lay.params_addr + lay.params_bytes) // W
-        bank = Signal(8 * lay.params_bytes, name="param_bank")
+        # reset-less: no reset gate per bit; after a reset ``loaded`` is low and nothing reads it
+        bank = Signal(8 * lay.params_bytes, name="param_bank", reset_less=True)
         in_params = Signal()
         m.d.comb += in_params.eq((beat.value >= p0) & (beat.value < p1))
         with m.If(beat_go & in_params):

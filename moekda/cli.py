@@ -19,10 +19,7 @@ import importlib
 import sys
 
 from moekda.config import ConfigError
-
-
-class UserError(Exception):
-    """A problem the user can fix; printed as one line, exit code 2."""
+from moekda.errors import UserError   # noqa: F401 - the commands import it from here
 
 
 # name: (module, one-line help).  Keep in the order a user runs them.

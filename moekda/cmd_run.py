@@ -1,6 +1,7 @@
 """`moekda run`: a token sequence through the layer chip's simulation and the integer model.
 
-    moekda run -c tiny -n 256 [--sim icarus|verilator] [--waves] [--vectors DIR] [--netlist FILE]
+    moekda run -c tiny -n 256 [--sim icarus|verilator] [--waves] [--image FILE | --vectors DIR | --seed N]
+               [--netlist FILE]
 
 Prints MATCH or MISMATCH (the first differences), cycles per token and the
 chip's CSR counters; exit code 0 on a match, 1 on a mismatch.  The work is
@@ -23,7 +24,10 @@ def configure(p):
                    help="directory from `moekda vectors`: its quantised model and input tokens "
                         "(default: the seeded random layer quantised on the fly); the config is the "
                         "one the vectors were exported for")
-    p.add_argument("--seed", type=int, default=0, help="parameter seed when not using --vectors (default 0)")
+    p.add_argument("--image", default=None,
+                   help="memory image from `moekda image` (checked against the config): the model the chip LOADs")
+    p.add_argument("--seed", type=int, default=0,
+                   help="parameter seed when not using --image / --vectors (default 0)")
     p.add_argument("--input-seed", type=int, default=1, help="seed of the input tokens and stalls (default 1)")
     p.add_argument("--no-stall", action="store_true", help="no random stalls (for cycle counts)")
     p.add_argument("--clear-at", type=int, action="append", default=[],
@@ -58,7 +62,15 @@ def run(args) -> int:
 
     xs = None
     first = (0,)
-    if args.vectors:
+    if args.image and args.vectors:
+        raise UserError("--image and --vectors: give one model")
+    if args.image:
+        from hw.image_format import ImageError
+        try:
+            drv = LayerDriver.from_image(args.config, args.image)
+        except ImageError as e:
+            raise UserError(str(e)) from None
+    elif args.vectors:
         try:
             drv = LayerDriver.from_vectors(args.vectors)
         except FileNotFoundError as e:

@@ -5,10 +5,12 @@
     res = drv.run(RunPlan(tokens=256, clears=(100,), reset_at=180), simulator="verilator")
     res.match, res.cycles_per_token, res.counters
 
-The chip bakes the model's small constants into the RTL, so the Verilog is
-generated here from the driver's own quantised layer (hw/layer.py LayerTop)
-and built once per (Verilog text, simulator) under <build_root>/sim/layer/
-(build_root: build/<config>/ by default; the sweep gives each point its own).
+The chip's Verilog is a function of the config alone (hw/layer.py LayerTop);
+the model is the memory image (hw/image_format.py) the bench writes into the
+sim top's weight memory and the chip LOADs at the start of every run (and
+after a reset).  One simulator build per (chip sources, simulator) under
+<build_root>/sim/layer/ serves every model (build_root: build/<config>/ by
+default; the sweep gives each point its own).
 The simulated top is sim/hdl/layer_sim.py: the chip plus the weight memory in
 the HDL, so no Python runs per clock cycle.
 A run hands the bench (sim/cocotb/tb_layer.py) one .npz with the weight
@@ -17,8 +19,7 @@ token it saw (with its input index), the CSR counters and the cycle counts;
 the comparison with the integer model is done here.
 
 ``netlist=`` runs the same bench on a gate-level netlist instead (Icarus with
-the kit's cell models); the netlist must have been synthesised from the same
-constants (hw.layer.default_qlayer, what `moekda synth --top layer` builds).
+the kit's cell models): the netlist of `moekda synth --top layer`, for any model.
 """
 from __future__ import annotations
 
@@ -67,6 +68,8 @@ class RunPlan:
     seed: int = 0
     token_cycles: tuple = ()        # tokens after whose output the bench reads TOKEN_CYCLES (a bus
                                     # read per token halves Verilator's speed: only those asked for)
+    bad_images: tuple = ()          # damage kinds (sim.models.image.DAMAGE_KINDS) LOADed and refused
+                                    # before the good image
 
     def __post_init__(self):
         if self.tokens < 1:
@@ -111,6 +114,7 @@ class RunResult:
     sim_cycles: int = 0                 # clock cycles the simulator ran (build excluded)
     sim_s: float = 0.0                  # the simulator's wall time for them
     token_cycles_idx: np.ndarray | None = None   # the token of each token_cycles value
+    load_cycles: np.ndarray | None = None        # LOAD_CYCLES of each good LOAD (one, or two with a reset)
 
     @property
     def cycles_per_s(self) -> float | None:
@@ -141,6 +145,8 @@ class RunResult:
         interval = self.token_interval
         return (f"{head}: {len(self.idx)} output tokens of {len(self.want)} inputs checked\n"
                 + (f"steady state: one token every {interval:.0f} cycles\n" if interval else "")
+                + (f"LOAD: {int(self.load_cycles[0])} cycles\n" if self.load_cycles is not None
+                   and len(self.load_cycles) else "")
                 + f"cycles/token {self.cycles_per_token:.1f} (busy cycles / tokens), last token "
                 f"{int(self.token_cycles[-1]) if len(self.token_cycles) else 0} cycles\n"
                 f"counters: " + ", ".join(f"{k}={v}" for k, v in c.items()) + f"\nwall time {self.wall_s:.1f} s"
@@ -167,17 +173,29 @@ def compare(plan: RunPlan, want: np.ndarray, idx: np.ndarray, got: np.ndarray) -
 
 
 class LayerDriver:
-    def __init__(self, cfg: Config, qlayer, label: str = "custom", build_root: Path | None = None):
-        self.cfg, self.q, self.label = cfg, qlayer, label
+    def __init__(self, cfg: Config, qlayer, label: str = "custom", build_root: Path | None = None,
+                 model_seed: int = 0):
+        """``model_seed``: the channel profile the model was calibrated on (the seed of a random
+        layer; 0 for others), which the driver's input tokens are drawn with."""
+        self.cfg, self.q, self.label, self.model_seed = cfg, qlayer, label, model_seed
         self.build_root = Path(build_root) if build_root is not None else REPO_ROOT / "build" / cfg.name
 
     # ---- loading ------------------------------------------------------------------
     @classmethod
     def from_seed(cls, config: str, seed: int = 0) -> "LayerDriver":
-        """The seeded random layer, quantised on the fly (seed 0 = what `moekda synth` builds)."""
-        from hw.layer import default_qlayer
+        """The seeded random layer, quantised on the fly on its own channel profile."""
+        from sim.models.quantize import quantize_random_layer
         cfg = load_config(config)
-        return cls(cfg, default_qlayer(cfg, seed), label=f"seed{seed}")
+        return cls(cfg, quantize_random_layer(cfg, seed), label=f"seed{seed}", model_seed=seed)
+
+    @classmethod
+    def from_image(cls, config: str, path) -> "LayerDriver":
+        """A memory image from `moekda image` (checked against the config: ImageError)."""
+        from sim.models.image import read_image_file
+        cfg = load_config(config)
+        q = read_image_file(cfg, path)
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:8]
+        return cls(cfg, q, label=f"image-{digest}")
 
     @classmethod
     def from_vectors(cls, directory) -> "LayerDriver":
@@ -189,7 +207,7 @@ class LayerDriver:
     def inputs(self, tokens: int, seed: int = 1) -> np.ndarray:
         """Residual-stream tokens with corner tokens (zero, full scale +/-) at 1, 2, 3."""
         from sim.models.vectors import vector_inputs
-        xs, _ = vector_inputs(self.cfg, self.q, tokens, seed)
+        xs, _ = vector_inputs(self.cfg, self.q, tokens, seed, model_seed=self.model_seed)
         return xs
 
     def model(self, xs, resets) -> np.ndarray:
@@ -197,8 +215,9 @@ class LayerDriver:
         return int_run_layer(self.q, self.cfg, xs, resets)
 
     def image(self) -> bytes:
-        from hw.memory_map import build_image, qlayer_tensors
-        return build_image(self.cfg, qlayer_tensors(self.q))
+        """The memory image the chip LOADs (hw/image_format.py)."""
+        from sim.models.image import qlayer_image
+        return qlayer_image(self.cfg, self.q)
 
     # ---- the RTL --------------------------------------------------------------------
     def verilog(self) -> str:
@@ -206,7 +225,7 @@ class LayerDriver:
         from hw.layer import LayerTop
         from hw.tops import _flat_ports
         from amaranth.hdl import Value
-        chip = LayerTop(self.cfg, self.q)
+        chip = LayerTop(self.cfg)
         return verilog.convert(chip, name="layer", ports=[Value.cast(v) for v in _flat_ports(chip)],
                                emit_src=False)
 
@@ -234,7 +253,9 @@ class LayerDriver:
         else:
             key_text, kind = self.verilog(), "rtl"
         root = self.build_root / "sim" / "layer"
-        build_dir = root / f"{kind}_{self.label}_{simulator}{'_waves' if waves else ''}"
+        # the chip and its sim top are the same for every model (the image is written into the
+        # memory at run time): one build directory per kind of chip source and simulator
+        build_dir = root / f"{kind}_{simulator}{'_waves' if waves else ''}"
         build_dir.mkdir(parents=True, exist_ok=True)
         if netlist is not None:
             # the flow's netlist has one port per bit: a wrapper gives the sim top the RTL's vectors
@@ -245,7 +266,7 @@ class LayerDriver:
             sources = [Path(verilog_file)]
         else:
             sources = [build_dir / "layer.v"]
-        top_text = sim_top_verilog(self.cfg, self.image(), chip_module, name=top)
+        top_text = sim_top_verilog(self.cfg, chip_module, name=top)
         key = hashlib.sha256((key_text + top_text + simulator + str(waves) + " ".join(VERILATOR_ARGS)
                               + VERILATOR_PUBLIC).encode()
                              ).hexdigest()
@@ -286,10 +307,17 @@ class LayerDriver:
         clears = np.zeros(plan.tokens, bool)
         clears[[t for t in plan.clears if t < plan.tokens]] = True
         import json
-        np.savez(case, config=json.dumps({"name": self.cfg.name, **self.cfg.to_dict()}), image=np.frombuffer(self.image(), np.uint8), xs=xs,
+
+        from sim.models.image import damaged_image
+        image = self.image()
+        bad = [damaged_image(image, kind) for kind in plan.bad_images]
+        np.savez(case, config=json.dumps({"name": self.cfg.name, **self.cfg.to_dict()}),
+                 image=np.frombuffer(image, np.uint8), xs=xs,
                  first=first, clears=clears, want=want, reset_at=-1 if plan.reset_at is None else plan.reset_at,
                  abandon=plan.abandon, stall=plan.stall, seed=plan.seed,
-                 token_cycles=np.isin(np.arange(plan.tokens), plan.token_cycles))
+                 token_cycles=np.isin(np.arange(plan.tokens), plan.token_cycles),
+                 bad_images=np.array([np.frombuffer(b, np.uint8) for b, _ in bad], np.uint8).reshape(len(bad), len(image)),
+                 bad_errors=np.array([e for _, e in bad], np.int64))
         try:
             _runner(simulator).test(
                 test_module="sim.cocotb.tb_layer", hdl_toplevel=(build_dir / ".toplevel").read_text(),
@@ -316,7 +344,8 @@ class LayerDriver:
         sim_cycles, sim_s = _sim_time(run_dir / "results.xml")
         return RunResult(want, z["idx"], z["got"], counters, z["token_cycles"], time.monotonic() - t0, problems,
                          wave_file, z["out_cycles"] if "out_cycles" in z.files else None, sim_cycles, sim_s,
-                         z["token_cycles_idx"] if "token_cycles_idx" in z.files else None)
+                         z["token_cycles_idx"] if "token_cycles_idx" in z.files else None,
+                         z["load_cycles"] if "load_cycles" in z.files else None)
 
 
 def _runner(simulator: str):

@@ -15,7 +15,11 @@ bench's own protocol findings) goes out; the driver compares with the model.
 
 What the bench checks by itself (protocol, not values):
 * the ID and configuration read-back registers equal the config;
-* with CTRL.RUN clear the chip takes no token;
+* with CTRL.RUN clear the chip takes no token, nor with RUN set before a good
+  LOAD; each damaged image of the case (``bad_images``, LOADed from the
+  memory's second slot) is refused with its LOAD_ERRORS bits and leaves the
+  chip taking no token; the good image's LOAD passes (LOAD_CYCLES recorded);
+* after a reset the chip takes no token until it is LOADed again;
 * after the last input no extra output appears (none duplicated);
 * TOKENS, MACS and WEIGHT_BYTES agree with what the bench saw: outputs taken,
   tokens x MACS_PER_TOKEN, bytes the weight memory served;
@@ -37,8 +41,9 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, Event, FallingEdge, First, Lock, ReadOnly, RisingEdge, Timer
 from cocotb.utils import get_sim_time
 
-from hw.csr import CHIP_ID, COUNTERS, CTRL_CLEAR, CTRL_RUN, REGISTERS, config_words
+from hw.csr import CHIP_ID, COUNTERS, CTRL_CLEAR, CTRL_LOAD, CTRL_RUN, REGISTERS, STATUS, config_words
 from hw.layer import token_in_layout, token_out_layout
+from hw.memory_map import memory_map
 from moekda.config import config_from_dict
 from sim.cocotb.streams import EdgeStreamSink, EdgeStreamSource, LayoutCodec
 
@@ -100,8 +105,29 @@ async def layer_run(dut):
     cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns").start())
     # reset before anything samples the outputs: at gate level the flip-flops start as X
     dut.rst.value = 1
-    for s in ("i__valid", "o__ready"):
+    for s in ("i__valid", "o__ready", "mem_wr_en", "mem_wr_clk", "mem_slot"):
         getattr(dut, s).value = 0
+    pb = cfg.hw.weight_port_bytes
+    image = bytes(z["image"])
+    bad_images = [(bytes(b), int(e)) for b, e in zip(z["bad_images"], z["bad_errors"])] \
+        if "bad_images" in z.files else []
+
+    async def write_image(slot: int, data: bytes):
+        """The memory's slot ``slot`` := data, one port word per edge of the memory's own write
+        clock, 2 ps each: well inside one chip clock cycle, so the chip runs no cycle meanwhile."""
+        words = len(data) // pb
+        dut.mem_wr_en.value = 1
+        for w in range(words):
+            dut.mem_wr_addr.value = slot * words + w
+            dut.mem_wr_data.value = int.from_bytes(data[w * pb:(w + 1) * pb], "little")
+            await Timer(1, unit="ps")
+            dut.mem_wr_clk.value = 1
+            await Timer(1, unit="ps")
+            dut.mem_wr_clk.value = 0
+        dut.mem_wr_en.value = 0
+
+    # the good image goes into slot 0 while the chip is held in reset
+    await write_image(0, image)
     # the weight memory's stalls (HDL, per cycle); its random generator is seeded once
     dut.mem_req_stall.value = round(256 * STALL["req"]) if stall else 0
     dut.mem_resp_stall.value = round(256 * STALL["resp"]) if stall else 0
@@ -172,6 +198,26 @@ async def layer_run(dut):
                 await bus.write("CTRL", CTRL_RUN | CTRL_CLEAR)
             t = end
 
+    async def load(slot: int, run: int) -> tuple[int, int, int]:
+        """LOAD the image in ``slot``; returns (STATUS, LOAD_ERRORS, LOAD_CYCLES) after it."""
+        dut.mem_slot.value = slot
+        await bus.write("CTRL", run | CTRL_LOAD)
+        for _ in range(4 * len(image) // pb + 1000):     # bounded: a LOAD that never ends fails
+            status = await bus.read("STATUS")
+            if not status & STATUS["LOADING"]:
+                break
+        else:
+            raise AssertionError("LOAD did not finish")
+        return status, await bus.read("LOAD_ERRORS"), await bus.read("LOAD_CYCLES")
+
+    async def load_good(run: int):
+        status, errors, cycles = await load(0, run)
+        if errors or not status & STATUS["LOADED"]:
+            problems.append(f"LOAD of the good image: STATUS {status:#x}, LOAD_ERRORS {errors:#x}")
+        load_cycles.append(cycles)
+
+    load_cycles: list[int] = []
+
     async def body():
         await reset()
         # registers after reset: identity, configuration, RUN clear
@@ -188,6 +234,20 @@ async def layer_run(dut):
         if src.sent:
             problems.append("the chip took a token with CTRL.RUN clear")
         await bus.write("CTRL", CTRL_RUN)
+        await ClockCycles(dut.clk, 20)
+        if src.sent:
+            problems.append("the chip took a token before a LOAD")
+        for bad, want_errors in bad_images:
+            await FallingEdge(dut.clk)     # the writes fit between two chip clock edges
+            await write_image(1, bad)
+            status, errors, _ = await load(1, CTRL_RUN)
+            await ClockCycles(dut.clk, 20)
+            if errors != want_errors or status & STATUS["LOADED"] or not status & STATUS["LOAD_ERROR"]:
+                problems.append(f"LOAD of a damaged image: STATUS {status:#x}, LOAD_ERRORS {errors:#x} "
+                                f"(expected {want_errors:#x})")
+            if src.sent:
+                problems.append("the chip took a token after a refused LOAD")
+        await load_good(CTRL_RUN)
         await src.wait_sent(1)
         seg_end = T if reset_at < 0 else reset_at
         await stream(1, seg_end)
@@ -209,15 +269,26 @@ async def layer_run(dut):
             await bus.write("CTRL", CTRL_RUN)
             # the first token after the reset must start a new sequence by itself
             first[resumed] = False
-            await stream(resumed, T)
+            src.send([token(resumed)])
+            await ClockCycles(dut.clk, 20)
+            if src.sent:
+                problems.append("the chip took a token after a reset before a LOAD")
+            await load_good(CTRL_RUN)
+            await src.wait_sent(1)
+            await stream(resumed + 1, T)
             await sink.wait_items(T - resumed)
         # nothing more may come out
         await ClockCycles(dut.clk, 200)
         if len(sink.items) != T - seg["base"]:
             problems.append(f"{len(sink.items) - (T - seg['base'])} extra output tokens after the last input")
 
-    # a generous bound so a hung chip ends the run: a million cycles per token
-    limit = Timer((T + 4) * 1_000_000 * CLOCK_NS, unit="ns")
+    # a bound so a hung chip ends the run, from the config: ten times every matrix's beats per
+    # token (a token reads at most all of them; measured with stalls: under 2x), and each LOAD
+    # (the good ones and the refused ones) four times the image's beats
+    mm = memory_map(cfg)
+    token_bound = 10 * (mm.size - mm.base) // pb + 2000
+    loads = 2 + len(bad_images)
+    limit = Timer(((T + 4) * token_bound + loads * 4 * len(image) // pb) * CLOCK_NS, unit="ns")
     task = cocotb.start_soon(body())
     await First(task, failed.wait(), limit)
     if not task.done():
@@ -254,5 +325,6 @@ async def layer_run(dut):
              token_cycles=np.array([c for _, c in token_cycles], np.int64),
              token_cycles_idx=np.array([t for t, _ in token_cycles], np.int64),
              out_cycles=np.array(out_cycles, np.int64),
+             load_cycles=np.array(load_cycles, np.int64),
              bench_problems=np.array(problems, dtype=str))
     assert not failure and not problems, (failure or problems)[0]

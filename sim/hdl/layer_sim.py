@@ -6,10 +6,12 @@ top wraps the RTL generated from the model (module ``layer``), an RTL file,
 or the gate-level netlist behind sim/driver.py's vector-port wrapper
 (``layer_gl``): one bench for all three.  The weight port is answered by
 HdlWeightMemory (sim/hdl/weight_memory.py) filled with the layer's image;
-the token streams and the Wishbone bus stay the bench's.
+the token streams and the Wishbone bus stay the bench's.  The memory has two
+image slots and is written by the bench (``mem_wr_*``), so the sim top is the
+same for every model: one simulator build per chip.
 
 Ports: ``i``, ``o``, ``bus`` as the chip's; ``mem_*`` are the memory's stall
-thresholds, seed and counters (HdlWeightMemory).
+thresholds, seed, slot select, write port and counters (HdlWeightMemory).
 """
 from __future__ import annotations
 
@@ -19,32 +21,34 @@ from amaranth.lib.wiring import In, Out, connect
 
 from hw.csr import WishboneSignature
 from hw.layer import LayerTop, token_in_layout, token_out_layout
-from sim.hdl.weight_memory import CONTROL_MEMBERS, HdlWeightMemory
+from hw.image_format import image_layout
+from sim.hdl.weight_memory import HdlWeightMemory, control_members
 
 
 def chip_signature(cfg) -> wiring.Signature:
     """The chip's port signature (LayerTop's: no quantised layer needed to know it)."""
-    chip = LayerTop(cfg, None)
+    chip = LayerTop(cfg)
     chip._MustUse__silence = True       # built for its signature only, never elaborated
     return chip.signature
 
 
 class LayerSimTop(wiring.Component):
-    def __init__(self, cfg, image: bytes, chip_module: str = "layer", max_outstanding: int = 8):
-        self.cfg, self.image, self.chip_module = cfg, bytes(image), chip_module
+    def __init__(self, cfg, chip_module: str = "layer", max_outstanding: int = 8):
+        self.cfg, self.chip_module = cfg, chip_module
         self.max_outstanding = max_outstanding
+        self.members = control_members(cfg.hw.weight_port_bytes)
         super().__init__({
             "i": In(stream.Signature(token_in_layout(cfg))),
             "o": Out(stream.Signature(token_out_layout(cfg))),
             "bus": In(WishboneSignature()),
-            **{f"mem_{name}": member for name, member in CONTROL_MEMBERS.items()},
+            **{f"mem_{name}": member for name, member in control_members(cfg.hw.weight_port_bytes).items()},
         })
 
     def elaborate(self, platform):
         m = Module()
         cfg = self.cfg
-        m.submodules.mem = mem = HdlWeightMemory(self.image, cfg.hw.weight_port_bytes,
-                                                 cfg.hw.weight_port_latency, self.max_outstanding)
+        m.submodules.mem = mem = HdlWeightMemory(image_layout(cfg).length, cfg.hw.weight_port_bytes,
+                                                 cfg.hw.weight_port_latency, self.max_outstanding, slots=2)
         sig = chip_signature(cfg)
         chip = sig.create(path=("chip",))
         ports = {"i_clk": ClockSignal(), "i_rst": ResetSignal()}
@@ -58,12 +62,12 @@ class LayerSimTop(wiring.Component):
         connect(m, wiring.flipped(self.bus), chip.bus)
         connect(m, chip.wport.req, mem.req)
         connect(m, mem.resp, chip.wport.resp)
-        for name, member in CONTROL_MEMBERS.items():     # the memory's controls and counters, as mem_*
+        for name, member in self.members.items():     # the memory's controls and counters, as mem_*
             outer, inner = getattr(self, f"mem_{name}"), getattr(mem, name)
             m.d.comb += inner.eq(outer) if member.flow == In else outer.eq(inner)
         return m
 
 
-def sim_top_verilog(cfg, image: bytes, chip_module: str = "layer", name: str = "layer_sim") -> str:
+def sim_top_verilog(cfg, chip_module: str = "layer", name: str = "layer_sim") -> str:
     from amaranth.back import verilog
-    return verilog.convert(LayerSimTop(cfg, image, chip_module), name=name, emit_src=False)
+    return verilog.convert(LayerSimTop(cfg, chip_module), name=name, emit_src=False)

@@ -8,8 +8,11 @@ simulation needs no Python call per clock cycle:
   ``port_bytes`` beat (little-endian lanes, as the port defines); ``slot``
   picks the one requests read (the chip always reads from address 0: a second
   slot lets a bench LOAD a damaged image, then a good one).  The contents are
-  the initial image (if given) or written by the bench through ``wr_*`` (one
-  word per cycle), so one simulator build serves every model;
+  the initial image (if given) or written by the bench through ``wr_*``, one
+  word per rising edge of ``wr_clk``, a clock of its own: the bench writes an
+  image in a few picoseconds of simulated time, with no edge of the chip's
+  clock (so no cycle of a gate-level chip), and one simulator build serves
+  every model;
 * requests are queued (up to ``max_outstanding``) and answered in order; the
   first beat of a request accepted in cycle ``c`` is offered in cycle
   ``c + latency`` at the earliest, further beats one per cycle;
@@ -28,7 +31,7 @@ simulation needs no Python call per clock cycle:
 """
 from __future__ import annotations
 
-from amaranth import Array, Module, Mux, Signal, unsigned
+from amaranth import Array, ClockDomain, ClockSignal, Module, Mux, Signal, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -45,7 +48,7 @@ def control_members(port_bytes: int) -> dict:
     return {
         "seed": In(32), "seed_load": In(1),
         "req_stall": In(STALL_BITS), "resp_stall": In(STALL_BITS),
-        "slot": In(1), "wr_en": In(1), "wr_addr": In(32), "wr_data": In(8 * port_bytes),
+        "slot": In(1), "wr_clk": In(1), "wr_en": In(1), "wr_addr": In(32), "wr_data": In(8 * port_bytes),
         "requests": Out(COUNT_BITS), "beats": Out(COUNT_BITS), "bytes": Out(COUNT_BITS),
         "error": Out(3),
     }
@@ -88,7 +91,9 @@ class HdlWeightMemory(wiring.Component):
 
         m.submodules.mem = mem = Memory(shape=unsigned(8 * pb), depth=self.words * self.slots, init=self.init)
         rd = mem.read_port(domain="comb")
-        wr = mem.write_port()
+        m.domains.wr = ClockDomain("wr", local=True, reset_less=True)
+        m.d.comb += ClockSignal("wr").eq(self.wr_clk)
+        wr = mem.write_port(domain="wr")
         m.d.comb += [wr.en.eq(self.wr_en), wr.addr.eq(self.wr_addr), wr.data.eq(self.wr_data)]
 
         rand = Signal(32, init=1, reset_less=True)

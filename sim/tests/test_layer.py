@@ -68,6 +68,36 @@ def test_layer_cycles_per_token_without_stalls(driver):
     print(f"{CONFIG}: one token every {gaps[0]} cycles, latency TOKEN_CYCLES {res.counters['TOKEN_CYCLES']}")
 
 
+@needs_verilator
+@pytest.mark.verilator
+def test_damaged_images_are_refused_then_a_good_load_runs(driver):
+    """Every kind of damaged image is LOADed and refused with its error bits, the chip taking
+    no token meanwhile (nor before the first LOAD); then the good image loads and runs."""
+    from sim.models.image import DAMAGE_KINDS
+    res = driver.run(RunPlan(tokens=3, bad_images=DAMAGE_KINDS, seed=11), simulator="verilator", name="badimg")
+    _check(res)
+    beats = len(driver.image()) // driver.cfg.hw.weight_port_bytes
+    assert beats <= res.load_cycles[0] <= 2 * beats + 100      # stalls on the port: up to ~1.5x
+
+
+@needs_verilator
+@pytest.mark.verilator
+@pytest.mark.slow
+def test_one_build_runs_three_models():
+    """The chip's Verilog is model-independent: three models run on the one simulator build,
+    256 tokens each with stalls on every port, bit-exact against their integer models."""
+    drivers = [LayerDriver.from_seed(CONFIG, seed=s) for s in (21, 22, 23)]
+    texts = {d.verilog() for d in drivers}
+    assert len(texts) == 1
+    dirs = set()
+    for d in drivers:
+        res = d.run(RunPlan(tokens=256, first=(0, 100), clears=(170,), seed=int(d.label[len("seed"):])),
+                    simulator="verilator", name=f"three_{d.label}")
+        _check(res)
+        dirs.add(d.build("verilator"))
+    assert len(dirs) == 1
+
+
 def test_macs_per_token_from_the_model_shapes(driver):
     """The MACS counter's per-token constant, counted independently from the quantised
     weight matrices' shapes."""

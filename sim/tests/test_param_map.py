@@ -6,14 +6,13 @@ from amaranth.lib import data
 
 from hw.param_map import param_layout, param_map, region_value, structural
 from moekda.config import load_config
-from sim.models.params import random_params
-from sim.models.quantize import quantize_layer
+from sim.models.quantize import quantize_random_layer
 
 
 @pytest.fixture(scope="module", params=["tiny", "small"])
 def case(request):
     cfg = load_config(request.param)
-    return cfg, quantize_layer(random_params(cfg, 3), cfg).to_flat()
+    return cfg, quantize_random_layer(cfg, 3).to_flat()
 
 
 def test_pack_unpack_round_trip(case):
