@@ -48,7 +48,7 @@ Schedule of one token (all phases in sequence; W = weight_port_bytes = lanes)
 No phase depends on the number of tokens seen: cycles per token are constant
 (the tests measure token 16 against token 4096).  Measured without stalls
 (``token_cycles``; sim/tests/test_kda_unit.py's run_kda with stall=False):
-tiny 918, small 3418 cycles per token, against a weight-port floor of 324
+tiny 902, small 3386 cycles per token, against a weight-port floor of 324
 and 1224 (bytes / port width); 887 / 3341 with the model's values baked in as
 constants (the run-time shifts' barrels lengthen the delta rule's column loop
 and the requantisers).  ``kda.f_q`` is not read: q's scale is folded into the

@@ -41,8 +41,8 @@ saturate) or the o pipeline (round, saturate, into a 2-entry FIFO on ``o``).
 Schedule: the passes interleave, P1(0) P1(1) P2(0) P1(2) P2(1) ... P2(N-1), so
 2 d_k/lanes read cycles of other columns cover the time u_c takes; u is kept
 per column parity.  A column costs max(2 d_k/lanes, that latency) cycles:
-measured per token (the KDA unit's token_cycles, no stalls) tiny 918, small
-3418 for the whole unit (887 / 3341 with constant shifts, 875 / 3305 before the
+measured per token (the KDA unit's token_cycles, no stalls) tiny 902, small
+3386 for the whole unit (887 / 3341 with constant shifts, 875 / 3305 before the
 state read took two cycles).  Independent of how many tokens came before.
 
 Ports: ``start`` (strobe, when not ``busy``) runs one token over the vectors
@@ -61,7 +61,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.booth_multiply import barrel_shift_saturate, rounding_word, saturate as saturate_bits
 from hw.carry_save import (booth_partial_products, compress_3_2, pipelined_add, pipelined_add_all,
-                           reduce_all_to_two, reduce_to_two, sign_extend)
+                           reduce_all_to_two, reduce_to_two, sign_extend, zero_extend)
 from hw.kda_state import StateMemory
 from hw.pipeline import Pipe, plan_pipeline
 from moekda.formats import Formats
@@ -327,16 +327,19 @@ class DeltaRule(wiring.Component):
         live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), rnd_ks, acc_width)
         live = pipelined_add(up, live, "a", "b", "acc", acc_width)
         live = barrel_shift_saturate(up, live, "acc", f_k, acc_width, lv["f_k"], "ks", [sb])
-        # diff = vsh - ks = vsh + ~ks + 1: a 3:2 step, then the add split as the clock needs
-        # (dw is as wide as the largest f_s - f_v allows)
-        live = up.spend(dl.csa_level, live)
-        live["da"], live["db"] = compress_3_2(live.pop("vsh"), ~sign_extend(live.pop("ks"), dw), Const(1, dw), dw)
-        live = pipelined_add(up, live, "da", "db", "diff", dw)
-        diff = Value.cast(live.pop("diff")).as_signed()
+        # beta (vsh - ks) = beta vsh + beta ~ks + beta (~ks = -ks - 1): no carry chain for the
+        # difference (as wide as the largest f_s - f_v allows), both products and beta
+        # itself are words of one Booth tree with the rounding constant.  A mux level more
+        # than a lone Booth select: the products' sign extensions (28 bits of ~ks) merge
+        # into nets that fan out across the tree's top (small at 1 ns was 0.110 ns short
+        # with 4 compressor levels behind the select)
         w_u = dw + uf + 3
-        live = up.spend(dl.booth_select, {**live, "diff": diff})
-        live["words"] = booth_partial_products(m, live.pop("diff"), live.pop("beta"), w_u, multiplier_signed=False,
-                                               name="du_bu") + [Const(1 << (uf - 1) if uf else 0, w_u)]
+        live = up.spend(dl.booth_select + dl.mux_level, live)
+        beta = live.pop("beta")
+        live["words"] = (booth_partial_products(m, live.pop("vsh"), beta, w_u, multiplier_signed=False, name="du_bv")
+                         + booth_partial_products(m, ~Value.cast(live.pop("ks")), beta, w_u, multiplier_signed=False,
+                                                  name="du_bk")
+                         + [zero_extend(beta, w_u), Const(1 << (uf - 1) if uf else 0, w_u)])
         live = reduce_to_two(up, live, "words", w_u)
         live["ba"], live["bb"] = live.pop("words")
         live = pipelined_add(up, live, "ba", "bb", "bu", w_u)
