@@ -52,24 +52,38 @@ def booth_digits(multiplier, signed: bool) -> list[tuple[Value, Value, Value]]:
     return digits
 
 
+def static_booth_digits(m, multiplier, signed: bool, name: str) -> list[tuple[Value, Value, Value]]:
+    """The Booth digits of a multiplier that changes rarely (a loaded parameter), decoded and
+    registered once: ``booth_partial_products(..., digits=...)`` then selects straight from
+    flip-flops, with no decode on the data path.  Read one cycle after the multiplier."""
+    out = []
+    for i, bits in enumerate(booth_digits(multiplier, signed)):
+        reg = Signal(3, name=f"{name}_digit{i}", reset_less=True)   # neg, one, two
+        m.d.sync += reg.eq(Cat(*bits))
+        out.append((reg[0], reg[1], reg[2]))
+    return out
+
+
 def booth_partial_products(m, multiplicand, multiplier, width: int, multiplier_signed: bool = True,
-                           name: str = "booth") -> list[Value]:
+                           name: str = "booth", digits=None) -> list[Value]:
     """Words whose sum modulo 2**width is ``multiplicand * multiplier``.
 
     ``multiplicand`` is signed.  Each digit selects 0, +-a or +-2a; a negative
     digit is the inverted magnitude plus a one at the digit's weight.  That
     one is tucked into the zero low bits of the NEXT partial product (which is
     shifted two places further), so only the last digit's one needs a word of
-    its own, and that word is a single bit.
+    its own, and that word is a single bit.  ``digits``: the multiplier's digits
+    already decoded (``static_booth_digits``); ``multiplier`` is then ignored.
     """
     a = Signal(width, name=f"{name}_a")
     m.d.comb += a.eq(sign_extend(multiplicand, width))
     a2 = Cat(Const(0, 1), a)[:width]
-    digits = []
-    for i, bits in enumerate(booth_digits(multiplier, multiplier_signed)):
-        sig = Signal(3, name=f"{name}_digit{i}")   # neg, one, two
-        m.d.comb += sig.eq(Cat(*bits))
-        digits.append((sig[0], sig[1], sig[2]))
+    if digits is None:
+        digits = []
+        for i, bits in enumerate(booth_digits(multiplier, multiplier_signed)):
+            sig = Signal(3, name=f"{name}_digit{i}")   # neg, one, two
+            m.d.comb += sig.eq(Cat(*bits))
+            digits.append((sig[0], sig[1], sig[2]))
     words = []
     prev_neg = None
     for i, (neg, one, two) in enumerate(digits):

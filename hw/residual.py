@@ -39,7 +39,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.booth_multiply import barrel_shift_saturate, clamp_shift, rounding_word
-from hw.carry_save import booth_partial_products, pipelined_add, reduce_to_two
+from hw.carry_save import booth_partial_products, pipelined_add, reduce_to_two, static_booth_digits
 from hw.param_map import SHIFT_BITS
 from hw.pipeline import Pipe, plan_pipeline
 
@@ -115,15 +115,18 @@ class ResidualAdd(wiring.Component):
         # through the decode into the tree; the Booth digits of the registered
         # multipliers are decoded outside the data path
         p = self.params
-        m_a = Signal(self.mult_bits, name="res_m_a", reset_less=True)
-        m_b = Signal(self.mult_bits, name="res_m_b", reset_less=True)
         shift = Signal(range(self.sum_bits + 1), name="res_shift", reset_less=True)
         rnd = Signal(w, name="res_rounding", reset_less=True)
         clamped = clamp_shift(p.s, self.sum_bits)
-        m.d.sync += [m_a.eq(p.m_a), m_b.eq(p.m_b), shift.eq(clamped), rnd.eq(rounding_word(clamped, w))]
-        live = pipe.spend(d.booth_select, live)
-        words_a = booth_partial_products(m, live.pop("a"), m_a, w, multiplier_signed=False, name="res_a")
-        words_b = booth_partial_products(m, live.pop("b"), m_b, w, multiplier_signed=False, name="res_b")
+        m.d.sync += [shift.eq(clamped), rnd.eq(rounding_word(clamped, w))]
+        # the multipliers' Booth digits decoded once into registers (a decode per element on
+        # the data path was the tiny layer's worst path: -0.079 ns at 1.25 ns); each digit
+        # still drives a whole word's select: its fan-out is charged as a mux level
+        digits_a = static_booth_digits(m, p.m_a, False, "res_a")
+        digits_b = static_booth_digits(m, p.m_b, False, "res_b")
+        live = pipe.spend(d.booth_select + d.mux_level, live)
+        words_a = booth_partial_products(m, live.pop("a"), None, w, name="res_a", digits=digits_a)
+        words_b = booth_partial_products(m, live.pop("b"), None, w, name="res_b", digits=digits_b)
         live = reduce_to_two(pipe, {**live, "words": words_a + words_b + [rnd]}, "words", w)
         s_word, c_word = live.pop("words")
 

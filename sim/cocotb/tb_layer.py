@@ -187,15 +187,16 @@ async def layer_run(dut):
                 problems.append(f"weight memory {when}: {what}")
 
     async def stream(lo, hi):
-        """Send tokens lo..hi-1, writing CTRL.CLEAR (after the previous token was taken)
-        before every token marked in ``clears``; returns when all were taken."""
+        """Send tokens lo..hi-1, writing CTRL.CLEAR (after the previous token was taken: the
+        caller has waited for token lo-1) before every token marked in ``clears``, ``lo``
+        included; returns when all were taken."""
         t = lo
         while t < hi:
+            if clears[t] and t > 0:
+                await bus.write("CTRL", CTRL_RUN | CTRL_CLEAR)
             end = next((c for c in range(t + 1, hi) if clears[c]), hi)
             src.send([token(k) for k in range(t, end)])
             await src.wait_sent(end - seg["sent_base"])
-            if end < hi:
-                await bus.write("CTRL", CTRL_RUN | CTRL_CLEAR)
             t = end
 
     async def load(slot: int, run: int) -> tuple[int, int, int]:
