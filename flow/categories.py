@@ -51,6 +51,8 @@ CATEGORIES: tuple[Category, ...] = (
              (TOP, "res1/**", "res2/**")),
     Category("control", "control (weight arbiter, CSRs)",
              ("arbiter/**", "csr/**")),
+    Category("params", "parameter bank and LOAD (hw/loader.py)",
+             ("loader/**",)),
 )
 
 
