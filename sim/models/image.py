@@ -69,29 +69,32 @@ def model_from_file(cfg: Config, path, model_seed: int = 0) -> QLayer:
 DAMAGE_KINDS = ("magic", "version", "config", "length", "checksum", "truncated")
 
 
+def with_word(image: bytes, offset: int, value: int) -> bytes:
+    """``image`` with the 32-bit little-endian word at ``offset`` replaced by ``value``."""
+    b = bytearray(image)
+    b[offset:offset + 4] = int(value & 0xFFFF_FFFF).to_bytes(4, "little")
+    return bytes(b)
+
+
 def damaged_image(image: bytes, kind: str) -> tuple[bytes, int]:
     """``image`` with one kind of damage, and the LOAD_ERRORS bits the chip must report.
     Changing a header word also breaks the checksum (the words no longer sum to 0).
     ``truncated`` keeps the first three quarters and zero-fills the rest (what an
     erased memory past a short write holds)."""
     from hw.loader import ERR
-    b = bytearray(image)
 
-    def word(offset, value):
-        b[offset:offset + 4] = int(value & 0xFFFF_FFFF).to_bytes(4, "little")
+    def word(n):
+        return int.from_bytes(image[4 * n:4 * n + 4], "little")
 
     if kind == "magic":
-        word(0, 0x4F4F4F4F)
-        return bytes(b), ERR["MAGIC"] | ERR["CHECKSUM"]
+        return with_word(image, 0, 0x4F4F4F4F), ERR["MAGIC"] | ERR["CHECKSUM"]
     if kind == "version":
-        word(4, int.from_bytes(image[4:8], "little") + 1)
-        return bytes(b), ERR["VERSION"] | ERR["CHECKSUM"]
+        return with_word(image, 4, word(1) + 1), ERR["VERSION"] | ERR["CHECKSUM"]
     if kind == "config":
-        word(8, ~int.from_bytes(image[8:12], "little"))
-        return bytes(b), ERR["CONFIG_HASH"] | ERR["CHECKSUM"]
+        return with_word(image, 8, ~word(2)), ERR["CONFIG_HASH"] | ERR["CHECKSUM"]
     if kind == "length":
-        word(12, len(image) - 4)
-        return bytes(b), ERR["LENGTH"] | ERR["CHECKSUM"]
+        return with_word(image, 12, len(image) - 4), ERR["LENGTH"] | ERR["CHECKSUM"]
+    b = bytearray(image)
     if kind == "checksum":
         b[len(b) // 2] ^= 0x10          # one bit of one byte in the middle (parameters or matrices)
         return bytes(b), ERR["CHECKSUM"]

@@ -5,7 +5,7 @@ import pytest
 from hw.image_format import ImageError, check_image, image_layout, word_sum
 from moekda.cli import main
 from moekda.config import load_config
-from sim.models.image import qlayer_from_image, qlayer_image
+from sim.models.image import qlayer_from_image, qlayer_image, with_word
 from sim.models.quantize import quantize_random_layer
 
 
@@ -29,16 +29,10 @@ def test_round_trip_keeps_every_integer(tiny):
         assert back[k] == pytest.approx(q.to_flat()[k], rel=1e-7)
 
 
-def _with(img, offset, value):
-    b = bytearray(img)
-    b[offset:offset + 4] = int(value).to_bytes(4, "little")
-    return bytes(b)
-
-
 @pytest.mark.parametrize("damage,message", [
-    (lambda img: _with(img, 0, 0x12345678), "magic 0x12345678 is not a moekda image"),
-    (lambda img: _with(img, 4, 9), "format version 9"),
-    (lambda img: _with(img, 8, 0xDEADBEEF), "made for config hash deadbeef"),
+    (lambda img: with_word(img, 0, 0x12345678), "magic 0x12345678 is not a moekda image"),
+    (lambda img: with_word(img, 4, 9), "format version 9"),
+    (lambda img: with_word(img, 8, 0xDEADBEEF), "made for config hash deadbeef"),
     (lambda img: img[:-4], "header says"),
     (lambda img: img[:40], "header says"),
     (lambda img: img[:7], "shorter than the 32-byte header"),
@@ -89,3 +83,14 @@ def test_integer_params_file_gives_the_same_image(tmp_path):
     out = tmp_path / "q.img"
     assert main(["image", "-c", "tiny", "--params", str(tmp_path / "q.npz"), "-o", str(out)]) == 0
     assert out.read_bytes() == qlayer_image(cfg, q)
+
+
+def test_every_damage_kind_is_refused_by_the_tools(tiny):
+    """The damaged images the chip's LOAD tests use are refused by the tools too."""
+    from sim.models.image import DAMAGE_KINDS, damaged_image
+    cfg, _, img = tiny
+    for kind in DAMAGE_KINDS:
+        bad, bits = damaged_image(img, kind)
+        assert bits and len(bad) == len(img)
+        with pytest.raises(ImageError):
+            check_image(cfg, bad)

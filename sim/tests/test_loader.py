@@ -9,7 +9,7 @@ from hw.image_format import image_layout
 from hw.loader import ERR, ImageLoader
 from hw.param_map import param_map
 from moekda.config import load_config
-from sim.models.image import qlayer_image
+from sim.models.image import qlayer_image, with_word
 from sim.models.quantize import quantize_random_layer
 
 
@@ -85,17 +85,11 @@ def test_good_image_fills_the_bank(tiny):
     assert lay.beats <= cycles <= lay.beats + 30
 
 
-def _with(img, offset, value):
-    b = bytearray(img)
-    b[offset:offset + 4] = int(value).to_bytes(4, "little")
-    return bytes(b)
-
-
 @pytest.mark.parametrize("damage,bits", [
-    (lambda img: _with(img, 0, 0), ERR["MAGIC"] | ERR["CHECKSUM"]),
-    (lambda img: _with(img, 4, 2), ERR["VERSION"] | ERR["CHECKSUM"]),
-    (lambda img: _with(img, 8, 0x1234), ERR["CONFIG_HASH"] | ERR["CHECKSUM"]),
-    (lambda img: _with(img, 12, len(img) - 4), ERR["LENGTH"] | ERR["CHECKSUM"]),
+    (lambda img: with_word(img, 0, 0), ERR["MAGIC"] | ERR["CHECKSUM"]),
+    (lambda img: with_word(img, 4, 2), ERR["VERSION"] | ERR["CHECKSUM"]),
+    (lambda img: with_word(img, 8, 0x1234), ERR["CONFIG_HASH"] | ERR["CHECKSUM"]),
+    (lambda img: with_word(img, 12, len(img) - 4), ERR["LENGTH"] | ERR["CHECKSUM"]),
     (lambda img: img[:2000] + bytes([img[2000] ^ 4]) + img[2001:], ERR["CHECKSUM"]),   # a parameter byte
     (lambda img: img[:-64], ERR["CHECKSUM"]),                                           # truncated
 ])
@@ -120,5 +114,5 @@ def test_other_port_widths(port):
     img = qlayer_image(cfg, quantize_random_layer(cfg, 1))
     loaded, errors, _, _ = run_load(cfg, img, seed=2)
     assert (loaded, errors) == (1, 0)
-    loaded, errors, _, _ = run_load(cfg, _with(img, 0, 1), seed=2)
+    loaded, errors, _, _ = run_load(cfg, with_word(img, 0, 1), seed=2)
     assert errors == ERR["MAGIC"] | ERR["CHECKSUM"]
