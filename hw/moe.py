@@ -300,8 +300,14 @@ class MoEUnit(wiring.Component):
                   UP: per_bank("up_m")[bank], DOWN: per_bank("down_m")[bank]}
         # the down projection's shift absorbs the hidden exponent of this expert
         # (down_s >= 1 + the largest exponent: hw/param_map.py's range)
+        # down_s - hid_sh as a register (the subtraction before the engine's shift input was
+        # small's worst path): its inputs settle long before a down beat can go (the beat waits
+        # for h_ok, set after the conversion that follows hid_sh; the segment is the same since
+        # its gate projection)
+        down_shift = Signal.like(per_bank("down_s")[0], name="down_shift")
+        m.d.sync += down_shift.eq(per_bank("down_s")[bank] - hid_sh)
         kind_s = {ROUTER: prm.router.s, GATE: per_bank("gate_s")[bank],
-                  UP: per_bank("up_s")[bank], DOWN: per_bank("down_s")[bank] - hid_sh}
+                  UP: per_bank("up_s")[bank], DOWN: down_shift}
         ei = eng.i.payload
         with m.Switch(c_mat):
             for kind in (ROUTER, GATE, UP, DOWN):
