@@ -62,10 +62,6 @@ class ImageLayout:
     def beats(self) -> int:
         return self.length // self.port_bytes
 
-    @property
-    def words(self) -> int:
-        return self.length // 4
-
 
 def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k

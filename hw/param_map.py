@@ -275,10 +275,6 @@ class ParamMap:
             out[f.name] = np.array(vals, dtype=np.int64).reshape(f.shape)
         return out
 
-    def value(self, region_int: int, name: str):
-        """One field's value(s) from the region as an integer (for tests and the driver)."""
-        return self.unpack(region_int.to_bytes(self.nbytes, "little"))[name]
-
 
 def _under(name: str, prefix: str) -> bool:
     return not prefix or name == prefix or name.startswith(prefix + ".")

@@ -22,6 +22,15 @@ def qlayer_image(cfg: Config, q: QLayer) -> bytes:
     return pack_image(cfg, q.to_flat(), qlayer_tensors(q))
 
 
+def random_layer_image(config: str, seed: int):
+    """(config, quantised seeded random layer, its image): the tests' model at hand."""
+    from moekda.config import load_config
+    from sim.models.quantize import quantize_random_layer
+    cfg = load_config(config)
+    q = quantize_random_layer(cfg, seed)
+    return cfg, q, qlayer_image(cfg, q)
+
+
 def qlayer_from_image(cfg: Config, image: bytes, what: str = "image") -> QLayer:
     """The quantised layer an image holds (checked: ImageError if it is not for ``cfg``).
     Of the tensor scales only the input's and the output's are in the image (the host's

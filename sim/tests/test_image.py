@@ -5,15 +5,13 @@ import pytest
 from hw.image_format import ImageError, check_image, image_layout, word_sum
 from moekda.cli import main
 from moekda.config import load_config
-from sim.models.image import qlayer_from_image, qlayer_image, with_word
+from sim.models.image import qlayer_from_image, qlayer_image, random_layer_image, with_word
 from sim.models.quantize import quantize_random_layer
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    cfg = load_config("tiny")
-    q = quantize_random_layer(cfg, 4)
-    return cfg, q, qlayer_image(cfg, q)
+    return random_layer_image("tiny", 4)
 
 
 def test_round_trip_keeps_every_integer(tiny):

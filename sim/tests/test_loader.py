@@ -9,7 +9,7 @@ from hw.image_format import image_layout
 from hw.loader import ERR, ImageLoader
 from hw.param_map import param_map
 from moekda.config import load_config
-from sim.models.image import qlayer_image, with_word
+from sim.models.image import qlayer_image, random_layer_image, with_word
 from sim.models.quantize import quantize_random_layer
 
 
@@ -69,9 +69,7 @@ def run_load(cfg, image: bytes, seed: int = 1, stall: float = 0.3, loads: int = 
 
 @pytest.fixture(scope="module")
 def tiny():
-    cfg = load_config("tiny")
-    q = quantize_random_layer(cfg, 7)
-    return cfg, q, qlayer_image(cfg, q)
+    return random_layer_image("tiny", 7)
 
 
 def test_good_image_fills_the_bank(tiny):
