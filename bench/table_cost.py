@@ -4,7 +4,7 @@
 
 For each of the eight tables: the ROM of seed 0's contents (what the RTL had before the
 tables became run-time inputs: an Amaranth Memory with init, folded into logic by
-synthesis) against hw/lut.py's LookupTable (a 256:1 multiplexer over its ``table``
+synthesis) against hw/arith/lut.py's LookupTable (a 256:1 multiplexer over its ``table``
 input; the 256 entries themselves are in the parameter bank, counted there).  Yosys +
 ABC to the kit's Nangate45 cells, one table at a time, area from the liberty file.
 """
@@ -16,8 +16,8 @@ from amaranth import Module, Cat, signed, Shape
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.back import verilog
-from hw.lut import LookupTable, check_table
-from hw.param_map import table_fields
+from hw.arith.lut import LookupTable, check_table
+from hw.image.param_map import table_fields
 from moekda.config import load_config
 from sim.models.quantize import quantize_random_layer
 from pyosys import libyosys as ys  # noqa: E402

@@ -3,7 +3,7 @@
 Three sources, each the single owner of its facts:
 
 * analytic traffic: MACs per token (hw.layer.macs_per_token, the constant behind
-  the chip's MACS counter) and weight bytes per token (hw.memory_map regions,
+  the chip's MACS counter) and weight bytes per token (hw.image.memory_map regions,
   padding included: what the port really fetches);
 * the chip's simulation (sim.driver.LayerDriver, no stalls): cycles per token from
   the BUSY_CYCLES / TOKENS counters, per-token cycles (TOKEN_CYCLES) at each context
@@ -77,8 +77,8 @@ def utilisation(bound: float, measured: float) -> float:
 
 
 def traffic(cfg: Config) -> Traffic:
-    from hw.layer import macs_per_token
-    from hw.memory_map import memory_map
+    from hw.chip.layer import macs_per_token
+    from hw.image.memory_map import memory_map
     mm = memory_map(cfg)
     m = cfg.model
     kda = sum(r.nbytes for name, r in mm.regions.items() if name.startswith("kda."))

@@ -11,7 +11,7 @@ which the report and metrics.json always show (never silently dropped), and
 flow/tests/test_categories.py fails when the elaborated layer has one: a
 renamed block breaks the test, not the report.
 
-KDA state is the named submodule ``kda/delta/mem`` (hw/kda_state.py,
+KDA state is the named submodule ``kda/delta/mem`` (hw/kda/state.py,
 StateMemory: the state registers, their write decode and registered one-hot read select);
 the rest of the delta rule (its arithmetic) is KDA datapath.
 """
@@ -35,7 +35,7 @@ class Category:
 
 CATEGORIES: tuple[Category, ...] = (
     Category("engine", "matrix-vector engine",
-             ("kda/engine/**",            # the KDA's projections (hw/matvec.py)
+             ("kda/engine/**",            # the KDA's projections (hw/arith/matvec.py)
               "moe/engine*/**")),         # router, gate, up, down on the MoE's engine
     Category("kda_state", "KDA state",
              ("kda/delta/mem/**",)),
@@ -51,7 +51,7 @@ CATEGORIES: tuple[Category, ...] = (
              (TOP, "res1/**", "res2/**")),
     Category("control", "control (weight arbiter, CSRs)",
              ("arbiter/**", "csr/**")),
-    Category("params", "parameter bank and LOAD (hw/loader.py)",
+    Category("params", "parameter bank and LOAD (hw/chip/loader.py)",
              ("loader/**",)),
 )
 

@@ -19,14 +19,14 @@ def _flat_ports(component: wiring.Component):
 
 
 def _matvec(cfg):
-    from hw.matvec import MatVecEngine
+    from hw.arith.matvec import MatVecEngine
     engine = MatVecEngine(cfg)
     return engine, list(_flat_ports(engine))
 
 
 def _moe(cfg):
     from amaranth.hdl import Value
-    from hw.moe import MoEUnit
+    from hw.moe.unit import MoEUnit
     unit = MoEUnit(cfg)   # model-free: the per-model values come in on ``params``
     # stream payloads are data.Views: their underlying signals are the ports
     return unit, [Value.cast(v) for v in _flat_ports(unit)]
@@ -34,13 +34,13 @@ def _moe(cfg):
 
 def _kda(cfg):
     from amaranth.hdl import Value
-    from hw.kda import default_kda
+    from hw.kda.unit import default_kda
     unit = default_kda(cfg)
     return unit, [Value.cast(v) for v in _flat_ports(unit)]
 
 
 def _layer(cfg):
-    from hw.layer import layer_for_config
+    from hw.chip.layer import layer_for_config
     chip = layer_for_config(cfg)
     return chip, [Value.cast(v) for v in _flat_ports(chip)]
 

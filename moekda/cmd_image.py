@@ -4,7 +4,7 @@
     moekda image -c tiny --params trained.safetensors -o model.img
     moekda image -c tiny --check model.img
 
-The image (format: hw/image_format.py, docs/chip.md) is a header (magic,
+The image (format: hw/image/format.py, docs/chip.md) is a header (magic,
 format version, config hash, length, checksum), the parameter region and
 the weight matrices: exactly what the weight memory holds.  --params takes
 float parameters (.npz / .safetensors, quantised here) or integer ones (an
@@ -30,7 +30,7 @@ def configure(p):
 
 
 def run(args) -> int:
-    from hw.image_format import ImageError, image_layout
+    from hw.image.format import ImageError, image_layout
     from moekda.config import load_config
 
     cfg = load_config(args.config)

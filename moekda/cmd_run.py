@@ -65,7 +65,7 @@ def run(args) -> int:
     if args.image and args.vectors:
         raise UserError("--image and --vectors: give one model")
     if args.image:
-        from hw.image_format import ImageError
+        from hw.image.format import ImageError
         try:
             drv = LayerDriver.from_image(args.config, args.image)
         except ImageError as e:

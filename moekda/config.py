@@ -196,7 +196,7 @@ def _check_relations(cfg: Config):
         raise ConfigError(f"hw.lanes = {hw.lanes}: must be a power of two (1, 2, 4, ... 256)")
     if hw.weight_port_bytes & (hw.weight_port_bytes - 1):
         raise ConfigError(f"hw.weight_port_bytes = {hw.weight_port_bytes}: must be a power of two (1 to 256)")
-    # the engine multiplies one weight-port beat per cycle, one byte per lane (hw/matvec.py)
+    # the engine multiplies one weight-port beat per cycle, one byte per lane (hw/arith/matvec.py)
     if hw.lanes != hw.weight_port_bytes:
         raise ConfigError(f"hw.lanes = {hw.lanes}: must equal hw.weight_port_bytes ({hw.weight_port_bytes}); "
                           f"the engine takes one port beat per cycle, one byte per lane")

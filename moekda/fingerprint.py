@@ -18,7 +18,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # the files whose contents decide the generated RTL (globs relative to the repository)
-GENERATOR_SOURCES = ("hw/*.py", "moekda/config.py", "moekda/formats.py", "moekda/numerics.py",
+GENERATOR_SOURCES = ("hw/**/*.py", "moekda/config.py", "moekda/formats.py", "moekda/numerics.py",
                      "sim/models/params.py", "sim/models/quantize.py", "sim/models/qparams.py",
                      "sim/models/int_ops.py")
 

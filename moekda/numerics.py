@@ -144,7 +144,7 @@ def rsqrt_fixed(a, norm_bits: int, frac: int, seed_table, seed_bits: int, newton
 def build_lut(fn, in_bits: int, in_scale: float, out_scale: float, out_lo: int, out_hi: int,
               in_offset: float = 0.0) -> np.ndarray:
     """Builder: table[c - c_min] = clip(round(fn(in_offset + c*in_scale) / out_scale), out_lo, out_hi)
-    for every signed ``in_bits`` code c in increasing order (hw/lut.py addressing).
+    for every signed ``in_bits`` code c in increasing order (hw/arith/lut.py addressing).
     Rounding is half away from zero, so odd functions give odd tables."""
     codes = np.arange(-(1 << (in_bits - 1)), 1 << (in_bits - 1))
     val = np.asarray(fn(in_offset + codes * in_scale), dtype=np.float64) / out_scale

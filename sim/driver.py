@@ -5,8 +5,8 @@
     res = drv.run(RunPlan(tokens=256, clears=(100,), reset_at=180), simulator="verilator")
     res.match, res.cycles_per_token, res.counters
 
-The chip's Verilog is a function of the config alone (hw/layer.py LayerTop);
-the model is the memory image (hw/image_format.py) the bench writes into the
+The chip's Verilog is a function of the config alone (hw/chip/layer.py LayerTop);
+the model is the memory image (hw/image/format.py) the bench writes into the
 sim top's weight memory and the chip LOADs at the start of every run (and
 after a reset).  One simulator build per (chip sources, simulator) under
 <build_root>/sim/layer/ serves every model (build_root: build/<config>/ by
@@ -215,14 +215,14 @@ class LayerDriver:
         return int_run_layer(self.q, self.cfg, xs, resets)
 
     def image(self) -> bytes:
-        """The memory image the chip LOADs (hw/image_format.py)."""
+        """The memory image the chip LOADs (hw/image/format.py)."""
         from sim.models.image import qlayer_image
         return qlayer_image(self.cfg, self.q)
 
     # ---- the RTL --------------------------------------------------------------------
     def verilog(self) -> str:
         from amaranth.back import verilog
-        from hw.layer import LayerTop
+        from hw.chip.layer import LayerTop
         from hw.tops import _flat_ports
         from amaranth.hdl import Value
         chip = LayerTop(self.cfg)

@@ -18,7 +18,7 @@ def _pad(cols: int, port: int) -> int:
 
 def _hand_traffic(cfg):
     """MACs and bytes per token from the model's shapes, written out independently of
-    hw.memory_map: (rows, cols) of every matrix a token reads."""
+    hw.image.memory_map: (rows, cols) of every matrix a token reads."""
     m, pb = cfg.model, cfg.hw.weight_port_bytes
     d, hk, r, H = m.d_model, m.n_heads * m.head_dim, m.gate_rank, m.n_heads
     kda = [(hk, d)] * 3 + [(r, d), (r, d), (H, d), (hk, r), (hk, r), (d, hk)]

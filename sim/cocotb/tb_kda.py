@@ -1,8 +1,8 @@
-"""cocotb bench of the KDA unit (hw/kda.py) against the integer model, bit for bit.
+"""cocotb bench of the KDA unit (hw/kda/unit.py) against the integer model, bit for bit.
 
 The RTL is the config's (hw/tops.py ``kda``, built by sim/cocotb_util.py): it
 holds no model.  The case - config, weight image, the parameter bits driven
-on ``params`` (hw/param_map.py ``region_value(cfg, qlayer.to_flat(), "kda")``),
+on ``params`` (hw/image/param_map.py ``region_value(cfg, qlayer.to_flat(), "kda")``),
 input tokens, where sequences start, expected outputs - is made by
 ``kda_case`` in the pytest process from one quantised model and handed over
 in one .npz file (KDA_CASE), so the parameters, the weights and the
@@ -23,9 +23,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from hw.memory_map import build_image, memory_map
-from hw.kda import OPS
-from hw.param_map import region_value
+from hw.image.memory_map import build_image, memory_map
+from hw.kda.unit import OPS
+from hw.image.param_map import region_value
 from moekda.config import load_config
 from moekda.formats import formats_for
 from sim.models.int_kda import IntKDAState, int_kda_step

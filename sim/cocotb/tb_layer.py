@@ -1,4 +1,4 @@
-"""cocotb bench of the layer chip (hw/layer.py): token streams, weight memory, Wishbone CSRs.
+"""cocotb bench of the layer chip (hw/chip/layer.py): token streams, weight memory, Wishbone CSRs.
 
 The toplevel is sim/hdl/layer_sim.py LayerSimTop: the chip (RTL or gate-level
 netlist) with its weight memory in the HDL; the bench sets the memory's stall
@@ -41,9 +41,9 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, Event, FallingEdge, First, Lock, ReadOnly, RisingEdge, Timer
 from cocotb.utils import get_sim_time
 
-from hw.csr import CHIP_ID, COUNTERS, CTRL_CLEAR, CTRL_LOAD, CTRL_RUN, REGISTERS, STATUS, config_words
-from hw.layer import token_in_layout, token_out_layout
-from hw.memory_map import memory_map
+from hw.chip.csr import CHIP_ID, COUNTERS, CTRL_CLEAR, CTRL_LOAD, CTRL_RUN, REGISTERS, STATUS, config_words
+from hw.chip.layer import token_in_layout, token_out_layout
+from hw.image.memory_map import memory_map
 from moekda.config import config_from_dict
 from sim.cocotb.streams import EdgeStreamSink, EdgeStreamSource, LayoutCodec
 

@@ -13,7 +13,7 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 
-from hw.matvec import MatVecFormats
+from hw.arith.matvec import MatVecFormats
 from moekda.config import load_config
 from sim.cocotb.streams import LayoutCodec, StreamDriver, StreamMonitor
 from sim.cocotb_util import tb_param

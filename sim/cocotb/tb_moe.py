@@ -1,4 +1,4 @@
-"""cocotb bench of the MoE unit (hw/moe.py): tokens in, tokens out, bit-exact.
+"""cocotb bench of the MoE unit (hw/moe/unit.py): tokens in, tokens out, bit-exact.
 
 Reads the case written by sim/cocotb/tb_moe_case.py (path in MOE_CASE), sets
 the model's per-model values on the ``params`` port, fills the weight memory
@@ -96,7 +96,7 @@ async def moe_tokens_bit_exact(dut):
     tokens, expected = case["tokens"], case["expected"]
     d, pb = meta["d"], meta["port_bytes"]
     rng = random.Random(meta["seed"])
-    # the model's values on the parameter port (hw/param_map.py region_value), static
+    # the model's values on the parameter port (hw/image/param_map.py region_value), static
     # for the whole run like the chip's parameter bank
     dut.params.value = int(meta["params"], 16)
     cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())

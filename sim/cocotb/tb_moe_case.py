@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hw.memory_map import build_image, memory_map, qlayer_tensors
-from hw.param_map import region_value
+from hw.image.memory_map import build_image, memory_map, qlayer_tensors
+from hw.image.param_map import region_value
 from moekda.config import Config, config_from_dict, load_config
 from moekda.formats import formats_for
 from sim.models.int_layer import int_run_layer, quantize_input
@@ -98,7 +98,7 @@ def build_case(cfg: Config, n_tokens: int, seed: int = 0, zero_bias: bool = Fals
 
 
 def moe_params(case: MoECase) -> int:
-    """The value of the unit's ``params`` port for the case's model (hw/param_map.py)."""
+    """The value of the unit's ``params`` port for the case's model (hw/image/param_map.py)."""
     return region_value(case.cfg, case.qlayer.to_flat(), "moe")
 
 

@@ -1,7 +1,7 @@
 """LayerSimTop: the layer chip with its weight memory, the top the layer bench simulates.
 
 Not part of the chip.  The chip is instantiated by module name (``chip_module``)
-with the port names of hw/layer.py LayerTop's flattened signature, so the same
+with the port names of hw/chip/layer.py LayerTop's flattened signature, so the same
 top wraps the RTL generated from the model (module ``layer``), an RTL file,
 or the gate-level netlist behind sim/driver.py's vector-port wrapper
 (``layer_gl``): one bench for all three.  The weight port is answered by
@@ -19,9 +19,9 @@ from amaranth import ClockSignal, Instance, Module, ResetSignal, Value
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
-from hw.csr import WishboneSignature
-from hw.layer import LayerTop, token_in_layout, token_out_layout
-from hw.image_format import image_layout
+from hw.chip.csr import WishboneSignature
+from hw.chip.layer import LayerTop, token_in_layout, token_out_layout
+from hw.image.format import image_layout
 from sim.hdl.weight_memory import HdlWeightMemory, control_members
 
 

@@ -2,7 +2,7 @@
 
     model (float LayerParams or integer QLayer) -> quantiser -> QLayer -> image bytes
 
-The image format, its header and its checks are hw/image_format.py; this
+The image format, its header and its checks are hw/image/format.py; this
 module only connects it to the models (sim/ may use hw/, never the reverse).
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hw.image_format import ImageError, pack_image, read_image
-from hw.memory_map import qlayer_tensors, tensors_flat
+from hw.image.format import ImageError, pack_image, read_image
+from hw.image.memory_map import qlayer_tensors, tensors_flat
 from moekda.config import Config
 from sim.models.qparams import QLayer
 
@@ -90,7 +90,7 @@ def damaged_image(image: bytes, kind: str) -> tuple[bytes, int]:
     Changing a header word also breaks the checksum (the words no longer sum to 0).
     ``truncated`` keeps the first three quarters and zero-fills the rest (what an
     erased memory past a short write holds)."""
-    from hw.loader import ERR
+    from hw.chip.loader import ERR
 
     def word(n):
         return int.from_bytes(image[4 * n:4 * n + 4], "little")

@@ -1,4 +1,4 @@
-"""Integer model of the int8 matrix-vector engine (hw/matvec.py).
+"""Integer model of the int8 matrix-vector engine (hw/arith/matvec.py).
 
 This is the specification the RTL is compared against, bit for bit.
 

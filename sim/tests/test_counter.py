@@ -1,4 +1,4 @@
-"""hw/counter.py: the chunked counter against Python integers, with random counting,
+"""hw/arith/counter.py: the chunked counter against Python integers, with random counting,
 loads of constants and of another counter's next value, and wrap-around."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from amaranth import Module, Signal
 from amaranth.sim import Simulator
 
-from hw.counter import ChunkedCounter
+from hw.arith.counter import ChunkedCounter
 
 
 @pytest.mark.parametrize("width,step", [(32, 1), (32, 0x3A7F1), (20, 16), (12, 0xFFF), (5, 3)])

@@ -1,8 +1,8 @@
-"""The memory image (hw/image_format.py, sim/models/image.py, `moekda image`)."""
+"""The memory image (hw/image/format.py, sim/models/image.py, `moekda image`)."""
 import numpy as np
 import pytest
 
-from hw.image_format import ImageError, check_image, image_layout, word_sum
+from hw.image.format import ImageError, check_image, image_layout, word_sum
 from moekda.cli import main
 from moekda.config import load_config
 from sim.models.image import qlayer_from_image, qlayer_image, random_layer_image, with_word

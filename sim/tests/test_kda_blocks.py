@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from hw.kda_state import StateMemory, state_geometry, state_word
-from hw.lut import LookupTable, check_table, tabulate
-from hw.short_conv import ShortConv
+from hw.kda.state import StateMemory, state_geometry, state_word
+from hw.arith.lut import LookupTable, check_table, tabulate
+from hw.kda.short_conv import ShortConv
 
 
 def run(dut, bench, *processes):
@@ -188,15 +188,15 @@ def test_short_conv_matches_reference_under_stalls(C, K):
 
 @pytest.mark.parametrize("period", [1.0, 2.5])
 def test_requantise_runtime_m_s_matches_model(period):
-    """hw/booth_multiply.py ``requantise`` with (m, s) per op as inputs against
+    """hw/arith/booth_multiply.py ``requantise`` with (m, s) per op as inputs against
     moekda.numerics.requantize, bit for bit: every op's own (m, s) and output width,
     s = 0, small and large shifts, shifts past the product width (0, as the model)."""
     from amaranth import Module, signed, unsigned
     from amaranth.lib import data, wiring
     from amaranth.lib.wiring import In, Out
 
-    from hw.booth_multiply import requantise
-    from hw.pipeline import Pipe, plan_pipeline
+    from hw.arith.booth_multiply import requantise
+    from hw.arith.pipeline import Pipe, plan_pipeline
     from moekda.numerics import requantize
 
     vbits, mb, sbits, width, outs = 33, 16, 6, 51, (8, 8, 12)

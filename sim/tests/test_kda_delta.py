@@ -1,4 +1,4 @@
-"""hw/kda_delta.py against sim.models.int_kda.int_delta_rule, bit for bit,
+"""hw/kda/delta.py against sim.models.int_kda.int_delta_rule, bit for bit,
 over a sequence of tokens (state carried), a clear in the middle, and random
 back-pressure on the output stream."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from hw.kda_delta import DeltaRule, DeltaShifts
+from hw.kda.delta import DeltaRule, DeltaShifts
 from moekda.config import load_config
 from moekda.formats import formats_for
 from sim.models.int_kda import int_delta_rule
@@ -28,7 +28,7 @@ def random_token(rng, fm, H, dk, extreme=False):
                 alpha=rng.integers(1, 1 << fm.alpha_frac, (H, dk)), beta=rng.integers(0, (1 << fm.unit_frac) + 1, H))
 
 
-# the clock period sets the pipeline depth (hw/pipeline.py): 1.0 ns is the deepest
+# the clock period sets the pipeline depth (hw/arith/pipeline.py): 1.0 ns is the deepest
 # pipeline the configs use, 2.5 ns a shallow one
 @pytest.mark.parametrize("H,dk,P,shifts,qk_bits,period", [
     (1, 8, 4, DeltaShifts(f_k=7, f_v=4, f_s=9, o_shift=8), None, 1.0),

@@ -1,4 +1,4 @@
-"""hw/kda_norm.py against sim.models.int_ops.int_normalize, bit for bit, with the
+"""hw/kda/norm.py against sim.models.int_ops.int_normalize, bit for bit, with the
 q, k and o norms of a quantised layer sharing one unit."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from hw.kda_norm import Normalizer, norm_layout
+from hw.kda.norm import Normalizer, norm_layout
 from moekda.config import load_config
 from moekda.formats import clog2, formats_for
 from sim.models.int_ops import int_normalize
@@ -28,7 +28,7 @@ def test_normalizer_matches_model(name, qk_bits):
     in_bits = max(fm.qkv_bits, fm.o_bits)
     out_bits = [fm.qk_bits, fm.qk_bits, fm.act_bits]
     ss_bits = 2 * (in_bits - 1) + clog2(n + 1) + 1
-    # the parameter fields: eps as wide as the sum of squares, s 5 bits (hw/param_map.py)
+    # the parameter fields: eps as wide as the sum of squares, s 5 bits (hw/image/param_map.py)
     dut = Normalizer(fm, n, in_bits, ss_bits, out_bits, norm_layout(ss_bits, fm.mult_bits, 5))
     rng = np.random.default_rng(3)
     a8, a16 = 1 << (fm.qkv_bits - 1), 1 << (fm.o_bits - 1)

@@ -1,11 +1,11 @@
-"""hw/rsqrt.py against moekda.numerics.rsqrt_fixed, bit for bit."""
+"""hw/arith/rsqrt.py against moekda.numerics.rsqrt_fixed, bit for bit."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from hw.rsqrt import Rsqrt
+from hw.arith.rsqrt import Rsqrt
 from moekda.config import load_config
 from moekda.formats import derived_widths, formats_for
 from moekda.numerics import rsqrt_fixed

@@ -1,4 +1,4 @@
-"""The whole KDA unit (hw/kda.py) in cocotb against the integer model, bit for bit.
+"""The whole KDA unit (hw/kda/unit.py) in cocotb against the integer model, bit for bit.
 
 The unit's RTL is a function of the config alone (issue 13): it is built once
 per (config, simulator) from the Verilog of hw/tops.py's ``kda`` (written by
@@ -99,7 +99,7 @@ def test_kda_verilog_is_model_free(tmp_path):
     three quantised models' requantisation multipliers, f_up biases and table entries
     are absent as Verilog literals."""
     from hw.tops import top_verilog
-    from hw.param_map import param_layout
+    from hw.image.param_map import param_layout
     from sim.cocotb.tb_kda import quantised
     cfg = load_config("tiny")
     text = top_verilog("kda", cfg)

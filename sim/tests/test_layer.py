@@ -1,4 +1,4 @@
-"""End-to-end tests of the layer chip (hw/layer.py) against the integer layer model.
+"""End-to-end tests of the layer chip (hw/chip/layer.py) against the integer layer model.
 
 Every run goes through sim/driver.py (RTL from the quantised model inside
 sim/hdl/layer_sim.py with the weight memory in the HDL, cocotb bench
@@ -101,7 +101,7 @@ def test_one_build_runs_three_models():
 def test_macs_per_token_from_the_model_shapes(driver):
     """The MACS counter's per-token constant, counted independently from the quantised
     weight matrices' shapes."""
-    from hw.layer import macs_per_token
+    from hw.chip.layer import macs_per_token
     q, m = driver.q, driver.cfg.model
     kda = sum(getattr(q.kda, f).w.size for f in ("q_proj", "k_proj", "v_proj", "f_down", "g_down", "b_proj",
                                                   "f_up", "g_up", "o_proj"))

@@ -1,4 +1,4 @@
-"""The weight arbiter (hw/weight_arbiter.py) with all ports busy at once.
+"""The weight arbiter (hw/chip/weight_arbiter.py) with all ports busy at once.
 
 In the layer chip the KDA and MoE units take turns, so the end-to-end tests
 never make the arbiter choose between two requests or interleave two ports'
@@ -16,7 +16,7 @@ from collections import deque
 import pytest
 from amaranth.sim import Simulator
 
-from hw.weight_arbiter import WeightArbiter
+from hw.chip.weight_arbiter import WeightArbiter
 
 PB = 4
 

@@ -1,13 +1,13 @@
-"""LOAD (hw/loader.py) in the Amaranth simulator: a good image fills the bank and sets
+"""LOAD (hw/chip/loader.py) in the Amaranth simulator: a good image fills the bank and sets
 ``loaded``; each kind of damage sets its error bit and leaves ``loaded`` low."""
 import random
 
 import pytest
 from amaranth.sim import Simulator
 
-from hw.image_format import image_layout
-from hw.loader import ERR, ImageLoader
-from hw.param_map import param_map
+from hw.image.format import image_layout
+from hw.chip.loader import ERR, ImageLoader
+from hw.image.param_map import param_map
 from moekda.config import load_config
 from sim.models.image import qlayer_image, random_layer_image, with_word
 from sim.models.quantize import quantize_random_layer

@@ -88,7 +88,7 @@ def test_row_beats_zero_pads_the_last_beat():
 
 def test_pipeline_deepens_as_the_clock_shortens():
     from amaranth.hdl import Fragment
-    from hw.matvec import MatVecEngine, MatVecFormats
+    from hw.arith.matvec import MatVecEngine, MatVecFormats
     engines = [MatVecEngine(MatVecFormats(lanes=16, clock_period_ns=p)) for p in (4.0, 1.25, 1.0)]
     for engine in engines:
         Fragment.get(engine, None)   # it elaborates at every depth
@@ -97,7 +97,7 @@ def test_pipeline_deepens_as_the_clock_shortens():
 
 
 def test_too_short_clock_is_a_one_line_error():
-    from hw.pipeline import plan_pipeline
+    from hw.arith.pipeline import plan_pipeline
     with pytest.raises(ValueError, match="hw.clock_period_ns"):
         plan_pipeline(0.3)
 
@@ -137,7 +137,7 @@ def test_accumulator_only_engine_matches_model_acc(period):
     """Amaranth simulation with a stalling consumer: acc bit-exact vs the model, y = 0,
     and the requantiser is not in the design."""
     from amaranth.sim import Simulator
-    from hw.matvec import AccResolver, MatVecEngine, MatVecFormats
+    from hw.arith.matvec import AccResolver, MatVecEngine, MatVecFormats
     fmt = MatVecFormats(lanes=4, clock_period_ns=period)
     dut = MatVecEngine(fmt, requantise=False)
     assert isinstance(dut.rq, AccResolver)
@@ -186,7 +186,7 @@ def test_width_select_and_tag_engine_matches_model(period, widths):
     with gaps in the input (the consumer never stalls; there is no FIFO)."""
     from amaranth.hdl import unsigned
     from amaranth.sim import Simulator
-    from hw.matvec import MatVecEngine, MatVecFormats
+    from hw.arith.matvec import MatVecEngine, MatVecFormats
     fmt = MatVecFormats(lanes=4, clock_period_ns=period, out_widths=widths, tag_shape=unsigned(7))
     dut = MatVecEngine(fmt, always_ready=True)
     assert dut.fifo_depth == 0

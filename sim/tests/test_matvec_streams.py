@@ -6,7 +6,7 @@ import random
 import pytest
 from amaranth.lib import data
 
-from hw.matvec import MatVecFormats
+from hw.arith.matvec import MatVecFormats
 from sim.cocotb.streams import LayoutCodec
 from sim.models.matvec import Beat
 

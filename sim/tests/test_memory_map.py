@@ -1,8 +1,8 @@
-"""hw/memory_map.py: alignment, no overlap, expert contiguity, image contents."""
+"""hw/image/memory_map.py: alignment, no overlap, expert contiguity, image contents."""
 import numpy as np
 import pytest
 
-from hw.memory_map import build_image, memory_map
+from hw.image.memory_map import build_image, memory_map
 from moekda.config import config_from_dict, load_config
 
 

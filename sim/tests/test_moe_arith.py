@@ -1,12 +1,12 @@
-"""hw/moe_arith.py: the prefix adder wraps like +, the chunked counter counts every event."""
+"""hw/moe/arith.py: the prefix adder wraps like +, the chunked counter counts every event."""
 import random
 
 import pytest
 from amaranth.hdl import Module, Signal
 from amaranth.sim import Simulator
 
-from hw.moe_arith import chunked_counter, prefix_add
-from hw.pipeline import plan_pipeline
+from hw.moe.arith import chunked_counter, prefix_add
+from hw.arith.pipeline import plan_pipeline
 
 
 @pytest.mark.parametrize("width", [1, 5, 19, 50])

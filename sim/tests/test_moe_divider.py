@@ -1,10 +1,10 @@
-"""hw/moe_divider.py against Python's floor division, with stalls on both sides."""
+"""hw/moe/divider.py against Python's floor division, with stalls on both sides."""
 import random
 
 import pytest
 from amaranth.sim import Simulator
 
-from hw.moe_divider import SequentialDivider
+from hw.moe.divider import SequentialDivider
 
 
 @pytest.mark.parametrize("num_bits,den_bits,period,cycles_per_bit",

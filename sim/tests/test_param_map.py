@@ -1,10 +1,10 @@
-"""The parameter region (hw/param_map.py): packing, ranges, and the bank layout."""
+"""The parameter region (hw/image/param_map.py): packing, ranges, and the bank layout."""
 import numpy as np
 import pytest
 from amaranth import Const
 from amaranth.lib import data
 
-from hw.param_map import param_layout, param_map, region_value, structural
+from hw.image.param_map import param_layout, param_map, region_value, structural
 from moekda.config import load_config
 from sim.models.quantize import quantize_random_layer
 

@@ -1,4 +1,4 @@
-"""The streaming top-k selector (hw/topk.py) against a plain sort, with stalls.
+"""The streaming top-k selector (hw/moe/topk.py) against a plain sort, with stalls.
 
 Reference: rank by key, largest first; equal keys: lower index first.  Keys
 are drawn from small ranges so ties are frequent, and all-equal rows are
@@ -9,7 +9,7 @@ import random
 import pytest
 from amaranth.sim import Simulator
 
-from hw.topk import TopK
+from hw.moe.topk import TopK
 
 
 def reference_topk(keys, k):

@@ -16,7 +16,7 @@ Layout rules:
   expert chosen by the router is one block of memory.
 
 The matrices start at ``base``, after the image header and the parameter
-region (hw/image_format.py, hw/param_map.py): the small per-model values
+region (hw/image/format.py, hw/image/param_map.py): the small per-model values
 (requantisation multipliers and shifts, tables, norm constants) are in the
 same memory, read once by the chip's LOAD step.
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw.weight_port import beats_per_row, padded_row_bytes
+from hw.chip.weight_port import beats_per_row, padded_row_bytes
 
 
 @dataclass(frozen=True)
@@ -146,8 +146,8 @@ class MemoryMap:
 
 
 def memory_map(cfg) -> MemoryMap:
-    from hw.image_format import header_bytes
-    from hw.param_map import param_map
+    from hw.image.format import header_bytes
+    from hw.image.param_map import param_map
     pb = cfg.hw.weight_port_bytes
     regions: dict[str, TensorRegion] = {}
     base = addr = header_bytes(pb) + param_map(cfg).nbytes

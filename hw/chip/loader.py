@@ -1,7 +1,7 @@
 """LOAD: the chip reads its memory image once, checks it, and fills the parameter bank.
 
 Started by a CSR write (CTRL.LOAD) while no token is inside.  The loader
-reads the whole image (hw/image_format.py) through the weight port, in the
+reads the whole image (hw/image/format.py) through the weight port, in the
 port's own request order, one beat per cycle when the memory keeps up:
 
 * the header's first four words are compared with the chip's constants:
@@ -13,7 +13,7 @@ port's own request order, one beat per cycle when the memory keeps up:
   fails here too);
 * the parameter region's beats are shifted into the bank register: after
   the region's last beat its first byte is the bank's bit 0, as
-  hw/param_map.py packs it, so every block reads its fields from a fixed
+  hw/image/param_map.py packs it, so every block reads its fields from a fixed
   slice (no address decoder, one flip-flop with enable per bit).
 
 ``loaded`` is high after a LOAD with no error and stays high until the next
@@ -27,12 +27,12 @@ from amaranth import Cat, Const, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.carry_save import compress_3_2, pipelined_add, reduce_to_two
-from hw.counter import ChunkedCounter
-from hw.image_format import MAGIC, VERSION, config_hash_word, image_layout
-from hw.param_map import param_layout, param_map
-from hw.pipeline import Pipe, plan_pipeline
-from hw.weight_port import WeightPortSignature, split_request
+from hw.arith.carry_save import compress_3_2, pipelined_add, reduce_to_two
+from hw.arith.counter import ChunkedCounter
+from hw.image.format import MAGIC, VERSION, config_hash_word, image_layout
+from hw.image.param_map import param_layout, param_map
+from hw.arith.pipeline import Pipe, plan_pipeline
+from hw.chip.weight_port import WeightPortSignature, split_request
 
 # bits of ``errors`` (CSR LOAD_ERRORS), in header-word order, then the checksum
 LOAD_ERRORS = ("MAGIC", "VERSION", "CONFIG_HASH", "LENGTH", "CHECKSUM")

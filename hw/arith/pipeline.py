@@ -9,7 +9,7 @@ THE CLOCK in the config; nothing in the RTL names a stage count.
 
 The delays are Nangate45 typical-corner numbers measured with Yosys
 (``abc -constr``, driver BUF_X1, load 3.898) and OpenSTA on the small
-registered probe circuits of hw/delay_probes.py; docs/matvec.md has the
+registered probe circuits of hw/arith/delay_probes.py; docs/matvec.md has the
 command that repeats the measurement.  They are estimates for
 planning: the real check is the synthesis timing report of the whole engine.
 """
@@ -35,7 +35,7 @@ class GateDelays:
         return self.adder_base + self.adder_per_bit * bits
 
 
-# Logic delays on Nangate45 typical, from the probes of hw/delay_probes.py
+# Logic delays on Nangate45 typical, from the probes of hw/arith/delay_probes.py
 # through `moekda synth` (reg-to-reg period 1/Fmax minus the 0.152 ns of a
 # flop-to-flop wire):  3:2 level 0.10 (one level), 0.113/level (four);
 # Booth select 8x8 into 20-bit words 0.26; barrel shift of 49 bits by 6

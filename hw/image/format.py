@@ -3,8 +3,8 @@
 One image holds one model for one config::
 
     address 0           header     HEADER_WORDS little-endian 32-bit words, padded
-    header_bytes        parameters the parameter region (hw/param_map.py)
-    weights_base        matrices   every weight matrix (hw/memory_map.py)
+    header_bytes        parameters the parameter region (hw/image/param_map.py)
+    weights_base        matrices   every weight matrix (hw/image/memory_map.py)
     length              (end; padded to a whole port beat and 32-bit word)
 
 Header words (``HEADER_WORDS``): MAGIC (the bytes "MKDI"), VERSION, CONFIG_HASH
@@ -15,7 +15,7 @@ Y_SCALE (IEEE float32: the real value of one LSB of the layer's input and
 output, for the host that quantises tokens and reads results; the chip
 ignores them; 0 when unknown).  The rest of the header is zero.
 
-The chip checks the same things during LOAD (hw/loader.py): it compares the
+The chip checks the same things during LOAD (hw/chip/loader.py): it compares the
 first four words with its own constants and sums every word it reads, and
 takes no token until a LOAD passed.  The tools check them when they read a
 file (``read_image``), and say in one line what is wrong.  The same file is
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw.param_map import param_map, structural
+from hw.image.param_map import param_map, structural
 
 MAGIC = int.from_bytes(b"MKDI", "little")
 VERSION = 1
@@ -79,7 +79,7 @@ def image_layout(cfg, weights_bytes: int | None = None) -> ImageLayout:
     pm = param_map(cfg)
     base = hb + pm.nbytes
     if weights_bytes is None:
-        from hw.memory_map import memory_map
+        from hw.image.memory_map import memory_map
         mm = memory_map(cfg)
         weights_bytes = mm.size - mm.base
     length = _round_up(base + weights_bytes, max(4, pb))
@@ -96,7 +96,7 @@ def pack_image(cfg, flat: Mapping[str, np.ndarray], tensors: Mapping[str, np.nda
     weight matrices ``tensors`` (memory-map region names, hw.memory_map.qlayer_tensors).
     ValueError naming the field when a value does not fit its field, or when a value the
     config fixes (hw.param_map.structural) differs."""
-    from hw.memory_map import build_weights, memory_map
+    from hw.image.memory_map import build_weights, memory_map
     for name, want in structural(cfg).items():
         if name in flat and int(np.asarray(flat[name])) != want:
             raise ValueError(f"parameter {name} = {int(np.asarray(flat[name]))}: this config fixes it to {want}")
@@ -140,7 +140,7 @@ def check_image(cfg, image: bytes, what: str = "image") -> None:
 
 def read_image(cfg, image: bytes, what: str = "image") -> tuple[dict, dict]:
     """(parameters {dotted name: array}, tensors {region name: int8 matrix}) of a checked image."""
-    from hw.memory_map import memory_map, read_weights
+    from hw.image.memory_map import memory_map, read_weights
     check_image(cfg, image, what)
     lay = image_layout(cfg)
     params = param_map(cfg).unpack(image[lay.params_addr:lay.params_addr + lay.params_bytes])

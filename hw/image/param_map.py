@@ -6,7 +6,7 @@ the quantised layer by its dotted name in ``QLayer.to_flat()`` (for example
 ``kda.q_proj.m``), with its shape, width, signedness and allowed range.
 From this one list:
 
-* the image writer (hw/image_format.py) packs the values into the
+* the image writer (hw/image/format.py) packs the values into the
   parameter region of the memory image and refuses a value out of range,
   naming the field;
 * the chip's LOAD step shifts the region into one register (the parameter
@@ -159,7 +159,7 @@ def param_fields(cfg) -> list[ParamField]:
         for mat in EXPERT_MATS:
             requant(f"moe.{bank}.{mat}_m", f"moe.{bank}.{mat}_s", f"{bank} experts' {mat} requantisation", (n,))
         # the down projection's shift is down_s - sh, sh the per-token hidden exponent
-        # (0 .. swiglu_prod - hid_bits, hw/moe.py), and the model needs it >= 1: with
+        # (0 .. swiglu_prod - hid_bits, hw/moe/unit.py), and the model needs it >= 1: with
         # down_s above every sh the unit's 6-bit subtraction can neither wrap nor reach 0
         out[-1] = replace(out[-1], lo=dw["swiglu_prod"] - fm.hid_bits + 1)
     out.append(_f("moe.rs", (), dw["rs_int"], False, "routed_scaling as U.rs_frac"))

@@ -56,7 +56,7 @@ class LookupTable(wiring.Component):
     """``data = table[addr - x_min]``, one cycle after ``en``; the table is an input.
 
     The entries come in on ``table`` (the chip's parameter bank, loaded from the
-    memory image at run time: hw/param_map.py), so one netlist serves every model.
+    memory image at run time: hw/image/param_map.py), so one netlist serves every model.
     Driven by constants (``LookupTable.rom``'s tests, or a bank tied off), synthesis
     folds the read back into ROM logic.
 

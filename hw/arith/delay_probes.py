@@ -1,15 +1,15 @@
-"""Small registered circuits that measure the delays in hw/pipeline.py.
+"""Small registered circuits that measure the delays in hw/arith/pipeline.py.
 
-Each probe is registers -> one kind of operation from hw/carry_save.py ->
+Each probe is registers -> one kind of operation from hw/arith/carry_save.py ->
 registers, so its reg-to-reg arrival time (minus the launching flop's
 clock-to-Q) is the logic delay of that operation on the library.
 
-    .venv/bin/python -m hw.delay_probes build/probes       # writes <probe>.v
+    .venv/bin/python -m hw.arith.delay_probes build/probes       # writes <probe>.v
     for p in build/probes/*.v; do
         .venv/bin/moekda synth -c small --verilog $p --top $(basename $p .v)
     done                                                   # reports per probe
 
-The table NANGATE45 in hw/pipeline.py records what these gave (docs/matvec.md).
+The table NANGATE45 in hw/arith/pipeline.py records what these gave (docs/matvec.md).
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from pathlib import Path
 from amaranth.back import verilog
 from amaranth.hdl import Cat, Module, Signal, Value
 
-from hw.carry_save import booth_partial_products, prefix_add, reduce_to_two
-from hw.matvec import saturate
-from hw.pipeline import Pipe, plan_pipeline
+from hw.arith.carry_save import booth_partial_products, prefix_add, reduce_to_two
+from hw.arith.matvec import saturate
+from hw.arith.pipeline import Pipe, plan_pipeline
 
 
 def _registered(name: str, build, input_widths) -> str:

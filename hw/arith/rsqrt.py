@@ -13,7 +13,7 @@ integer ``a >= 1`` it returns ``(y, E)`` with ``1/sqrt(a) ~= y * 2**-E``:
 One multiplier does all products in turn: the unit is used a few times per
 token (L2 norms of q and k, the output RMSNorm of each head), so latency is
 cheap and area is not.  The multiplier is a Booth tree whose stage count P
-follows from the clock (hw/pipeline.py); the rounding constant of the shift
+follows from the clock (hw/arith/pipeline.py); the rounding constant of the shift
 after each product is one more word of its tree.
 Latency: 2 (normalise, seed) + 3 (P + 3) * newton_steps cycles.
 
@@ -27,8 +27,8 @@ from amaranth import Array, Module, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.booth_multiply import booth_multiply
-from hw.pipeline import Pipe, plan_pipeline
+from hw.arith.booth_multiply import booth_multiply
+from hw.arith.pipeline import Pipe, plan_pipeline
 from moekda.formats import Formats
 
 
@@ -93,7 +93,7 @@ class Rsqrt(wiring.Component):
 
         # the one multiplier: operands and the rounding constant 2**(s-1) of the shift
         # that follows are registered by the issuing state, the product + rounding
-        # is a Booth tree over clock-derived stages (hw/booth_multiply.py), and the
+        # is a Booth tree over clock-derived stages (hw/arith/booth_multiply.py), and the
         # matching _R state waits for it and takes the shifted bits
         op_a = Signal(signed(W + 2))
         op_b = Signal(signed(W + N // 2 + 2))

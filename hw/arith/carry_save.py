@@ -7,7 +7,7 @@ pair splits it.  The sign-extension bits of different words are copies of one
 net, so synthesis merges the duplicated compressors; writing the tree at word
 level keeps this file short without costing area.
 
-Functions that span several pipeline stages take a ``Pipe`` (hw/pipeline.py)
+Functions that span several pipeline stages take a ``Pipe`` (hw/arith/pipeline.py)
 and a ``live`` dict of everything that must travel alongside.
 """
 from __future__ import annotations

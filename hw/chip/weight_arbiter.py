@@ -24,7 +24,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-from hw.weight_port import BEATS_BITS, WeightPortSignature
+from hw.chip.weight_port import BEATS_BITS, WeightPortSignature
 
 
 class WeightArbiter(wiring.Component):

@@ -5,7 +5,7 @@
     wn_i = floor((w_i << wn_frac) / max(tot, 1))     restoring divider
     wt_i = round_shift(wn_i * rs, rs_frac)           routed_scaling, the input ``rs``
 
-The selection arrives from hw/topk.py as one beat of k entries (index, key,
+The selection arrives from hw/moe/topk.py as one beat of k entries (index, key,
 tag = score).  The indices are available at once (``idx_valid``) so the
 weight fetch of the chosen experts can start; the weights follow after
 ``k`` cycles of summing and ``k`` divisions of ``div_num`` cycles each
@@ -17,7 +17,7 @@ no k-wide adder tree or k x E comparator array is needed.
 parameter bank's ``moe.rs``, ``rs_bits`` wide) is static while tokens flow.
 
 Timing: the scaling product wn * rs is a Booth tree over stages the clock
-decides (hw/pipeline.py), a quotient at a time (divisions are sequential,
+decides (hw/arith/pipeline.py), a quotient at a time (divisions are sequential,
 so the products never overlap); the hit counters are chunked counters.
 """
 from __future__ import annotations
@@ -26,11 +26,11 @@ from amaranth.hdl import Array, Const, Module, Signal, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.booth_multiply import booth_multiply
-from hw.moe_arith import chunked_counter, prefix_add
-from hw.moe_divider import SequentialDivider
-from hw.pipeline import Pipe, plan_pipeline
-from hw.topk import index_bits, selection_layout
+from hw.arith.booth_multiply import booth_multiply
+from hw.moe.arith import chunked_counter, prefix_add
+from hw.moe.divider import SequentialDivider
+from hw.arith.pipeline import Pipe, plan_pipeline
+from hw.moe.topk import index_bits, selection_layout
 
 
 class RouteWeights(wiring.Component):

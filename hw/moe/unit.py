@@ -2,10 +2,10 @@
 
 Implements ``sim.models.int_moe.int_moe_step`` bit for bit.  The RTL is a
 function of the config alone: the weight matrices live in the external weight
-memory (hw/memory_map.py) and are read through ``wport``; every other
+memory (hw/image/memory_map.py) and are read through ``wport``; every other
 per-model value (requantisation (m, s) per matrix, the selection bias, the
 sigmoid and SiLU tables, routed_scaling, the combine (m, s)) comes in on
-``params``, the MoE's slice of the chip's parameter bank (hw/param_map.py,
+``params``, the MoE's slice of the chip's parameter bank (hw/image/param_map.py,
 ``param_layout(cfg, "moe")``; a test drives ``region_value(cfg, flat, "moe")``).
 The parameters are static while tokens flow (the bank changes only at LOAD,
 with the chip idle), so they are read where they are used and not carried
@@ -16,8 +16,8 @@ Ports
 ``tokens``  stream, one beat per token: d_model int8 (the normalised hn).
 ``out``     stream, one beat per token: d_model x resid_bits signed (the MoE
             output, at the scale the residual add takes).
-``wport``   weight port (hw/weight_port.py).
-``params``  the per-model values (hw/param_map.py), one vector in the Verilog.
+``wport``   weight port (hw/chip/weight_port.py).
+``params``  the per-model values (hw/image/param_map.py), one vector in the Verilog.
 ``cycles``  free-running cycle counter; ``tokens_done`` tokens delivered;
 ``weight_bytes`` bytes received on the weight port; ``hits[e]`` how often
 routed expert e was chosen.  For tests and reports.
@@ -32,7 +32,7 @@ the top-k selector has its indices - while the shared experts still stream,
 so the memory latency is hidden when n_shared >= 1.
 
 Every projection (router, and gate, up, down of every shared and chosen
-expert) runs on ONE matrix-vector engine (hw/matvec.py), shared in time:
+expert) runs on ONE matrix-vector engine (hw/arith/matvec.py), shared in time:
 the weights arrive one port beat per cycle and the engine takes one beat per
 cycle (hw.lanes == hw.weight_port_bytes), so the port is the roofline and a
 second engine would only wait.  The engine saturates every row to the widest
@@ -55,9 +55,9 @@ running sum in one Booth tree into the d_model accumulators, and for the
 last expert requantised (comb_m, comb_s): a Booth tree with the rounding
 word, a barrel shift by comb_s, saturated in a stage of its own and shifted
 into the output register (rows arrive in order: no decode).
-Every product is hw/booth_multiply.py over stages that hw/pipeline.py places
-from the clock period; the counters are chunked (hw/moe_arith.py).  Routing
-weights (divisions) are computed by hw/moe_route.py while the shared
+Every product is hw/arith/booth_multiply.py over stages that hw/arith/pipeline.py places
+from the clock period; the counters are chunked (hw/moe/arith.py).  Routing
+weights (divisions) are computed by hw/moe/route.py while the shared
 experts run.
 """
 from __future__ import annotations
@@ -66,17 +66,17 @@ from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, signed, 
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.booth_multiply import barrel_shift_saturate, booth_multiply, clamp_shift, rounding_word
-from hw.carry_save import sign_extend
-from hw.lut import LookupTable
-from hw.matvec import MatVecEngine, MatVecFormats, saturate
-from hw.memory_map import memory_map
-from hw.moe_arith import chunked_counter, prefix_add
-from hw.moe_route import RouteWeights
-from hw.param_map import EXPERT_MATS, param_map, param_layout, table_fields
-from hw.pipeline import Pipe, plan_pipeline
-from hw.topk import TopK
-from hw.weight_port import MAX_BEATS, WeightPortSignature, beats_per_row
+from hw.arith.booth_multiply import barrel_shift_saturate, booth_multiply, clamp_shift, rounding_word
+from hw.arith.carry_save import sign_extend
+from hw.arith.lut import LookupTable
+from hw.arith.matvec import MatVecEngine, MatVecFormats, saturate
+from hw.image.memory_map import memory_map
+from hw.moe.arith import chunked_counter, prefix_add
+from hw.moe.route import RouteWeights
+from hw.image.param_map import EXPERT_MATS, param_map, param_layout, table_fields
+from hw.arith.pipeline import Pipe, plan_pipeline
+from hw.moe.topk import TopK
+from hw.chip.weight_port import MAX_BEATS, WeightPortSignature, beats_per_row
 from moekda.config import ConfigError
 from moekda.formats import derived_widths, formats_for
 
@@ -114,7 +114,7 @@ class MoEUnit(wiring.Component):
                               f"weight request carries ({MAX_BEATS}); use a smaller d_ff/d_model")
         self.nseg = 1 + self.S + self.k
         self.plan = plan_pipeline(cfg.hw.clock_period_ns)
-        # the parameter fields' widths (hw/param_map.py) size the datapath
+        # the parameter fields' widths (hw/image/param_map.py) size the datapath
         self.pmap = pm = param_map(cfg)
         tables = {name: (bits, sgn) for name, bits, sgn, _ in table_fields(cfg)}
         self.score_shape = (signed if tables["moe.score"][1] else unsigned)(tables["moe.score"][0])
@@ -299,7 +299,7 @@ class MoEUnit(wiring.Component):
         kind_m = {ROUTER: prm.router.m, GATE: per_bank("gate_m")[bank],
                   UP: per_bank("up_m")[bank], DOWN: per_bank("down_m")[bank]}
         # the down projection's shift absorbs the hidden exponent of this expert
-        # (down_s >= 1 + the largest exponent: hw/param_map.py's range)
+        # (down_s >= 1 + the largest exponent: hw/image/param_map.py's range)
         # down_s - hid_sh as a register (the subtraction before the engine's shift input was
         # small's worst path): its inputs settle long before a down beat can go (the beat waits
         # for h_ok, set after the conversion that follows hid_sh; the segment is the same since
@@ -392,7 +392,7 @@ class MoEUnit(wiring.Component):
         # stage O: the product, SiLU * up, or for the down rows weight * expert
         # output + the row's running sum (one more word of the same carry-save
         # tree; the first contributing segment starts from zero).  Registers
-        # where the clock needs them (hw/pipeline.py).
+        # where the clock needs them (hw/arith/pipeline.py).
         acc_bits = self.widths["moe_combine_acc"]
         prod_bits = acc_bits + 1
         mul = Pipe(m, plan, "mul")

@@ -20,7 +20,7 @@ word name           rw meaning
                        history are cleared before it; reads 1 until then;
                        bit2 COUNTERS_RESET (write 1): zero every counter;
                        bit3 LOAD (write 1): read the memory image into the
-                       parameter bank (hw/loader.py), as soon as no token is
+                       parameter bank (hw/chip/loader.py), as soon as no token is
                        inside; the next token starts a new sequence
 0x02 STATUS         r  bit0 BUSY (a token is inside), bit1 CLEAR pending,
                        bit2 input token waiting (i.valid), bit3 output token
@@ -36,7 +36,7 @@ word name           rw meaning
 0x09 MACS_PER_TOKEN r  the per-token constant behind MACS
 0x0A LOAD_CYCLES    r  cycles the last LOAD took
 0x0B LOAD_ERRORS    r  what the last LOAD found wrong, one bit each
-                       (hw/loader.py LOAD_ERRORS): bit0 MAGIC, bit1 VERSION,
+                       (hw/chip/loader.py LOAD_ERRORS): bit0 MAGIC, bit1 VERSION,
                        bit2 CONFIG_HASH, bit3 LENGTH, bit4 CHECKSUM
 0x0C IMAGE_BYTES    r  the image length this chip expects
 0x10 D_MODEL ...    r  configuration read-back: D_MODEL, N_HEADS, HEAD_DIM,
@@ -53,7 +53,7 @@ from amaranth import Cat, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.counter import ChunkedCounter
+from hw.arith.counter import ChunkedCounter
 
 ADDR_BITS = 6
 DATA_BITS = 32
@@ -135,7 +135,7 @@ class LayerCsr(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         bus = self.bus
-        # chunked counters (hw/counter.py): a 32-bit add in one cycle does not fit the clock
+        # chunked counters (hw/arith/counter.py): a 32-bit add in one cycle does not fit the clock
         steps = {"CYCLES": 1, "BUSY_CYCLES": 1, "TOKENS": 1, "MACS": self.macs_per_token,
                  "WEIGHT_BYTES": self.port_bytes}
         counters = {name: ChunkedCounter(DATA_BITS, step, name=name.lower()) for name, step in steps.items()}

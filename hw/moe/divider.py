@@ -13,7 +13,7 @@ never divides by zero; this only makes the behaviour defined).
 
 Timing: the step is a loop (remainder -> subtract -> compare -> remainder),
 so it cannot be pipelined; when the subtractor and the select do not fit one
-clock stage (hw/pipeline.py, e.g. 20 bits at 1 ns) the step takes two
+clock stage (hw/arith/pipeline.py, e.g. 20 bits at 1 ns) the step takes two
 cycles: the low half of the subtraction and its carry are registered first.
 ``cycles_per_bit`` says which.
 """
@@ -23,8 +23,8 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.carry_save import prefix_add, zero_extend
-from hw.pipeline import plan_pipeline
+from hw.arith.carry_save import prefix_add, zero_extend
+from hw.arith.pipeline import plan_pipeline
 
 
 class SequentialDivider(wiring.Component):

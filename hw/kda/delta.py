@@ -1,7 +1,7 @@
 """The KDA state update and read (the delta rule), ``state_lanes`` entries per cycle.
 
 Implements ``sim.models.int_kda.int_delta_rule`` bit for bit, per head h and
-value column j (the state memory is column-major, see hw/kda_state.py):
+value column j (the state memory is column-major, see hw/kda/state.py):
 
     pass 1, for each block of ``lanes`` rows i:
         S1_i  = rs(S_ij * alpha_i, alpha_frac)                  decay
@@ -17,8 +17,8 @@ value column j (the state memory is column-major, see hw/kda_state.py):
 
 rs = round half up shift, sat = saturate to state_bits.  The shifts f_k, f_v,
 f_s and o_shift are run-time inputs (``shifts``: the parameter bank,
-hw/param_map.py ``kda.f_k`` ...): each variable shift is a barrel (one mux level
-per bit of the field's allowed range, hw/booth_multiply.py's shared helper), each
+hw/image/param_map.py ``kda.f_k`` ...): each variable shift is a barrel (one mux level
+per bit of the field's allowed range, hw/arith/booth_multiply.py's shared helper), each
 rounding constant 2**(s-1) a one-hot word; those words and f_s - f_v are
 registered from the inputs, so the shifts must be stable from a cycle before
 ``start`` to the end of the token.  Each column needs
@@ -27,13 +27,13 @@ than one column is buffered.
 
 Pipeline of a word (one word read per cycle; the tag carries pass, column,
 last-of-column, and for pass 2 the column's u):
-    issue (registered) -> memory read (READ_LATENCY cycles, hw/kda_state.py) + lane-select muxes
+    issue (registered) -> memory read (READ_LATENCY cycles, hw/kda/state.py) + lane-select muxes
     of alpha, k, q (registered beside it, in the read's last cycle)
     -> S*alpha and k*u as Booth carry-save trees with their rounding words
     -> resolve (split adders) -> S1 + rs(k u), saturate -> S2 / S1, registered
     -> written back (pass 2); lane products k_i S1_i / q_i S2_i, all lanes in one
        carry-save tree -> a 4:2 step into the pass's carry-save accumulator.
-The registers fall where hw/pipeline.py's delay budget for hw.clock_period_ns
+The registers fall where hw/arith/pipeline.py's delay budget for hw.clock_period_ns
 says: the depth follows from the clock, no stage count is written here.  A
 column's last word hands its sum to the u pipeline (kS, v - kS, beta *, round,
 saturate) or the o pipeline (round, saturate, into a 2-entry FIFO on ``o``).
@@ -59,11 +59,11 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-from hw.booth_multiply import barrel_shift_saturate, rounding_word, saturate as saturate_bits
-from hw.carry_save import (booth_partial_products, compress_3_2, pipelined_add, pipelined_add_all,
+from hw.arith.booth_multiply import barrel_shift_saturate, rounding_word, saturate as saturate_bits
+from hw.arith.carry_save import (booth_partial_products, compress_3_2, pipelined_add, pipelined_add_all,
                            reduce_all_to_two, reduce_to_two, sign_extend, zero_extend)
-from hw.kda_state import StateMemory
-from hw.pipeline import Pipe, plan_pipeline
+from hw.kda.state import StateMemory
+from hw.arith.pipeline import Pipe, plan_pipeline
 from moekda.formats import Formats
 
 
@@ -81,7 +81,7 @@ class DeltaShifts:
         return cls(int(qkda.f_k), int(qkda.f_v), int(qkda.f_s), int(qkda.o_shift))
 
 
-# the shift inputs: field width and largest allowed value, as hw/param_map.py lists them
+# the shift inputs: field width and largest allowed value, as hw/image/param_map.py lists them
 # (kda.f_k: 0..qk_bits-1, kda.f_v: 0..qkv_bits-1, kda.f_s: 0..state_bits-1, kda.o_shift:
 # 0..qk_bits+state_bits-2); a KdaUnit passes the fields of its parameter map
 def default_shift_fields(fm: Formats) -> dict[str, tuple[int, int]]:
@@ -215,7 +215,7 @@ class DeltaRule(wiring.Component):
             m.d.sync += [rd["alpha"][l].eq(al), rd["k"][l].eq(kl), rd["kq"][l].eq(Mux(iss["pass2"], ql, kl))]
         rd["s"] = [mem.rd_data[l] for l in range(P)]
 
-        # ---- the word pipeline, registers placed by the clock (hw/pipeline.py) ---------
+        # ---- the word pipeline, registers placed by the clock (hw/arith/pipeline.py) ---------
         dp = Pipe(m, plan, "dl")
         live = rd                               # rd_data leaves the memory's read register
         # decay S*alpha and the rank-1 term k*u as Booth trees, rounding constants as

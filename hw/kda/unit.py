@@ -5,7 +5,7 @@ function of the config alone: weights live in the external weight memory,
 read through ``wport``; every other per-model value - requantisation (m, s),
 the f_up bias, short-conv taps, the six tables, the norm constants and the
 delta rule's shifts - comes in on ``params`` (the KDA's slice of the parameter
-bank, laid out by hw/param_map.py ``param_layout(cfg, "kda")``), so one netlist
+bank, laid out by hw/image/param_map.py ``param_layout(cfg, "kda")``), so one netlist
 runs any quantised model.  ``params`` must be stable while tokens are in
 flight (and from a cycle before the first): the blocks register what they
 derive from it.  A test drives ``region_value(cfg, qlayer.to_flat(), "kda")``.
@@ -16,8 +16,8 @@ Ports
         xn) and ``first`` (a new sequence starts here: the delta-rule state and
         the short-convolution history are cleared before this token).
 ``o``   stream, one beat per token: d_model int8.
-``wport`` weight port (hw/weight_port.py).
-``params`` the per-model values (hw/param_map.py).
+``wport`` weight port (hw/chip/weight_port.py).
+``params`` the per-model values (hw/image/param_map.py).
 ``cycles`` free-running cycle counter; ``token_cycles`` the cycles the last
         token took from its acceptance on ``i`` to its offer on ``o``;
         ``tokens`` tokens completed.  For tests and reports.
@@ -26,7 +26,7 @@ Schedule of one token (all phases in sequence; W = weight_port_bytes = lanes)
 --------------------------------------------------------------------------
 1. ACCEPT  latch x; the weight read of the projections (every KDA tensor but
            W_o, stored contiguously in the order used below).
-2. PROJ    the response beats drive the shared engine (hw/matvec.py) directly,
+2. PROJ    the response beats drive the shared engine (hw/arith/matvec.py) directly,
            one beat per cycle when the memory keeps up: q, k, v, f_down, g_down, b (input x),
            f_up (input fd: waits for the f_down results), g_up (input gd).
            Results are requantised (f_up after adding its bias) and routed:
@@ -34,15 +34,15 @@ Schedule of one token (all phases in sequence; W = weight_port_bytes = lanes)
            f_up -> alpha table; g_up -> gate table; fd, gd -> registers.
            ~ (3 H d_k + 2 r + H) ceil(d/W) + 2 H d_k ceil(r/W) cycles.
 3. NORM    L2 normalisation of q then k, head by head, on the shared
-           normaliser (hw/kda_norm.py): 2 H (2 d_k + rsqrt latency + 12) cycles.
-4. DELTA   the state update and read (hw/kda_delta.py): the two passes of
+           normaliser (hw/kda/norm.py): 2 H (2 d_k + rsqrt latency + 12) cycles.
+4. DELTA   the state update and read (hw/kda/delta.py): the two passes of
            neighbouring columns interleave, about H d_v max(2 d_k / state_lanes,
            the column latency of its clock-derived pipelines) cycles.
 5. ONORM   RMSNorm of o per head on the same normaliser, times the gate.
 6. WO      the weight read of W_o goes out only now, then its beats (input zo):
            d ceil(H d_v / W) cycles, then the output.  W_o is requested apart
            because the memory answers in request order: W_o beats requested at
-           ACCEPT would sit in the chip's one weight port (hw/weight_arbiter.py)
+           ACCEPT would sit in the chip's one weight port (hw/chip/weight_arbiter.py)
            through NORM, DELTA and ONORM and block the MoE of the previous token.
            Costs the memory latency once per token.
 No phase depends on the number of tokens seen: cycles per token are constant
@@ -60,17 +60,17 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsi
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.booth_multiply import booth_multiply, requantise
-from hw.carry_save import pipelined_add
-from hw.kda_delta import DeltaRule
-from hw.matvec import MatVecEngine
-from hw.kda_norm import Normalizer
-from hw.lut import LookupTable
-from hw.memory_map import memory_map
-from hw.param_map import kda_norm_ss_bits, param_layout, param_map, structural
-from hw.pipeline import Pipe, plan_pipeline
-from hw.short_conv import ShortConv
-from hw.weight_port import WeightPortSignature, split_request
+from hw.arith.booth_multiply import booth_multiply, requantise
+from hw.arith.carry_save import pipelined_add
+from hw.kda.delta import DeltaRule
+from hw.arith.matvec import MatVecEngine
+from hw.kda.norm import Normalizer
+from hw.arith.lut import LookupTable
+from hw.image.memory_map import memory_map
+from hw.image.param_map import kda_norm_ss_bits, param_layout, param_map, structural
+from hw.arith.pipeline import Pipe, plan_pipeline
+from hw.kda.short_conv import ShortConv
+from hw.chip.weight_port import WeightPortSignature, split_request
 from moekda.formats import formats_for
 
 # the projections in weight-memory order: (op, memory-map tensor, QKDA field, input vector)
@@ -211,7 +211,7 @@ class KdaUnit(wiring.Component):
                 with m.Case(n):
                     m.d.comb += x_group.eq(Array(sources[src])[f_beat])
 
-        # the shared engine (hw/matvec.py): one port beat per engine beat; its results
+        # the shared engine (hw/arith/matvec.py): one port beat per engine beat; its results
         # come back in row order, so a second (op, row) counter walks the same sequence.
         # The unit requantises the raw accumulator itself (f_up adds a bias first), so the
         # engine is built accumulator-only: no requantiser, (M, s) ignored.
@@ -246,7 +246,7 @@ class KdaUnit(wiring.Component):
                 m.d.sync += [res_row.eq(0), res_op.eq(res_op + 1)]
         # R0: the accumulator and its bias (0 but for f_up) registered; the bias add
         # (a carry chain as wide as the accumulator), times M, round, shift, saturate
-        # over clock-derived stages (hw/booth_multiply.py); the last register is R2
+        # over clock-derived stages (hw/arith/booth_multiply.py); the last register is R2
         r0_valid, r0_op, r0_row = Signal(), Signal.like(f_op), Signal.like(f_row)
         r0_acc, r0_bias = Signal(signed(fm.acc_bits + 1)), Signal(signed(fm.acc_bits + 1))
         m.d.sync += [r0_valid.eq(res_valid), r0_op.eq(res_op), r0_row.eq(res_row),

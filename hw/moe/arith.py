@@ -1,11 +1,11 @@
-"""Small arithmetic of the MoE unit that hw/carry_save.py does not cover.
+"""Small arithmetic of the MoE unit that hw/arith/carry_save.py does not cover.
 
 ``prefix_add``: (a + b) mod 2**width as a Kogge-Stone network (the route
 unit's sums, the divider's trial subtraction, the counters' increments).
 ``chunked_counter``: an event counter whose increment never crosses a chunk
-that fits one clock stage (hw/pipeline.py), for the unit's performance
-counters.  Products and requantisers are hw/booth_multiply.py's and the
-matrix-vector engine's (hw/matvec.py).
+that fits one clock stage (hw/arith/pipeline.py), for the unit's performance
+counters.  Products and requantisers are hw/arith/booth_multiply.py's and the
+matrix-vector engine's (hw/arith/matvec.py).
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def chunked_counter(m, plan, width: int, enable, name: str) -> Value:
     """A ``width``-bit event counter (+1 on each cycle ``enable`` is high) that meets the clock.
 
     The count is cut into chunks as wide as one stage's adder (``plan``,
-    hw/pipeline.py); a chunk steps when the chunk below wrapped in the
+    hw/arith/pipeline.py); a chunk steps when the chunk below wrapped in the
     previous cycle (a registered carry), so no carry chain crosses a chunk.
     The price: for ``chunks - 1`` cycles after a chunk wraps the upper
     chunks lag behind; a value read after the events stopped is exact.

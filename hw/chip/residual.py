@@ -6,7 +6,7 @@ Implements ``sim.models.int_ops.int_residual_add`` element by element:
 
 ``a`` is the residual stream (resid_bits), ``b`` the branch output (int8
 from KDA, resid_bits from MoE); (m_a, m_b, s) come in on ``params`` (the
-layout of hw/param_map.py's ``res1`` / ``res2`` fields: the chip's parameter
+layout of hw/image/param_map.py's ``res1`` / ``res2`` fields: the chip's parameter
 bank), so one netlist serves every model.  The parameters are static while
 elements flow (the bank changes only at LOAD, with the chip idle): they are
 registered once at the input (a cycle behind the bank) and read where they
@@ -24,11 +24,11 @@ clock period):
    an AND-OR over the elements.  Done here, not as an ``Array`` read in the
    owner, because a d-way mux in front of the multiply was the layer's
    worst path (issue 7);
-2. both products as radix-4 Booth partial products (hw/carry_save.py) plus
+2. both products as radix-4 Booth partial products (hw/arith/carry_save.py) plus
    one word holding the rounding 2**(s-1) (a one-hot decode of s - 1),
    reduced by a 3:2 tree to two words;
 3. one carry-propagate add, split where the clock needs it;
-4. the arithmetic shift by s (hw/booth_multiply.py's barrel shifter, one
+4. the arithmetic shift by s (hw/arith/booth_multiply.py's barrel shifter, one
    mux level per bit of s; s is clamped to the sum's width, beyond which the
    result is 0 anyway) and the saturation, registered.
 """
@@ -38,14 +38,14 @@ from amaranth import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.booth_multiply import barrel_shift_saturate, clamp_shift, rounding_word
-from hw.carry_save import booth_partial_products, pipelined_add, reduce_to_two, static_booth_digits
-from hw.param_map import SHIFT_BITS
-from hw.pipeline import Pipe, plan_pipeline
+from hw.arith.booth_multiply import barrel_shift_saturate, clamp_shift, rounding_word
+from hw.arith.carry_save import booth_partial_products, pipelined_add, reduce_to_two, static_booth_digits
+from hw.image.param_map import SHIFT_BITS
+from hw.arith.pipeline import Pipe, plan_pipeline
 
 
 def residual_layout(mult_bits: int = 16, shift_bits: int = SHIFT_BITS) -> data.StructLayout:
-    """The ``params`` port: hw/param_map.py's ``res1`` / ``res2`` fields (same shape)."""
+    """The ``params`` port: hw/image/param_map.py's ``res1`` / ``res2`` fields (same shape)."""
     return data.StructLayout({"m_a": unsigned(mult_bits), "m_b": unsigned(mult_bits),
                               "s": unsigned(shift_bits)})
 
@@ -133,7 +133,7 @@ class ResidualAdd(wiring.Component):
         # 3. the carry-propagate add
         live = pipelined_add(pipe, {**live, "sum_s": s_word, "sum_c": c_word}, "sum_s", "sum_c", "total", w)
 
-        # 4. shift by s (barrel: hw/booth_multiply.py's one variable round-shift), saturate, register
+        # 4. shift by s (barrel: hw/arith/booth_multiply.py's one variable round-shift), saturate, register
         # the shift travels with the value (a copy per stage, fewer fan-out buffers)
         live = barrel_shift_saturate(pipe, {**live, "res_s": shift}, "total", "res_s", w, len(shift), "y",
                                      out_widths=[self.out_bits])

@@ -4,12 +4,12 @@ Implements ``sim.models.int_ops.int_normalize`` for one row ``x`` of ``n``
 elements, bit for bit:
 
     ss      = max(sum x_i^2 + eps_int, 1)
-    (y, E)  = rsqrt(ss)                               hw/rsqrt.py
+    (y, E)  = rsqrt(ss)                               hw/arith/rsqrt.py
     m_r     = rs(y * m, rsqrt_frac + 1);  s_r = E + s - rsqrt_frac - 1
     out_i   = sat_out(rs(x_i * m_r, s_r))             one element per cycle
 
 (eps_int, m, s) are run-time inputs, one set per mode on ``norms`` (the
-owner ties them to its parameter bank, hw/param_map.py: ``kda.q_norm`` ...,
+owner ties them to its parameter bank, hw/image/param_map.py: ``kda.q_norm`` ...,
 ``attn_norm``); ``mode`` picks one per run, so the q, k and o norms share this
 unit and its rsqrt.  The widths follow from the parameter fields, not from the
 values: the sum starts at eps (a field as wide as the sum of squares), and
@@ -28,15 +28,15 @@ from amaranth import Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.booth_multiply import barrel_shift_saturate, booth_multiply
-from hw.carry_save import compress_3_2, pipelined_add
-from hw.pipeline import Pipe, plan_pipeline
-from hw.rsqrt import Rsqrt
+from hw.arith.booth_multiply import barrel_shift_saturate, booth_multiply
+from hw.arith.carry_save import compress_3_2, pipelined_add
+from hw.arith.pipeline import Pipe, plan_pipeline
+from hw.arith.rsqrt import Rsqrt
 from moekda.formats import Formats
 
 
 def norm_layout(eps_bits: int, mult_bits: int, s_bits: int = 5) -> data.StructLayout:
-    """One mode's parameters, laid out as hw/param_map.py's ``<norm>.eps_int|m|s`` fields."""
+    """One mode's parameters, laid out as hw/image/param_map.py's ``<norm>.eps_int|m|s`` fields."""
     return data.StructLayout({"eps_int": unsigned(eps_bits), "m": unsigned(mult_bits), "s": unsigned(s_bits)})
 
 
@@ -137,7 +137,7 @@ class Normalizer(wiring.Component):
         rp = Pipe(m, plan, "norm_ss")
         rs_live = pipelined_add(rp, {"valid": rs_go, "a": ss[0], "b": ss[1]}, "a", "b", "total", self.rs_bits)
         rs_live = rp.register(rs_live)
-        # the shift by s_r and the saturation (hw/booth_multiply.py's shared barrel): s_r is
+        # the shift by s_r and the saturation (hw/arith/booth_multiply.py's shared barrel): s_r is
         # stable over the scale pass, so it steers the barrel from its register.  Each bit of
         # s_r steers a whole barrel level (pw muxes): charge its buffer tree as one more mux
         # level (measured: tiny layer -0.022 ns on s_r -> wr_y without it)

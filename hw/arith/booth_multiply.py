@@ -3,23 +3,23 @@
 The KDA's one-off products (the normaliser's x*x and x*m_r, rsqrt's Newton
 products, y*m) were single-cycle ``*`` operators: a carry-propagate
 multiplier that no clock above ~450 MHz fits.  Here the same product is the
-Booth partial products of hw/carry_save.py, a 3:2 tree and one split adder,
-with registers placed by the ``Pipe`` the caller passes in (hw/pipeline.py),
+Booth partial products of hw/arith/carry_save.py, a 3:2 tree and one split adder,
+with registers placed by the ``Pipe`` the caller passes in (hw/arith/pipeline.py),
 so the stage count follows from the clock period of the config.
 
 Extra addends (a rounding constant 2**(s-1), say) become more words of the
 same tree: the product and the rounding share one carry-propagate add.
 
 Also the chip's one variable round-shift (``rounding_word`` + ``barrel_shift_saturate``:
-the engine's requantiser in hw/matvec.py, the KDA's requantisers, normaliser and
+the engine's requantiser in hw/arith/matvec.py, the KDA's requantisers, normaliser and
 delta rule all use it) and ``requantise``, a requantiser whose (m, s) per op are
-run-time inputs (the parameter bank, hw/param_map.py).
+run-time inputs (the parameter bank, hw/image/param_map.py).
 """
 from __future__ import annotations
 
 from amaranth.hdl import Array, Cat, Const, Mux, Signal, Value, signed
 
-from hw.carry_save import (booth_partial_products, pipelined_add, reduce_to_two, sign_extend, static_booth_digits,
+from hw.arith.carry_save import (booth_partial_products, pipelined_add, reduce_to_two, sign_extend, static_booth_digits,
                             zero_extend)
 
 
@@ -95,7 +95,7 @@ def barrel_shift_saturate(pipe, live: dict, value_key: str, shift, width: int, s
     requantisers, normaliser and delta rule): the rounding constant has already been
     added (``rounding_word`` in the product's tree), the shift is a barrel, one mux
     level per bit of the shift (its low ``shift_bits`` bits), each level charged to
-    ``pipe`` (hw/pipeline.py), so registers fall between levels where the clock needs.
+    ``pipe`` (hw/arith/pipeline.py), so registers fall between levels where the clock needs.
     ``fanout_levels`` charges extra mux levels first (a shift bit steering a wide level).
 
     ``shift`` is a key of ``live`` (it travels with the value) or a value that is
@@ -155,7 +155,7 @@ def requantise(pipe, live: dict, value, op_key: str, table, width: int, out_key:
 
     ``table`` lists ``(m, s, bits)`` per op code, the numerics of
     moekda.numerics.requantize: ``m`` (unsigned) and ``s`` (>= 0) are run-time
-    values (signals: the parameter bank, hw/param_map.py), ``bits`` a constant of
+    values (signals: the parameter bank, hw/image/param_map.py), ``bits`` a constant of
     the config.  The parameters are static while the unit runs: each op's m and
     clamped s are registered here once (a cycle behind their inputs, so no path
     runs from the bank through the op select into the product), then the op's

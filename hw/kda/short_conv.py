@@ -11,7 +11,7 @@ after a ``restart`` the stale history is *masked* by a count of the tokens
 seen since, instead of being overwritten, so a new sequence costs no cycles.
 
 The taps are a run-time input (``taps``, channels x K signed words: the
-parameter bank, hw/param_map.py ``kda.conv_*.w``), so one netlist serves every
+parameter bank, hw/image/param_map.py ``kda.conv_*.w``), so one netlist serves every
 model; they are few and needed one channel per cycle, which a port-width
 weight stream would deliver in the wrong shape.  A channel's taps are read
 through the same rotating one-hot select as its history (an AND-OR tree, no
@@ -23,7 +23,7 @@ the next token; ``o`` carries ``acc`` in the same order.  ``restart`` is a
 strobe allowed only between tokens (before channel 0 is sent).  Throughput
 one channel per cycle.  The K products and their sum are Booth partial
 products in one carry-save tree over stages that follow from the clock
-(hw/pipeline.py); the pipeline itself never stalls: results land in a FIFO as
+(hw/arith/pipeline.py); the pipeline itself never stalls: results land in a FIFO as
 deep as the pipeline, and ``i`` is ready only while every channel in flight
 has a place there, so back-pressure on ``o`` stalls ``i`` without loss.
 """
@@ -34,8 +34,8 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-from hw.carry_save import booth_partial_products, pipelined_add, reduce_to_two
-from hw.pipeline import Pipe, plan_pipeline
+from hw.arith.carry_save import booth_partial_products, pipelined_add, reduce_to_two
+from hw.arith.pipeline import Pipe, plan_pipeline
 
 
 def conv_acc_bits(in_bits: int, weight_bits: int, kernel: int) -> int:

@@ -45,9 +45,9 @@ from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from hw.booth_multiply import barrel_shift_saturate, rounding_word, saturate  # noqa: F401 (saturate: re-exported)
-from hw.carry_save import booth_partial_products, compress_3_2, pipelined_add, reduce_to_two, sign_extend
-from hw.pipeline import Pipe, PipelinePlan, plan_pipeline
+from hw.arith.booth_multiply import barrel_shift_saturate, rounding_word, saturate  # noqa: F401 (saturate: re-exported)
+from hw.arith.carry_save import booth_partial_products, compress_3_2, pipelined_add, reduce_to_two, sign_extend
+from hw.arith.pipeline import Pipe, PipelinePlan, plan_pipeline
 
 
 class MatVecFormats:
@@ -273,7 +273,7 @@ class Requantiser(_ResultStage):
         p_sum, p_carry = live.pop("words")
         live = pipelined_add(pipe, {**live, "ps": p_sum, "pc": p_carry}, "ps", "pc", "p", width)
         # arithmetic right shift by s, one barrel level per bit of s, and the saturation
-        # (per row's out_sel with several widths): the shared helper of hw/booth_multiply.py
+        # (per row's out_sel with several widths): the shared helper of hw/arith/booth_multiply.py
         live = barrel_shift_saturate(pipe, live, "p", "shift", width, f.shift_bits, "y", f.out_widths,
                                      sel="out_sel" if len(f.out_widths) > 1 else None)
         y = live.pop("y")

@@ -25,13 +25,13 @@ Ports
 ``i``     stream, one beat per token: ``x`` (d_model x resid_bits signed, the
           residual stream) and ``first`` (a new sequence starts here).
 ``o``     stream, one beat per token: ``y`` (d_model x resid_bits signed).
-``wport`` the weight port (hw/weight_port.py): every weight matrix of the layer
-          is read from the external weight memory (hw/memory_map.py).
-``bus``   Wishbone classic slave, the control and status registers (hw/csr.py).
+``wport`` the weight port (hw/chip/weight_port.py): every weight matrix of the layer
+          is read from the external weight memory (hw/image/memory_map.py).
+``bus``   Wishbone classic slave, the control and status registers (hw/chip/csr.py).
 
 Within a stage the phases run one after the other: RMSNorm (one normaliser
-per stage, hw/kda_norm.py), the block, the element-serial residual add
-(hw/residual.py), which writes its sum over its own input (``h`` over ``x``,
+per stage, hw/kda/norm.py), the block, the element-serial residual add
+(hw/chip/residual.py), which writes its sum over its own input (``h`` over ``x``,
 ``y`` over ``h``).  The top holds 2 x d resid words and 2 x d bytes.
 Stage A's RMSNorm of the next token need not wait for the hand-over: it runs on
 the token waiting on ``i`` as soon as the KDA has taken the current ``xn``, so the
@@ -46,18 +46,18 @@ from amaranth import Array, Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
-from hw.counter import ChunkedCounter
-from hw.csr import LayerCsr, WishboneSignature
-from hw.kda import KdaUnit
-from hw.kda_norm import Normalizer
-from hw.memory_map import memory_map
-from hw.moe import MoEUnit
-from hw.param_map import param_layout
-from hw.image_format import image_layout
-from hw.loader import ImageLoader
-from hw.residual import ResidualAdd
-from hw.weight_arbiter import WeightArbiter
-from hw.weight_port import WeightPortSignature
+from hw.arith.counter import ChunkedCounter
+from hw.chip.csr import LayerCsr, WishboneSignature
+from hw.kda.unit import KdaUnit
+from hw.kda.norm import Normalizer
+from hw.image.memory_map import memory_map
+from hw.moe.unit import MoEUnit
+from hw.image.param_map import param_layout
+from hw.image.format import image_layout
+from hw.chip.loader import ImageLoader
+from hw.chip.residual import ResidualAdd
+from hw.chip.weight_arbiter import WeightArbiter
+from hw.chip.weight_port import WeightPortSignature
 from moekda.formats import derived_widths, formats_for
 
 
@@ -99,9 +99,9 @@ class LayerTop(wiring.Component):
         cfg, fm, d = self.cfg, self.fm, self.d
         rb, a = fm.resid_bits, fm.act_bits
 
-        # the parameter bank: every per-model value (hw/param_map.py), one field per
+        # the parameter bank: every per-model value (hw/image/param_map.py), one field per
         # block (bank.kda, bank.moe, bank.attn_norm, ...), filled from the memory image by
-        # LOAD (hw/loader.py), which reads the weight port as the arbiter's third client
+        # LOAD (hw/chip/loader.py), which reads the weight port as the arbiter's third client
         m.submodules.loader = loader = ImageLoader(cfg)
         bank = loader.bank
 
