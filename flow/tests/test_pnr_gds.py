@@ -12,7 +12,7 @@ from flow.gds import def_to_gds, gds_to_png, lef_layers  # noqa: E402
 from moekda.cli import UserError  # noqa: E402
 from pdk.kit import PLATFORM, find_kit  # noqa: E402
 
-CELLS = {"tap": "WELLTAP_X1", "u_inv": "INV_X1", "u_nand": "NAND2_X1", "u_ff": "DFF_X1"}
+CELLS = {"tap": "TAPCELL_X1", "u_inv": "INV_X1", "u_nand": "NAND2_X1", "u_ff": "DFF_X1"}
 
 
 def _def(cells: dict[str, str]) -> str:

