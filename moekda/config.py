@@ -32,6 +32,10 @@ def _field(default, lo=None, hi=None, choices=None, doc=""):
     return field(default=default, metadata={"lo": lo, "hi": hi, "choices": choices, "doc": doc})
 
 
+LAYER_KINDS = ("kda",)          # the next issue adds "mla"
+MIXER_KINDS = ("moe", "dense")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     d_model: int = _field(16, 4, 4096, doc="model width")
@@ -46,6 +50,44 @@ class ModelConfig:
     decay_lower_bound: float = _field(-5.0, -5.0, -0.01, doc="lb of the bounded gate g = lb*sigmoid(..)")
     routed_scaling: float = _field(2.5, 0.01, 64.0, doc="routed_scaling_factor of the MoE")
     norm_eps: float = _field(1e-6, 1e-12, 1e-2, doc="RMSNorm epsilon")
+    # ---- the model stack (issue 14).  Every layer has the sizes above; what differs per layer is
+    # its kind and its channel mixer.  n_layers = 1 with vocab = 0 is the one-layer chip.
+    n_layers: int = _field(1, 1, 64, doc="layers of the stack, run one after another")
+    layers: tuple = _field(None, choices=LAYER_KINDS,
+                           doc="kind of each layer, n_layers entries (omitted: all kda)")
+    mixers: tuple = _field(None, choices=MIXER_KINDS,
+                           doc="channel mixer of each layer, n_layers entries (omitted: all moe); "
+                               "dense = one SwiGLU of width d_ff_dense")
+    d_ff_dense: int = _field(0, 0, 1 << 18,
+                             doc="hidden width of a dense mixer, a multiple of d_ff (run as d_ff_dense/d_ff "
+                                 "chunks on the shared-expert path); 0: (top_k + n_shared) * d_ff, K2's ratio")
+    vocab: int = _field(0, 0, 65536, doc="vocabulary (16 to 65536): token id in, next token out; "
+                                         "0: no embedding or LM head, residual streams in and out")
+    tie_embedding: bool = _field(False, doc="LM head = embedding table transposed (needs vocab > 0)")
+
+    def __post_init__(self):
+        # the omitted per-layer lists and the dense width follow from the other fields
+        for name, value in _stack_defaults(self).items():
+            if name in ("layers", "mixers") and getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        if self.d_ff_dense == 0:
+            object.__setattr__(self, "d_ff_dense", (self.top_k + self.n_shared) * self.d_ff)
+
+    @property
+    def is_layer_chip(self) -> bool:
+        """Today's one-layer chip: one KDA + MoE layer, residual streams in and out."""
+        return self.n_layers == 1 and self.vocab == 0 and self.mixers == ("moe",) and self.layers == ("kda",)
+
+    @property
+    def dense_chunks(self) -> int:
+        """A dense mixer as d_ff-wide SwiGLU chunks (the shared-expert path's width)."""
+        return self.d_ff_dense // self.d_ff
+
+
+def _stack_defaults(m) -> dict:
+    """What each stack field is when the TOML omits it (given the other fields)."""
+    return {"n_layers": 1, "layers": ("kda",) * m.n_layers, "mixers": ("moe",) * m.n_layers,
+            "d_ff_dense": (m.top_k + m.n_shared) * m.d_ff, "vocab": 0, "tie_embedding": False}
 
 
 @dataclass(frozen=True)
@@ -88,8 +130,17 @@ class Config:
     pnr: PnrConfig = field(default_factory=PnrConfig)
 
     def to_dict(self) -> dict:
+        """The values, as TOML/JSON would hold them.  A stack field (model.n_layers, layers,
+        mixers, d_ff_dense, vocab, tie_embedding) is listed only where it differs from what
+        omitting it gives: a one-layer config's dict, and so its hash, is what it was before
+        the stack fields existed, and the dict still loads back to the same config."""
         d = dataclasses.asdict(self)
         d.pop("source")
+        for name, default in _stack_defaults(self.model).items():
+            if d["model"][name] == default:
+                del d["model"][name]
+            elif isinstance(d["model"][name], tuple):
+                d["model"][name] = list(d["model"][name])
         return d
 
     def hash(self) -> str:
@@ -115,6 +166,17 @@ def _check_value(section: str, f: dataclasses.Field, value):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{name} = {value!r}: must be a number")
         value = float(value)
+    elif f.type == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} = {value!r}: must be true or false")
+    elif f.type == "tuple":
+        if not isinstance(value, (list, tuple)) or not value:
+            raise ConfigError(f"{name} = {value!r}: must be a non-empty list of "
+                              f"{', '.join(map(repr, meta['choices']))}, one per layer")
+        for i, v in enumerate(value):
+            if v not in meta["choices"]:
+                raise ConfigError(f"{name}[{i}] = {v!r}: allowed values are {', '.join(meta['choices'])}")
+        return tuple(value)
     if meta["choices"] is not None and value not in meta["choices"]:
         allowed = ", ".join(str(c) for c in meta["choices"])
         raise ConfigError(f"{name} = {value!r}: allowed values are {allowed}")
@@ -139,19 +201,31 @@ def _build_section(section: str, cls, raw: dict):
 
 # resource limits: a config past them is refused before anything is generated (numpy arrays,
 # RTL, simulation memories), so a typo gets one line instead of a memory error minutes later
-MAX_WEIGHT_BYTES = 64 << 20      # the weight matrices of one layer in the memory image
-MAX_STATE_BITS = 1 << 20         # the KDA state (flip-flops or SRAM)
+MAX_WEIGHT_BYTES = 64 << 20      # the weight matrices of the model (every layer, embedding, LM head)
+MAX_STATE_BITS = 1 << 20         # the KDA state of every layer (flip-flops or SRAM)
 MAX_CELLS = 5_000_000            # a rough cell estimate: past it synthesis does not fit this machine
 
 
-def resource_estimate(cfg: Config) -> dict[str, int]:
-    """Weight bytes, state bits and a cell estimate of the layer chip (order of magnitude:
-    ~12 cells per state or parameter bit with its muxes, ~3 000 per MAC lane)."""
-    m, hw = cfg.model, cfg.hw
+def layer_weight_bytes(cfg: Config, mixer: str = "moe") -> int:
+    """int8 weight elements of one layer with channel mixer ``mixer`` (padding not counted)."""
+    m = cfg.model
     d, hk, r, E, F = m.d_model, m.n_heads * m.head_dim, m.gate_rank, m.n_experts, m.d_ff
-    weights = 3 * hk * d + 2 * r * d + m.n_heads * d + 2 * hk * r + d * hk + E * d + (E + m.n_shared) * 3 * F * d
-    state = m.n_heads * m.head_dim * m.head_dim * cfg.formats.state_bits
-    params = 8 * (3 * hk * m.conv_kernel + 4 * hk) + 8 * 16 * (1 << cfg.formats.lut_in_bits)
+    kda = 3 * hk * d + 2 * r * d + m.n_heads * d + 2 * hk * r + d * hk
+    mix = E * d + (E + m.n_shared) * 3 * F * d if mixer == "moe" else 3 * m.d_ff_dense * d
+    return kda + mix
+
+
+def resource_estimate(cfg: Config) -> dict[str, int]:
+    """Weight bytes, state bits and a cell estimate of the chip (order of magnitude:
+    ~12 cells per state or parameter bit with its muxes, ~3 000 per MAC lane).  A stack
+    counts every layer's weights, state and parameters, the embedding table and an untied
+    LM head."""
+    m, hw = cfg.model, cfg.hw
+    d, hk = m.d_model, m.n_heads * m.head_dim
+    weights = sum(layer_weight_bytes(cfg, mx) for mx in m.mixers)
+    weights += m.vocab * d * (1 if m.tie_embedding else 2)
+    state = m.n_layers * m.n_heads * m.head_dim * m.head_dim * cfg.formats.state_bits
+    params = m.n_layers * (8 * (3 * hk * m.conv_kernel + 4 * hk) + 8 * 16 * (1 << cfg.formats.lut_in_bits))
     return {"weight_bytes": weights, "state_bits": state,
             "cells": 12 * (state + params) + 3000 * hw.lanes + 40 * d * 8}
 
@@ -160,19 +234,42 @@ def _check_resources(cfg: Config):
     m = cfg.model
     est = resource_estimate(cfg)
     shape = f"model.d_model = {m.d_model}, model.d_ff = {m.d_ff}, model.n_experts = {m.n_experts}"
+    what = "the layer's" if m.is_layer_chip else "the model's"
+    if not m.is_layer_chip:
+        shape += f", model.n_layers = {m.n_layers}, model.vocab = {m.vocab}"
     if est["weight_bytes"] > MAX_WEIGHT_BYTES:
-        raise ConfigError(f"{shape}: the layer's weights would be {est['weight_bytes']:,} bytes, "
+        raise ConfigError(f"{shape}: {what} weights would be {est['weight_bytes']:,} bytes, "
                           f"the limit is {MAX_WEIGHT_BYTES:,} (64 MiB)")
     if est["state_bits"] > MAX_STATE_BITS:
-        raise ConfigError(f"model.head_dim = {m.head_dim} with model.n_heads = {m.n_heads}: the KDA state would be "
-                          f"{est['state_bits']:,} bits, the limit is {MAX_STATE_BITS:,}")
+        layers = f" in {m.n_layers} layers" if m.n_layers > 1 else ""
+        raise ConfigError(f"model.head_dim = {m.head_dim} with model.n_heads = {m.n_heads}{layers}: the KDA state "
+                          f"would be {est['state_bits']:,} bits, the limit is {MAX_STATE_BITS:,}")
     if est["cells"] > MAX_CELLS:
         raise ConfigError(f"{shape}, hw.lanes = {cfg.hw.lanes}: about {est['cells']:,} cells, "
                           f"the limit is {MAX_CELLS:,}")
 
 
+def _check_stack(cfg: Config):
+    """The stack fields against each other (before the resource estimate, which reads them)."""
+    m = cfg.model
+    for name in ("layers", "mixers"):
+        n = len(getattr(m, name))
+        if n != m.n_layers:
+            raise ConfigError(f"model.{name} has {n} entr{'y' if n == 1 else 'ies'}: must have one per layer, "
+                              f"model.n_layers = {m.n_layers}")
+    if m.d_ff_dense % m.d_ff:
+        raise ConfigError(f"model.d_ff_dense = {m.d_ff_dense}: must be a multiple of model.d_ff ({m.d_ff}), "
+                          f"the dense mixer runs as d_ff-wide chunks on the shared-expert path (0: the default)")
+    if 0 < m.vocab < 16:
+        raise ConfigError(f"model.vocab = {m.vocab}: allowed values are 0 (no embedding or LM head) "
+                          f"or 16 to 65536")
+    if m.tie_embedding and m.vocab == 0:
+        raise ConfigError("model.tie_embedding = True: needs a vocabulary (model.vocab 16 to 65536)")
+
+
 def _check_relations(cfg: Config):
     """Constraints between fields, each reported against the field to change."""
+    _check_stack(cfg)
     _check_resources(cfg)
     m, hw = cfg.model, cfg.hw
     if m.top_k > m.n_experts:
@@ -251,6 +348,12 @@ def describe_fields() -> str:
     for sec, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             m = f.metadata
-            rng = ("one of " + ", ".join(map(str, m["choices"]))) if m["choices"] else f"{m['lo']} to {m['hi']}"
-            lines.append(f"{sec}.{f.name:<20} default {f.default!s:<8} {rng:<16} {m['doc']}")
+            if f.type == "tuple":
+                rng = "list of " + "|".join(m["choices"])
+            elif f.type == "bool":
+                rng = "true or false"
+            else:
+                rng = ("one of " + ", ".join(map(str, m["choices"]))) if m["choices"] else f"{m['lo']} to {m['hi']}"
+            default = "(see doc)" if f.default is None else f.default
+            lines.append(f"{sec}.{f.name:<20} default {default!s:<8} {rng:<16} {m['doc']}")
     return "\n".join(lines)

@@ -119,3 +119,107 @@ def test_config_loader_fuzz(tmp_path):
         except ConfigError as e:
             assert "\n" not in str(e) or "TOML" in str(e)
     assert ok and refused
+
+
+# ---- the model stack (issue 14) ----------------------------------------------------------
+
+def test_one_layer_configs_keep_their_hash_and_dict():
+    """The stack fields at their defaults are not in the dict: tiny's and small's hash (and so
+    their images' CONFIG_HASH and every cached result) are what they were before issue 14."""
+    assert load_config("tiny").hash() == "a28410a27b81"
+    assert load_config("small").hash() == "ab9697d08b4b"
+    for name in ("tiny", "small"):
+        cfg = load_config(name)
+        assert cfg.model.is_layer_chip and cfg.model.n_layers == 1 and cfg.model.vocab == 0
+        assert cfg.model.layers == ("kda",) and cfg.model.mixers == ("moe",)
+        assert not {"n_layers", "layers", "mixers", "d_ff_dense", "vocab", "tie_embedding"} & set(cfg.to_dict()["model"])
+
+
+def test_model_configs():
+    for name, layer, vocab, tied in (("model-tiny", "tiny", 64, True), ("model-small", "small", 256, False)):
+        cfg, one = load_config(name), load_config(layer)
+        m = cfg.model
+        assert (m.n_layers, m.layers, m.mixers, m.vocab, m.tie_embedding) == (
+            4, ("kda",) * 4, ("dense", "moe", "moe", "moe"), vocab, tied)
+        assert 64 <= m.vocab <= 256 and not m.is_layer_chip
+        # the layers are the one-layer config's, field for field
+        same = {k: v for k, v in one.to_dict()["model"].items()}
+        assert {k: cfg.to_dict()["model"][k] for k in same} == same
+        assert cfg.to_dict()["hw"] == one.to_dict()["hw"] and cfg.to_dict()["formats"] == one.to_dict()["formats"]
+        assert m.d_ff_dense == (m.top_k + m.n_shared) * m.d_ff and m.dense_chunks == m.top_k + m.n_shared
+
+
+def test_stack_defaults_and_round_trip():
+    cfg = config_from_dict(base(model={"n_layers": 3, "vocab": 32}))
+    assert cfg.model.layers == ("kda",) * 3 and cfg.model.mixers == ("moe",) * 3
+    assert cfg.model.d_ff_dense == 3 * cfg.model.d_ff and not cfg.model.tie_embedding
+    explicit = config_from_dict(base(model={"n_layers": 3, "vocab": 32, "layers": ["kda"] * 3,
+                                            "mixers": ["moe"] * 3, "d_ff_dense": 48}))
+    assert explicit.hash() == cfg.hash()
+    other = config_from_dict(base(model={"n_layers": 3, "vocab": 32, "mixers": ["dense", "moe", "moe"]}))
+    assert other.hash() != cfg.hash()
+    d = other.to_dict()
+    assert d["model"]["mixers"] == ["dense", "moe", "moe"]          # lists, as TOML writes them
+    back = config_from_dict({"name": "t", **d})
+    assert back == other
+    from flow.sweep import to_toml                                  # the sweep writes configs as TOML
+    import tomllib
+    assert config_from_dict(tomllib.loads(to_toml({"name": "t", **d}))) == other
+
+
+@pytest.mark.parametrize("model, needle", [
+    ({"n_layers": 0}, "model.n_layers = 0: allowed range is 1 to 64"),
+    ({"n_layers": 65}, "model.n_layers = 65: allowed range is 1 to 64"),
+    ({"n_layers": 2, "layers": ["kda"]}, "model.layers has 1 entry: must have one per layer, model.n_layers = 2"),
+    ({"n_layers": 2, "mixers": ["moe", "moe", "dense"]}, "model.mixers has 3 entries: must have one per layer"),
+    ({"layers": ["mla"]}, "model.layers[0] = 'mla': allowed values are kda"),
+    ({"n_layers": 2, "mixers": ["moe", "sparse"]}, "model.mixers[1] = 'sparse': allowed values are moe, dense"),
+    ({"layers": "kda"}, "model.layers = 'kda': must be a non-empty list of 'kda', one per layer"),
+    ({"mixers": []}, "model.mixers = []: must be a non-empty list"),
+    ({"mixers": [1]}, "model.mixers[0] = 1: allowed values are moe, dense"),
+    ({"vocab": 8}, "model.vocab = 8: allowed values are 0 (no embedding or LM head) or 16 to 65536"),
+    ({"vocab": 65537}, "model.vocab = 65537: allowed range is 0 to 65536"),
+    ({"vocab": -1}, "model.vocab = -1: allowed range is 0 to 65536"),
+    ({"vocab": 64, "tie_embedding": 1}, "model.tie_embedding = 1: must be true or false"),
+    ({"tie_embedding": True}, "model.tie_embedding = True: needs a vocabulary"),
+    ({"d_ff_dense": 40, "mixers": ["dense"]}, "model.d_ff_dense = 40: must be a multiple of model.d_ff (16)"),
+    ({"d_ff_dense": -16}, "model.d_ff_dense = -16: allowed range is 0 to 262144"),
+])
+def test_bad_stack_values_name_field_and_range(model, needle):
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(base(model=model))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("model, needle", [
+    # each layer alone is fine; the stack is not
+    ({"d_model": 1024, "d_ff": 1024, "n_experts": 16, "n_layers": 8, "gate_rank": 16},
+     "model.n_layers = 8, model.vocab = 0: the model's weights would be"),
+    ({"d_model": 2048, "d_ff": 64, "n_experts": 4, "vocab": 65536, "gate_rank": 16}, "the model's weights would be"),
+    ({"d_model": 256, "n_heads": 4, "head_dim": 64, "n_layers": 8}, "in 8 layers: the KDA state would be"),
+])
+def test_resource_limits_count_the_stack(model, needle):
+    one = {k: v for k, v in model.items() if k not in ("n_layers", "vocab")}
+    config_from_dict(base(model=one))                    # one layer of it is accepted
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(base(model=model))
+    assert needle in str(e.value) and "limit is" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_tied_embedding_counts_once():
+    from moekda.config import resource_estimate
+    tied = config_from_dict(base(model={"vocab": 256, "tie_embedding": True}))
+    untied = config_from_dict(base(model={"vocab": 256}))
+    layer = config_from_dict(base())
+    d = layer.model.d_model
+    assert resource_estimate(tied)["weight_bytes"] - resource_estimate(layer)["weight_bytes"] == 256 * d
+    assert resource_estimate(untied)["weight_bytes"] - resource_estimate(layer)["weight_bytes"] == 2 * 256 * d
+
+
+def test_cli_bad_stack_value_exit_2(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\n[model]\nn_layers = 2\nmixers = ["moe"]\n')
+    r = subprocess.run([sys.executable, "-m", "moekda", "config", "-c", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("moekda config: error: model.mixers has 1 entry: must have one per layer, "
+                                "model.n_layers = 2")
