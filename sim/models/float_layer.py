@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moekda.config import Config
-from sim.models.params import KDAParams, LayerParams, MoEParams
+from sim.models.params import DenseParams, KDAParams, LayerParams, MoEParams
 
 L2_EPS = 1e-6  # l2norm epsilon of fla's use_qk_l2norm_in_kernel
 
@@ -211,8 +211,18 @@ def moe_step(p: MoEParams, cfg: Config, hn, trace=None, select=None):
     return out, (idx, w)
 
 
+def dense_step(p: DenseParams, cfg: Config, hn, trace=None):
+    """A dense channel mixer on the normalised input hn (d,): one SwiGLU of width d_ff_dense.
+    Traced as ``moe_out`` (the channel mixer's output, whichever kind). Returns out (d,)."""
+    out = swiglu(p.w_gate, p.w_up, p.w_down, hn)
+    if trace is not None:
+        trace["moe_out"] = out
+    return out
+
+
 def layer_step(p: LayerParams, cfg: Config, state: KDAState, x, trace=None, select=None):
-    """One token through the whole layer. Returns (state, y (d,)). ``select``: see moe_step."""
+    """One token through the whole layer. Returns (state, y (d,)). ``select``: see moe_step
+    (a dense layer has no experts to select: it must be None)."""
     eps = cfg.model.norm_eps
     t = trace if trace is not None else {}
     t["x"] = x
@@ -221,7 +231,12 @@ def layer_step(p: LayerParams, cfg: Config, state: KDAState, x, trace=None, sele
     h = x + kda_out
     t["h"] = h
     t["hn_unit"] = rms_unit(h, eps)
-    moe_out, _ = moe_step(p.moe, cfg, t["hn_unit"] * p.mlp_norm_w, t, select)
+    if p.dense is not None:
+        if select is not None:
+            raise ValueError("layer_step: select given for a dense layer")
+        moe_out = dense_step(p.dense, cfg, t["hn_unit"] * p.mlp_norm_w, t)
+    else:
+        moe_out, _ = moe_step(p.moe, cfg, t["hn_unit"] * p.mlp_norm_w, t, select)
     y = h + moe_out
     t["y"] = y
     return state, y

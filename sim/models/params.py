@@ -12,12 +12,18 @@ fresh one, because the integer formats are calibrated on it:
   that A * dt_bias ~ U(-10, -1): decays from ~0.08 (short memory) to ~0.9999
   (long memory), the spread a trained KDA shows;
 * router bias ~ N(0, 0.05) (DeepSeek-V3's aux-free bias is small).
+
+A model (``ModelParams``, issue 14) is a stack of such layers, each with its own
+parameters and channel mixer (MoE, or one dense SwiGLU: ``DenseParams``), plus an
+embedding table, a final RMSNorm and an LM head (its own matrix, or the embedding
+table when ``model.tie_embedding``).
 """
 from __future__ import annotations
 
 import json
 import struct
 from dataclasses import dataclass, fields
+from typing import Optional
 from pathlib import Path
 
 import numpy as np
@@ -57,66 +63,106 @@ class MoEParams:
 
 
 @dataclass
+class DenseParams:
+    """A dense channel mixer: one SwiGLU of width F = model.d_ff_dense (a multiple of d_ff).
+    ``dense_chunks`` cuts it into F / d_ff SwiGLUs of width d_ff whose outputs sum to it
+    exactly: the shape the MoE unit's shared-expert path runs."""
+    w_gate: np.ndarray       # (F, d)
+    w_up: np.ndarray         # (F, d)
+    w_down: np.ndarray       # (d, F)
+
+
+def dense_chunks(p: DenseParams, cfg: Config):
+    """(gate (C, d_ff, d), up (C, d_ff, d), down (C, d, d_ff)): chunk c is hidden units
+    c*d_ff .. (c+1)*d_ff - 1 (rows of gate/up, columns of down), C = cfg.model.dense_chunks."""
+    m = cfg.model
+    C, f, d = m.dense_chunks, m.d_ff, m.d_model
+    return (p.w_gate.reshape(C, f, d), p.w_up.reshape(C, f, d),
+            p.w_down.reshape(d, C, f).transpose(1, 0, 2))
+
+
+@dataclass
 class LayerParams:
+    """One layer.  Its channel mixer is ``moe`` or, for a dense layer, ``dense`` (then
+    ``moe`` is None); the flat names say which (``moe.*`` or ``dense.*``)."""
     attn_norm_w: np.ndarray  # (d,)
     kda: KDAParams
     mlp_norm_w: np.ndarray   # (d,)
-    moe: MoEParams
+    moe: Optional[MoEParams]
+    dense: Optional[DenseParams] = None
+
+    @property
+    def mixer(self) -> str:
+        return "dense" if self.dense is not None else "moe"
 
     # -- flat name <-> array view, the one serialisation of the parameters --
     def to_flat(self) -> dict[str, np.ndarray]:
         flat = {"attn_norm_w": self.attn_norm_w, "mlp_norm_w": self.mlp_norm_w}
-        for prefix, part in (("kda", self.kda), ("moe", self.moe)):
+        for prefix, part in (("kda", self.kda), ("moe", self.moe), ("dense", self.dense)):
+            if part is None:
+                continue
             for f in fields(part):
                 flat[f"{prefix}.{f.name}"] = getattr(part, f.name)
         return flat
 
     @classmethod
-    def from_flat(cls, flat: dict[str, np.ndarray]) -> "LayerParams":
-        def part(prefix, kind):
-            missing = [f.name for f in fields(kind) if f"{prefix}.{f.name}" not in flat]
+    def from_flat(cls, flat: dict[str, np.ndarray], prefix: str = "") -> "LayerParams":
+        """From flat names (``prefix`` before each, e.g. ``layers.2.`` in a model file).
+        A dense layer is one with ``dense.*`` names."""
+        def part(name, kind):
+            missing = [f.name for f in fields(kind) if f"{prefix}{name}.{f.name}" not in flat]
             if missing:
-                raise ValueError(f"parameters: missing {prefix}.{missing[0]}")
-            return kind(**{f.name: np.asarray(flat[f"{prefix}.{f.name}"], dtype=np.float64)
+                raise ValueError(f"parameters: missing {prefix}{name}.{missing[0]}")
+            return kind(**{f.name: np.asarray(flat[f"{prefix}{name}.{f.name}"], dtype=np.float64)
                            for f in fields(kind)})
         for name in ("attn_norm_w", "mlp_norm_w"):
-            if name not in flat:
-                raise ValueError(f"parameters: missing {name}")
-        return cls(attn_norm_w=np.asarray(flat["attn_norm_w"], np.float64), kda=part("kda", KDAParams),
-                   mlp_norm_w=np.asarray(flat["mlp_norm_w"], np.float64), moe=part("moe", MoEParams))
+            if prefix + name not in flat:
+                raise ValueError(f"parameters: missing {prefix}{name}")
+        dense = any(k.startswith(prefix + "dense.") for k in flat)
+        return cls(attn_norm_w=np.asarray(flat[prefix + "attn_norm_w"], np.float64), kda=part("kda", KDAParams),
+                   mlp_norm_w=np.asarray(flat[prefix + "mlp_norm_w"], np.float64),
+                   moe=None if dense else part("moe", MoEParams), dense=part("dense", DenseParams) if dense else None)
 
 
-def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: Config, mixer: str = "moe") -> dict[str, tuple[int, ...]]:
+    """Flat name -> shape of one layer whose channel mixer is ``mixer`` ("moe" or "dense")."""
     m = cfg.model
     d, H, dk, r, K = m.d_model, m.n_heads, m.head_dim, m.gate_rank, m.conv_kernel
     hk = hv = H * dk
     E, f, S = m.n_experts, m.d_ff, m.n_shared
-    return {
+    shapes = {
         "attn_norm_w": (d,), "mlp_norm_w": (d,),
         "kda.w_q": (hk, d), "kda.w_k": (hk, d), "kda.w_v": (hv, d),
         "kda.conv_q": (hk, K), "kda.conv_k": (hk, K), "kda.conv_v": (hv, K),
         "kda.w_f_down": (r, d), "kda.w_f_up": (hk, r), "kda.a_log": (H,), "kda.dt_bias": (hk,),
         "kda.w_b": (H, d), "kda.o_norm_w": (dk,), "kda.w_g_down": (r, d), "kda.w_g_up": (hv, r),
         "kda.w_o": (d, hv),
+    }
+    if mixer == "dense":
+        F = m.d_ff_dense
+        return shapes | {"dense.w_gate": (F, d), "dense.w_up": (F, d), "dense.w_down": (d, F)}
+    return shapes | {
         "moe.w_router": (E, d), "moe.router_bias": (E,),
         "moe.w_gate": (E, f, d), "moe.w_up": (E, f, d), "moe.w_down": (E, d, f),
         "moe.sh_gate": (S, f, d), "moe.sh_up": (S, f, d), "moe.sh_down": (S, d, f),
     }
 
 
-def check_shapes(params: LayerParams, cfg: Config) -> None:
+def check_shapes(params: LayerParams, cfg: Config, what: str = "parameter ") -> None:
     flat = params.to_flat()
-    for name, shape in expected_shapes(cfg).items():
+    for name, shape in expected_shapes(cfg, params.mixer).items():
         if tuple(flat[name].shape) != shape:
-            raise ValueError(f"parameter {name}: shape {tuple(flat[name].shape)}, config {cfg.name} needs {shape}")
+            raise ValueError(f"{what}{name}: shape {tuple(flat[name].shape)}, config {cfg.name} needs {shape}")
 
 
-def random_params(cfg: Config, seed: int = 0) -> LayerParams:
-    """Seedable parameters with trained-layer-like scales (see module doc)."""
+def random_params(cfg: Config, seed=0, mixer: str = "moe") -> LayerParams:
+    """Seedable parameters with trained-layer-like scales (see module doc).  ``seed``: an int
+    or a sequence of ints (numpy's seed sequences).  ``mixer="dense"`` draws the same KDA
+    part and a dense SwiGLU (``DenseParams``) in place of the MoE."""
     rng = np.random.default_rng(seed)
     m = cfg.model
     d, H, dk, r = m.d_model, m.n_heads, m.head_dim, m.gate_rank
-    shapes = expected_shapes(cfg)
+    shapes = expected_shapes(cfg, mixer)
 
     def dense(name, gain=1.0):
         shape = shapes[name]
@@ -145,6 +191,13 @@ def random_params(cfg: Config, seed: int = 0) -> LayerParams:
         w_g_down=dense("kda.w_g_down"), w_g_up=dense("kda.w_g_up", 2.0),
         w_o=dense("kda.w_o", 0.5),
     )
+    if mixer == "dense":
+        # the down projection's gain: a MoE layer's output is ~ (routed_scaling + n_shared)
+        # SwiGLUs of width d_ff at gain 0.5; the dense one sums d_ff_dense / d_ff chunks
+        dn = DenseParams(w_gate=dense("dense.w_gate"), w_up=dense("dense.w_up"), w_down=dense("dense.w_down", 0.5))
+        p = LayerParams(attn_norm_w=norm_w(d), kda=kda, mlp_norm_w=norm_w(d), moe=None, dense=dn)
+        check_shapes(p, cfg)
+        return p
     moe = MoEParams(
         w_router=dense("moe.w_router", 2.0), router_bias=rng.normal(0.0, 0.05, size=m.n_experts),
         w_gate=dense("moe.w_gate"), w_up=dense("moe.w_up"), w_down=dense("moe.w_down", 0.5),
@@ -155,6 +208,146 @@ def random_params(cfg: Config, seed: int = 0) -> LayerParams:
     return p
 
 
+# ---- the model stack (issue 14) ---------------------------------------------------------
+
+@dataclass
+class ModelParams:
+    """A whole model: ``layers[l]`` (one LayerParams per layer, channel mixer as
+    ``cfg.model.mixers[l]``), and, when ``cfg.model.vocab > 0``, the embedding table
+    (V, d), the final RMSNorm weight (d,) and the LM head (V, d); ``lm_head`` is None
+    when tied (the LM head is then ``embedding``).  With vocab = 0 the three are None
+    (a stack of layers, residual streams in and out).
+
+    Flat names: ``embedding``, ``final_norm_w``, ``lm_head``, and ``layers.<l>.<name>``
+    with the layer's own flat names (``layers.0.kda.w_q``, ``layers.1.moe.w_router``)."""
+    layers: list
+    embedding: Optional[np.ndarray] = None     # (V, d)
+    final_norm_w: Optional[np.ndarray] = None  # (d,)
+    lm_head: Optional[np.ndarray] = None       # (V, d); None: tied to the embedding
+
+    def head(self) -> np.ndarray:
+        """The LM head matrix (V, d) the logits are computed with."""
+        return self.embedding if self.lm_head is None else self.lm_head
+
+    def to_flat(self) -> dict[str, np.ndarray]:
+        flat = {}
+        for name in ("embedding", "final_norm_w", "lm_head"):
+            if getattr(self, name) is not None:
+                flat[name] = getattr(self, name)
+        for l, lp in enumerate(self.layers):
+            flat.update({f"layers.{l}.{k}": v for k, v in lp.to_flat().items()})
+        return flat
+
+    @classmethod
+    def from_flat(cls, flat: dict[str, np.ndarray], cfg: Config) -> "ModelParams":
+        m = cfg.model
+        layers = [LayerParams.from_flat(flat, f"layers.{l}.") for l in range(m.n_layers)]
+        extra = sorted({k.split(".")[1] for k in flat if k.startswith("layers.")} - {str(l) for l in range(m.n_layers)})
+        if extra:
+            raise ValueError(f"parameters: layers.{extra[0]} but config {cfg.name} has {m.n_layers} layers")
+        top = {}
+        for name in ("embedding", "final_norm_w", "lm_head"):
+            needed = m.vocab > 0 and not (name == "lm_head" and m.tie_embedding)
+            if needed and name not in flat:
+                raise ValueError(f"parameters: missing {name}")
+            if not needed and name in flat:
+                why = "the LM head is tied to the embedding" if name == "lm_head" and m.vocab else "vocab = 0"
+                raise ValueError(f"parameters: {name} given, but config {cfg.name} has none ({why})")
+            top[name] = np.asarray(flat[name], np.float64) if needed else None
+        return cls(layers=layers, **top)
+
+
+def model_expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    m = cfg.model
+    out = {}
+    if m.vocab:
+        out["embedding"] = (m.vocab, m.d_model)
+        out["final_norm_w"] = (m.d_model,)
+        if not m.tie_embedding:
+            out["lm_head"] = (m.vocab, m.d_model)
+    for l, mixer in enumerate(m.mixers):
+        out.update({f"layers.{l}.{k}": v for k, v in expected_shapes(cfg, mixer).items()})
+    return out
+
+
+def check_model_shapes(mp: ModelParams, cfg: Config) -> None:
+    """ValueError (one line, naming the tensor) unless ``mp`` fits ``cfg``: layer count, each
+    layer's mixer kind, every shape."""
+    m = cfg.model
+    if len(mp.layers) != m.n_layers:
+        raise ValueError(f"parameters: {len(mp.layers)} layers, config {cfg.name} has {m.n_layers}")
+    for l, (lp, mixer) in enumerate(zip(mp.layers, m.mixers)):
+        if lp.mixer != mixer:
+            raise ValueError(f"parameters: layer {l} has a {lp.mixer} mixer, config {cfg.name} says {mixer}")
+    flat = mp.to_flat()
+    for name, shape in model_expected_shapes(cfg).items():
+        if name not in flat:
+            raise ValueError(f"parameters: missing {name}")
+        if tuple(flat[name].shape) != shape:
+            raise ValueError(f"parameter {name}: shape {tuple(flat[name].shape)}, config {cfg.name} needs {shape}")
+
+
+def layer_seed(seed: int, layer: int):
+    """The seed of layer ``layer`` of model ``seed``: layer 0 is ``seed`` itself (a one-layer
+    model of seed s is the layer random_params(cfg, s)), layer l > 0 the sequence [s, l]."""
+    return seed if layer == 0 else [seed, layer]
+
+
+def channel_profile(cfg: Config, model_seed: int = 0) -> np.ndarray:
+    """Per-channel scales (d,) of the residual stream of model ``model_seed``: log-normal, a
+    few 4x outlier channels (random_inputs and the embedding share it)."""
+    d = cfg.model.d_model
+    crng = np.random.default_rng([model_seed, 7])
+    chan = np.exp(crng.normal(0.0, 0.4, size=d))
+    chan[crng.choice(d, size=max(1, d // 32), replace=False)] *= 4.0
+    return chan
+
+
+# the untied LM head's gain: logits ~ N(0, LM_HEAD_GAIN^2) for a unit-RMS final hidden vector,
+# the spread of a trained small LM's logits
+LM_HEAD_GAIN = 3.0
+
+
+def random_model_params(cfg: Config, seed: int = 0) -> ModelParams:
+    """Seeded model: layer l is ``random_params(cfg, layer_seed(seed, l), cfg.model.mixers[l])``;
+    the embedding rows are N(0, 1) times the model's channel profile (``channel_profile``:
+    the outlier channels of a residual stream start in the embedding); the final norm weight
+    like the layers' norm weights; an untied LM head ~ N(0, LM_HEAD_GAIN^2 / d)."""
+    m = cfg.model
+    layers = [random_params(cfg, layer_seed(seed, l), mixer) for l, mixer in enumerate(m.mixers)]
+    emb = fnw = head = None
+    if m.vocab:
+        rng = np.random.default_rng([seed, 1 << 20])
+        d = m.d_model
+        emb = rng.normal(0.0, 1.0, size=(m.vocab, d)) * channel_profile(cfg, seed)[None, :]
+        fnw = 1.0 + rng.normal(0.0, 0.1, size=d)
+        big = rng.choice(d, size=max(1, d // 16), replace=False)
+        fnw[big] *= rng.uniform(2.0, 4.0, size=big.size)
+        if not m.tie_embedding:
+            head = rng.normal(0.0, LM_HEAD_GAIN / np.sqrt(d), size=(m.vocab, d))
+    mp = ModelParams(layers=layers, embedding=emb, final_norm_w=fnw, lm_head=head)
+    check_model_shapes(mp, cfg)
+    return mp
+
+
+def random_tokens(cfg: Config, n_tokens: int, seed: int = 1, model_seed: int = 0) -> np.ndarray:
+    """Token ids (n_tokens,) of a text-like sequence: unigram frequencies ~ 1/rank (Zipf) over
+    the model's own ranking of the vocabulary (``model_seed``: the language belongs to the
+    model, like the channel profile), and, as in text, repeats: a quarter of the tokens copy
+    one of the last 16.  ``seed`` picks the sequence."""
+    V = cfg.model.vocab
+    if V == 0:
+        raise ValueError(f"config {cfg.name}: vocab = 0, a layer stack has no tokens (use random_inputs)")
+    ranking = np.random.default_rng([model_seed, 11]).permutation(V)
+    p = 1.0 / np.arange(1, V + 1)
+    rng = np.random.default_rng(seed)
+    toks = ranking[rng.choice(V, size=n_tokens, p=p / p.sum())]
+    for t in range(1, n_tokens):
+        if rng.random() < 0.25:
+            toks[t] = toks[t - 1 - rng.integers(min(t, 16))]
+    return toks.astype(np.int64)
+
+
 def random_inputs(cfg: Config, n_tokens: int, seed: int = 1, model_seed: int = 0) -> np.ndarray:
     """Residual-stream-like inputs (n_tokens, d): per-channel scales (log-normal,
     a few outlier channels as in real residual streams) and slow drift so the
@@ -162,9 +355,7 @@ def random_inputs(cfg: Config, n_tokens: int, seed: int = 1, model_seed: int = 0
     (``model_seed``, like ``random_params``'s seed), the tokens to ``seed``: the
     calibration and evaluation sequences share outlier channels, as real text does."""
     d = cfg.model.d_model
-    crng = np.random.default_rng([model_seed, 7])
-    chan = np.exp(crng.normal(0.0, 0.4, size=d))
-    chan[crng.choice(d, size=max(1, d // 32), replace=False)] *= 4.0
+    chan = channel_profile(cfg, model_seed)
     rng = np.random.default_rng(seed)
     drift = np.cumsum(rng.normal(0.0, 0.15, size=(n_tokens, d)), axis=0)
     x = rng.normal(0.0, 1.0, size=(n_tokens, d)) + 0.5 * np.tanh(drift)  # tanh keeps the random walk bounded
@@ -201,16 +392,45 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
+def _read_flat(path: Path) -> dict[str, np.ndarray]:
+    if path.suffix == ".npz":
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files}
+    if path.suffix == ".safetensors":
+        return _read_safetensors(path)
+    raise ValueError(f"{path}: parameters must be .npz or .safetensors")
+
+
 def load_params(path: Path, cfg: Config) -> LayerParams:
     """Parameters from .npz or .safetensors, with the flat names of LayerParams.to_flat()."""
     path = Path(path)
-    if path.suffix == ".npz":
-        with np.load(path) as z:
-            flat = {k: z[k] for k in z.files}
-    elif path.suffix == ".safetensors":
-        flat = _read_safetensors(path)
-    else:
-        raise ValueError(f"{path}: parameters must be .npz or .safetensors")
-    p = LayerParams.from_flat(flat)
+    p = LayerParams.from_flat(_read_flat(path))
     check_shapes(p, cfg)
     return p
+
+
+def save_model_params(mp: ModelParams, path: Path) -> None:
+    np.savez(path, **mp.to_flat())
+
+
+def load_model_params(path: Path, cfg: Config) -> ModelParams:
+    """A model from .npz or .safetensors with the flat names of ModelParams.to_flat().
+    ValueError, one line naming the file and the tensor, on a missing, extra or misshapen
+    tensor, a layer of the wrong mixer kind, or a file that is not a parameter file."""
+    import zipfile
+    path = Path(path)
+    if path.suffix not in (".npz", ".safetensors"):
+        raise ValueError(f"{path}: parameters must be .npz or .safetensors")
+    try:
+        flat = _read_flat(path)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except (zipfile.BadZipFile, OSError, EOFError, struct.error, json.JSONDecodeError, UnicodeDecodeError,
+            KeyError, ValueError) as e:   # ValueError: numpy's refusal of a pickle
+        raise ValueError(f"{path}: not a readable {path.suffix} parameter file ({type(e).__name__})") from None
+    try:
+        mp = ModelParams.from_flat(flat, cfg)
+        check_model_shapes(mp, cfg)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    return mp

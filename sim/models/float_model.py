@@ -1,0 +1,145 @@
+"""Float (numpy float64) model of the whole language model: the ground truth of the stack.
+
+    x_0     = E[token]                          embedding lookup (V, d)
+    x_l+1   = layer_l(x_l)                      l = 0 .. L-1, float_layer.layer_step, own params and KDA state
+    logits  = W_head RMSNorm(x_L; w_final)      W_head = E (tied) or its own (V, d)
+    next    = argmax(logits)                    ties: the lowest token id
+
+Decode: one token at a time, every layer's KDA state carried to the next token; a reset
+before token t clears every layer's state (a new sequence).  With ``model.vocab = 0`` the
+stack has no embedding, final norm or head: residual streams in and out (x_0 given,
+x_L returned), which for one layer is exactly ``float_layer.run_layer``.
+
+Each layer is float_layer.layer_step itself (no copy of its formulas); this module adds
+only the embedding, the final norm, the head and the sequencing.  Traces: one dict per
+token, ``layers`` (a list of layer_step trace dicts, layer_step's names) plus
+``x0``, ``xL``, ``fn_unit`` (x_L / rms(x_L), the integer model's final-norm output before
+the norm weight), ``fn`` (RMSNorm(x_L) with its weight) and ``logits``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from moekda.config import Config
+from sim.models.float_layer import KDAState, layer_step, rms_unit
+from sim.models.params import ModelParams
+
+
+def argmax_lowest(logits) -> int:
+    """The next token: the index of the largest logit, the lowest such index on ties
+    (numpy's argmax returns the first maximum).  The integer model uses the same rule."""
+    return int(np.argmax(np.asarray(logits)))
+
+
+@dataclass
+class ModelState:
+    """Everything the model carries from one token to the next: each layer's KDA state."""
+    layers: list
+
+    @classmethod
+    def zeros(cls, cfg: Config) -> "ModelState":
+        return cls([KDAState.zeros(cfg) for _ in range(cfg.model.n_layers)])
+
+
+def embed(mp: ModelParams, cfg: Config, token) -> np.ndarray:
+    tok = int(token)
+    if not 0 <= tok < cfg.model.vocab:
+        raise ValueError(f"token id {tok}: allowed range is 0 to {cfg.model.vocab - 1} (model.vocab)")
+    return mp.embedding[tok]
+
+
+def head_step(mp: ModelParams, cfg: Config, xL, trace=None) -> np.ndarray:
+    """Final RMSNorm and LM head: logits (V,)."""
+    t = trace if trace is not None else {}
+    t["fn_unit"] = rms_unit(xL, cfg.model.norm_eps)
+    t["fn"] = t["fn_unit"] * mp.final_norm_w
+    t["logits"] = mp.head() @ t["fn"]
+    return t["logits"]
+
+
+def stack_step(mp: ModelParams, cfg: Config, state: ModelState, x, trace=None):
+    """x_0 (d,) through the L layers. Returns (state, x_L (d,))."""
+    t = trace if trace is not None else {}
+    t["x0"] = x
+    t["layers"] = []
+    new = []
+    for lp, st in zip(mp.layers, state.layers):
+        tr = {}
+        st, x = layer_step(lp, cfg, st, x, tr)
+        new.append(st)
+        t["layers"].append(tr)
+    t["xL"] = x
+    return ModelState(new), x
+
+
+def model_step(mp: ModelParams, cfg: Config, state: ModelState, token, trace=None):
+    """One token id through the model. Returns (state, logits (V,))."""
+    state, xL = stack_step(mp, cfg, state, embed(mp, cfg, token), trace)
+    return state, head_step(mp, cfg, xL, trace)
+
+
+def _resetting(n: int, resets):
+    if resets is None:
+        return [False] * n
+    if len(resets) != n:
+        raise ValueError(f"resets: {len(resets)} flags for {n} tokens")
+    return [bool(r) for r in resets]
+
+
+def run_model(mp: ModelParams, cfg: Config, tokens, resets=None, traces: list | None = None) -> np.ndarray:
+    """Decode a token sequence (T,) teacher-forced: logits (T, V), row t the prediction of
+    the token after tokens[t].  ``resets[t]`` true starts a new sequence at token t (every
+    layer's state zeroed before it).  Appends one trace dict per token to ``traces``."""
+    m = cfg.model
+    if m.vocab == 0:
+        raise ValueError(f"config {cfg.name}: vocab = 0, no tokens (run_stack takes residual streams)")
+    tokens = np.asarray(tokens, dtype=np.int64)
+    out = np.zeros((len(tokens), m.vocab))
+    state = ModelState.zeros(cfg)
+    for i, (tok, r) in enumerate(zip(tokens, _resetting(len(tokens), resets))):
+        if r:
+            state = ModelState.zeros(cfg)
+        tr = {} if traces is not None else None
+        state, out[i] = model_step(mp, cfg, state, tok, tr)
+        if traces is not None:
+            traces.append(tr)
+    return out
+
+
+def run_stack(mp: ModelParams, cfg: Config, xs, resets=None, traces: list | None = None) -> np.ndarray:
+    """The layers alone on residual-stream inputs xs (T, d): x_L (T, d).  For a one-layer
+    stack this is float_layer.run_layer."""
+    xs = np.asarray(xs, dtype=np.float64)
+    ys = np.zeros_like(xs)
+    state = ModelState.zeros(cfg)
+    for i, (x, r) in enumerate(zip(xs, _resetting(len(xs), resets))):
+        if r:
+            state = ModelState.zeros(cfg)
+        tr = {} if traces is not None else None
+        state, ys[i] = stack_step(mp, cfg, state, x, tr)
+        if traces is not None:
+            traces.append(tr)
+    return ys
+
+
+def next_tokens(logits) -> np.ndarray:
+    """argmax_lowest of each row of logits (T, V)."""
+    return np.array([argmax_lowest(row) for row in np.atleast_2d(logits)], dtype=np.int64)
+
+
+def generate(mp: ModelParams, cfg: Config, prompt, n_new: int) -> list[int]:
+    """Greedy decoding: the prompt (a new sequence), then ``n_new`` tokens each fed back.
+    Returns the generated ids (n_new)."""
+    state = ModelState.zeros(cfg)
+    logits = None
+    for tok in prompt:
+        state, logits = model_step(mp, cfg, state, tok)
+    if logits is None:
+        raise ValueError("generate: the prompt is empty")
+    out = []
+    for _ in range(n_new):
+        out.append(argmax_lowest(logits))
+        state, logits = model_step(mp, cfg, state, out[-1])
+    return out
