@@ -160,6 +160,7 @@ def pnr_settings(cfg: Config, kit: Kit, paths: PnrPaths, netlist: Path, sdc: Pat
         "MIN_ROUTING_LAYER": platform.min_routing_layer,
         "MAX_ROUTING_LAYER": platform.max_routing_layer,
         "MIN_CLOCK_ROUTING_LAYER": platform.min_clock_routing_layer,
+        "RCX_RULES": kit.rcx_rules if kit.rcx_rules else "",
         # outputs
         "FINAL_ODB": paths.final_odb,
         "FINAL_DEF": paths.final_def,
@@ -314,7 +315,9 @@ SUMMARY_ROWS = (   # metric, label, unit, scale
     ("finish__timing__hold__ws", "worst hold slack", "ns", 1),
     ("finish__power__total", "total power", "mW", 1000),
     ("route__drc_errors", "routing DRC violations", "", 1),
-    ("finish__parasitics__extracted", "parasitics extracted from the routes (1) or estimated (0)", "", 1),
+    ("finish__timing__fmax", "Fmax (worst setup path, propagated clock)", "MHz", 1e-6),
+    ("finish__parasitics__extracted__nets", "nets with OpenRCX-extracted parasitics", "", 1),
+    ("detailedroute__antenna__violating__nets", "antenna violations after routing", "", 1),
 )
 
 
@@ -337,10 +340,21 @@ def summary_markdown(metrics: dict[str, object], paths: PnrPaths) -> str:
 
 # ---- the whole run -----------------------------------------------------------------
 
-def check_inputs(netlist: Path, sdc: Path):
+def check_inputs(netlist: Path, sdc: Path, kit: Kit):
     for what, path in (("netlist", netlist), ("constraints", sdc)):
         if not path.is_file():
             raise UserError(f"pnr: no {what} at {path}; run `make synth` (moekda synth) first")
+    if kit.rcx_rules is None:
+        raise UserError(f"pnr: the kit at {kit.root} has no rcx_patterns.rules: post-route parasitics "
+                        "are extracted by OpenRCX from them (run `make setup`, or use an ORFS platform)")
+
+
+_SPEF_NET = re.compile(rb"^\*D_NET\s", re.M)
+
+
+def spef_net_count(spef: Path) -> int:
+    """Nets with extracted parasitics in a SPEF (its *D_NET sections); 0 if there is no file."""
+    return len(_SPEF_NET.findall(spef.read_bytes())) if spef.is_file() else 0
 
 
 def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: int = 2,
@@ -348,7 +362,7 @@ def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: in
             progress: Callable[[str], None] = print) -> dict[str, object]:
     """Run the stages (from `first` on, reusing the earlier stages' databases), then collect
     the metrics into metrics.json and reports/pnr.md and make the GDS and its picture."""
-    check_inputs(build.netlist, build.sdc)
+    check_inputs(build.netlist, build.sdc, kit)
     paths = PnrPaths(build).make_dirs()
     start = [s.name for s in STAGES].index(stage_named(first).name) if first else 0
     if start > 0 and not paths.odb(STAGES[start - 1]).is_file():
@@ -363,6 +377,14 @@ def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: in
         progress(f"pnr [{i}/{len(STAGES)}] {stage.name}: done in {seconds:.1f} s (log {paths.log(stage)})")
     metrics = collect_metrics(paths)
     metrics.update(runtimes)
+    # OpenRCX without usable rules warns and writes an empty SPEF, exit code 0: the
+    # post-route numbers would then be of unloaded wires, so the run fails here
+    nets = spef_net_count(paths.final_spef)
+    metrics["finish__parasitics__extracted__nets"] = nets
+    if STAGES[-1].name == "final" and nets == 0:
+        merge_metrics(build.metrics, metrics)
+        raise UserError(f"pnr: {paths.final_spef} holds no extracted nets (see {paths.log(STAGES[-1])}): "
+                        "post-route timing and power would be of unloaded wires")
     merged = merge_metrics(build.metrics, metrics)   # first: a GDS problem must not lose them
     gds_error = None
     try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def run(args) -> int:
 
 def _check(cfg, build) -> int:
     """The static checks of flow/openroad/check.py on this config's settings."""
-    from flow.openroad.check import check_kit_names, check_sdc_with_sta, run_stub_stages
+    from flow.openroad.check import CheckError, check_kit_names, check_sdc_with_sta, run_stub_stages
     from flow.pnr import PnrPaths, pnr_settings, write_config_tcl
     from pdk.kit import KitError, find_kit
     from moekda.cli import UserError
@@ -75,15 +76,24 @@ def _check(cfg, build) -> int:
             netlist.write_text(f"module {build.top}(); endmodule\n")
             sdc.write_text("")
         write_config_tcl(pnr_settings(cfg, kit, paths, netlist, sdc), paths.config_tcl)
-        runs = run_stub_stages(paths.config_tcl, tmp / "stubs")
-        print(f"stage scripts: {len(runs)} stages sourced by tclsh with OpenROAD stand-ins, "
-              f"{sum(len(r.calls) for r in runs)} commands, every option declared by OpenROAD: ok")
-        used = check_kit_names(runs, kit.tech_lef, kit.cell_lef)
-        print(f"kit names: {len(used['layers'])} layers, {len(used['sites'])} site, {len(used['cells'])} cells, "
-              f"{len(used['lib_pins'])} tie pins found in {kit.tech_lef.name} and {kit.cell_lef.name}: ok")
-        if have_synth:
-            check_sdc_with_sta(kit.liberty, build.netlist, build.top, build.sdc, tmp)
-            print(f"constraints: {build.sdc} loads on {build.netlist.name} in OpenSTA without warnings: ok")
-        else:
-            print(f"constraints: skipped, no synthesis output at {build.netlist} (run `make synth`)")
+        from flow.openroad.commands import OPENROAD_VERSION
+        try:
+            runs = run_stub_stages(paths.config_tcl, tmp / "stubs")
+            print(f"stage scripts: {len(runs)} stages sourced by tclsh with OpenROAD stand-ins, "
+                  f"{sum(len(r.calls) for r in runs)} commands, every option in the help of OpenROAD "
+                  f"{OPENROAD_VERSION}: ok")
+            used = check_kit_names(runs, kit.tech_lef, kit.cell_lef)
+            print(f"kit names: {len(used['layers'])} layers, {len(used['sites'])} site, {len(used['cells'])} "
+                  f"cells, {len(used['lib_pins'])} tie pins found in {kit.tech_lef.name} and "
+                  f"{kit.cell_lef.name}: ok")
+            if have_synth:
+                out = check_sdc_with_sta(kit.liberty, build.netlist, build.top, build.sdc, tmp)
+                note = re.search(r"There (?:is|are) (\d+) unconstrained endpoints?", out)
+                print(f"constraints: {build.sdc} loads on {build.netlist.name} in OpenSTA without warnings: ok"
+                      + (f" ({note.group(1)} registers with a constant D are unconstrained)" if note else ""))
+            else:
+                print(f"constraints: skipped, no synthesis output at {build.netlist} (run `make synth`)")
+        except CheckError as e:
+            # a failed check is a finding about the scripts, reported in one line like any bad input
+            raise UserError(f"pnr --check: {' '.join(str(e).split())[:600]}") from None
     return 0

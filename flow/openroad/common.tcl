@@ -63,9 +63,9 @@ proc banner {title} {
 proc report_stage {name metric_stage {extra {}}} {
   log_begin [report_file $name.rpt]
   banner "report_checks -path_delay max"
-  report_checks -path_delay max -fields {slew cap input nets fanout} -format full_clock_expanded
+  report_checks -path_delay max -fields {slew capacitance input_pin net fanout} -format full_clock_expanded
   banner "report_checks -path_delay min"
-  report_checks -path_delay min -fields {slew cap input nets fanout} -format full_clock_expanded
+  report_checks -path_delay min -fields {slew capacitance input_pin net fanout} -format full_clock_expanded
   banner "report_tns"
   report_tns
   banner "report_wns"

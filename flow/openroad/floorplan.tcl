@@ -26,5 +26,15 @@ foreach track $::cfg(TRACKS) {
   make_tracks $layer -x_offset $x_offset -x_pitch $x_pitch -y_offset $y_offset -y_pitch $y_pitch
 }
 
+# As ORFS's floorplan.tcl: one tie cell per load (a shared tie makes a long net),
+# then a setup repair that may only unbuffer, size up and swap pins (the
+# netlist's ports now sit on the die edge, so I/O paths are judged right).
+foreach tie [list $::cfg(TIE_LO) $::cfg(TIE_HI)] {
+  lassign $tie cell port
+  repair_tie_fanout [get_lib_pins */$cell/$port]
+}
+set_routing_resources
+repair_timing -setup -skip_last_gasp -sequence "unbuffer,sizeup,swap" -verbose
+
 report_stage 2_floorplan floorplan
 save_design floorplan

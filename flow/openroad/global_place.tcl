@@ -5,6 +5,9 @@ load_design pins
 
 # routability mode asks the global router for congestion: it needs the layers
 set_routing_resources
+# as ORFS does for a block (not a padded chip): a buffer on every port, so the
+# block's pins drive and load one known cell whatever the outside wire is
+buffer_ports
 global_placement -density $::cfg(PLACE_DENSITY) -timing_driven -routability_driven
 
 estimate_parasitics -placement

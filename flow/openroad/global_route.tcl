@@ -1,11 +1,37 @@
-# 5_1 global routing: route guides for the detailed router, and a congestion
-# report; timing on the global-route parasitics.
+# 5_1 global routing, then ORFS's repair on the global route's parasitics:
+# repair_design and repair_timing (setup and hold) with incremental global
+# routing and re-legalisation after each, a last setup pass that may reroute,
+# antenna repair; route guides for the detailed router.
 source [file join [file dirname [info script]] common.tcl]
 load_design cts
 set_propagated_clock [all_clocks]
 
 set_routing_resources
-global_route -congestion_report_file [report_file 5_global_route_congestion.rpt] -verbose
+pin_access
+global_route -congestion_report_file [report_file 5_global_route_congestion.rpt] \
+  -congestion_iterations 30 -verbose
+estimate_parasitics -global_routing
+report_stage 5_global_route_pre_repair globalroute_pre_repair
+
+# the placement parasitics CTS was repaired on are not the global route's
+repair_design -verbose
+global_route -start_incremental
+detailed_placement
+global_route -end_incremental -congestion_report_file [report_file 5_congestion_post_repair_design.rpt]
+
+estimate_parasitics -global_routing
+repair_timing -setup -hold -repair_tns 100 -verbose
+global_route -start_incremental
+detailed_placement
+check_placement -verbose
+global_route -end_incremental -congestion_report_file [report_file 5_congestion_post_repair_timing.rpt]
+
+estimate_parasitics -global_routing
+repair_timing -setup -sequence "reroute" -skip_last_gasp -repair_tns 0 -verbose
+
+repair_antennas -iterations 5
+check_placement -verbose
+check_antennas -report_file [report_file 5_global_route_antennas.rpt]
 
 estimate_parasitics -global_routing
 report_stage 5_global_route globalroute {report_clock_skew}

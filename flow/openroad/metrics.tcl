@@ -19,6 +19,15 @@ proc timing_power_metrics {stage} {
   dict set m ${stage}__timing__setup__tns [sta::total_negative_slack -max]
   dict set m ${stage}__timing__hold__ws [sta::worst_slack -min]
   dict set m ${stage}__timing__hold__tns [sta::total_negative_slack -min]
+  # ORFS's timing__fmax (Hz): the clock's period less the worst setup slack is the
+  # shortest period this placement meets (IO paths included, at their SDC delays)
+  set clocks [all_clocks]
+  if {[llength $clocks] == 1} {
+    set min_period [expr {[get_property [lindex $clocks 0] period] - [sta::worst_slack -max]}]
+    if {$min_period > 0} {
+      dict set m ${stage}__timing__fmax [expr {1e9 / $min_period}]
+    }
+  }
   lassign [sta::design_power [metrics_corner]] internal switching leakage total
   dict set m ${stage}__power__internal__total $internal
   dict set m ${stage}__power__switching__total $switching

@@ -58,6 +58,10 @@ for r in records:
         print("[INFO DRT-0199]   Number of violations = 2.")
     if r.get("name") == "write_db" and not Path(r["positionals"][0]).exists():
         Path(r["positionals"][0]).write_text("fake odb")
+    if r.get("name") == "write_spef":
+        # OpenRCX without usable rules writes a SPEF with a header and no nets
+        nets = "" if os.environ.get("FAKE_EMPTY_SPEF") else "*D_NET n1 0.01\n*CONN\n*END\n"
+        Path(r["positionals"][0]).write_text('*SPEF "IEEE 1481-1998"\n' + nets)
     if r.get("name") == "write_def":
         Path(r["positionals"][0]).write_text(Path(os.environ["FAKE_DEF"]).read_text())
 '''
@@ -189,13 +193,23 @@ def test_every_stage_runs_in_order_and_metrics_are_merged(synthesised):
     assert merged["finish__design__instance__area"] == pytest.approx(0.19 * 1.4)
     assert merged["finish__design__instance__count"] == 1
     assert merged["finish__timing__setup__ws"] == 0.0 and "finish__power__total" in merged
-    assert merged["finish__parasitics__extracted"] == 1
+    assert merged["finish__parasitics__extracted__nets"] == 1
     assert all(f"pnr__{s.name}__runtime__s" in merged for s in STAGES)
     assert metrics["route__drc_errors"] == 2
     assert paths.gds.stat().st_size > 0 and paths.png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (build.reports / "pnr.md").read_text()
     assert "| routing DRC violations | 2 |" in page and "| cells (without fill) | 1 |" in page
     assert "![layout](../pnr/layer.png)" in page and "`pnr/layer.gds`" in page
+
+
+def test_a_run_whose_spef_has_no_nets_fails(synthesised, monkeypatch):
+    # the real run: RCX-0127 "No RC model was read ... will not perform extraction!" is a
+    # warning, the tool exits 0 and the SPEF is empty; the run must not report that as signed off
+    cfg, build, fake = synthesised
+    monkeypatch.setenv("FAKE_EMPTY_SPEF", "1")
+    with pytest.raises(UserError, match=r"layer.spef holds no extracted nets"):
+        run_pnr(cfg, build, find_kit(), fake, progress=lambda _: None)
+    assert json.loads(build.metrics.read_text())["finish__parasitics__extracted__nets"] == 0
 
 
 def test_a_failing_stage_names_its_log(synthesised, monkeypatch):

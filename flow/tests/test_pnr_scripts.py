@@ -166,6 +166,29 @@ def test_wire_rc_is_set_before_every_repair_and_estimate(tiny_runs):
     assert [c.options for c in runs["cts"].named("repair_timing")] == [{"-setup": "1"}, {"-hold": "1"}]
 
 
+def test_global_route_is_followed_by_repair_as_orfs_does(tiny_runs):
+    # the real tiny layer run: hold -0.015 ns after global routing and nothing left to repair it
+    _, paths, _, runs = tiny_runs
+    grt = runs_grt = runs["global_route"]
+    names = [c.name for c in grt.calls]
+    first_route = names.index("global_route")
+    assert "repair_design" in names[first_route:] and "repair_timing" in names[first_route:]
+    timing = [c.options for c in runs_grt.named("repair_timing")]
+    assert {"-setup": "1", "-hold": "1", "-repair_tns": "100", "-verbose": "1"} in timing
+    # each repair is followed by an incremental route of the changed nets
+    assert [c.options for c in grt.named("global_route")].count({"-end_incremental": "1",
+        "-congestion_report_file": str(paths.reports / "5_congestion_post_repair_timing.rpt")}) == 1
+    assert names[-1] != "repair_timing" and names.index("repair_antennas") > names.index("repair_timing")
+
+
+def test_final_extracts_with_the_platforms_rcx_rules(tiny_runs, kit):
+    final = tiny_runs[3]["final"]
+    assert _first(final, "extract_parasitics").options == {"-ext_model_file": str(kit.rcx_rules)}
+    assert _index(final, "define_process_corner") < _index(final, "extract_parasitics") \
+        < _index(final, "write_spef") < _index(final, "read_spef")
+    assert not final.named("estimate_parasitics")    # no fallback: post-route numbers come from the routes
+
+
 def test_clock_is_propagated_after_cts(tiny_runs):
     _, _, _, runs = tiny_runs
     cts = runs["cts"]
@@ -180,8 +203,11 @@ def test_routing_layers_and_fill(tiny_runs):
     _, _, _, runs = tiny_runs
     layers = _first(runs["global_route"], "set_routing_layers").options
     assert layers == {"-signal": "metal2-metal10", "-clock": "metal4-metal10"}
-    drt = _first(runs["detail_route"], "detailed_route").options
-    assert (drt["-bottom_routing_layer"], drt["-top_routing_layer"]) == ("metal2", "metal10")
+    # OpenROAD 26Q3 refuses detailed_route's own layer options (DRT-0509): set_routing_layers first
+    drt_run = runs["detail_route"]
+    assert _first(drt_run, "set_routing_layers").options == layers
+    assert _index(drt_run, "set_routing_layers") < _index(drt_run, "detailed_route")
+    assert not {"-bottom_routing_layer", "-top_routing_layer"} & set(_first(drt_run, "detailed_route").options)
     assert _first(runs["fill"], "filler_placement").positionals[0].split() == list(PLATFORM.fill_cells)
 
 
@@ -237,8 +263,11 @@ def _broken_copy(tmp: Path, script: str, old: str, new: str) -> Path:
     ("pdn.tcl", "$::cfg(PDN_PIN_LAYER)", "$::cfg(PDN_PIN_LAYERS)", "no such element in array"),
     ("floorplan.tcl", "read_lef $::cfg(CELL_LEF)", "read_lef $::cfg(CELL_LEF).missing", "no such file"),
     ("fill.tcl", "load_design detail_route", "load_design final", "no earlier stage writes it"),
-    ("resize.tcl", "repair_tie_fanout [get_lib_pins", "repair_tie_fanout -separation [get_lib_pins",
+    ("floorplan.tcl", "repair_tie_fanout [get_lib_pins", "repair_tie_fanout -separation [get_lib_pins",
      "repair_tie_fanout: 0 arguments"),
+    # what the real OpenROAD 26Q3 refused although its help lists the option
+    ("detail_route.tcl", "-save_guide_updates -verbose 1]", "-save_guide_updates -verbose 1 "
+     "-bottom_routing_layer metal2]", "refused by the real tool: .ERROR DRT-0509"),
 ])
 def test_the_check_fails_on_a_broken_script(tmp_path, kit, script, old, new, error):
     paths, _ = _setup(tmp_path, load_config("tiny"), kit)
