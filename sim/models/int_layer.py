@@ -2,6 +2,8 @@
 
     xn = RMSNorm(x);  h = x (+) KDA(xn);  hn = RMSNorm(h);  y = h (+) MoE(hn)
 
+(a dense layer: y = h (+) Dense(hn), int_moe.int_dense_step)
+
 (+) is the two-scale residual add.  The residual stream x, h, y is resid_bits (16)
 wide, every other activation int8, the KDA state state_bits.
 """
@@ -12,7 +14,7 @@ import numpy as np
 from moekda.config import Config
 from moekda.formats import formats_for
 from sim.models.int_kda import IntKDAState, int_kda_step
-from sim.models.int_moe import int_moe_step
+from sim.models.int_moe import int_dense_step, int_moe_step
 from sim.models.int_ops import check_width, int_residual_add, int_rmsnorm
 from sim.models.qparams import QLayer
 
@@ -27,7 +29,10 @@ def int_layer_step(qp: QLayer, cfg: Config, state: IntKDAState, x, trace=None):
     state, kda_out = int_kda_step(qp.kda, cfg, fm, state, t["xn_unit"], t)
     t["h"] = int_residual_add(x, kda_out, qp.res1, fm)
     t["hn_unit"] = int_rmsnorm(t["h"], qp.mlp_norm, fm)
-    moe_out, _ = int_moe_step(qp.moe, cfg, fm, t["hn_unit"], t)
+    if qp.dense is not None:
+        moe_out = int_dense_step(qp.dense, cfg, fm, t["hn_unit"], t)
+    else:
+        moe_out, _ = int_moe_step(qp.moe, cfg, fm, t["hn_unit"], t)
     t["y"] = int_residual_add(t["h"], moe_out, qp.res2, fm)
     return state, t["y"]
 

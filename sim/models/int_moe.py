@@ -15,10 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from moekda.config import Config
-from moekda.formats import Formats, derived_widths
+from moekda.formats import Formats, clog2, derived_widths
 from moekda.numerics import bit_length, requantize, round_shift, saturate, udiv_floor
 from sim.models.int_ops import check_width, int_linear, int_lut
-from sim.models.qparams import QExperts, QMoE
+from sim.models.qparams import QDense, QExperts, QMoE
 
 
 def int_route(q: QMoE, cfg: Config, fm: Formats, score):
@@ -90,3 +90,30 @@ def int_moe_step(q: QMoE, cfg: Config, fm: Formats, hn, trace=None):
     out = requantize(acc, q.comb_m, q.comb_s, fm.resid_bits)   # straight into the residual add
     t["moe_out"] = out
     return out, (idx, wt)
+
+
+def dense_combine_bits(cfg: Config, fm: Formats) -> int:
+    """Width of a dense mixer's combine accumulator: C chunk outputs << wn_frac.  At most the
+    MoE's moe_combine_acc when C <= top_k + n_shared (the default d_ff_dense), so the shared-
+    expert path's accumulator holds it; wider dense mixers need this many bits."""
+    need = fm.expert_out_bits + fm.wn_frac + clog2(cfg.model.dense_chunks + 1)
+    return max(need, derived_widths(cfg)["moe_combine_acc"])
+
+
+def int_dense_step(q: QDense, cfg: Config, fm: Formats, hn, trace=None):
+    """One token through a dense mixer: the MoE's shared-expert path alone, with the chunks
+    of the dense SwiGLU as its experts (int_expert, the same arithmetic):
+      acc = sum_c (e_c(hn) << wn_frac);  out = requantize(acc, comb_m, comb_s, resid_bits).
+    hn: (d,) int8. Returns out (resid_bits)."""
+    m = cfg.model
+    hn = check_width(np.asarray(hn, dtype=np.int64), fm.act_bits, "dense input")
+    t = trace if trace is not None else {}
+    experts = [] if trace is not None else None
+    acc = np.zeros(m.d_model, dtype=np.int64)
+    for c in range(q.chunks.gate_w.shape[0]):
+        acc += int_expert(q.chunks, c, q, fm, hn, experts) << fm.wn_frac
+    t["experts"] = experts
+    t["moe_acc"] = check_width(acc, dense_combine_bits(cfg, fm), "dense combine accumulator")
+    out = requantize(acc, q.comb_m, q.comb_s, fm.resid_bits)
+    t["moe_out"] = out
+    return out

@@ -10,6 +10,7 @@ types to rebuild the nesting.
 """
 import dataclasses
 from dataclasses import dataclass, field, fields
+import typing
 from typing import Optional
 
 import numpy as np
@@ -105,6 +106,23 @@ class QMoE:
 
 
 @dataclass
+class QDense:
+    """A dense channel mixer as the MoE unit's shared-expert path runs it: the SwiGLU of width
+    d_ff_dense cut into C = d_ff_dense / d_ff chunks of width d_ff (``params.dense_chunks``),
+    each an expert of ``chunks`` (its own (m, s), like a shared expert); one SiLU table and
+    one common chunk-output scale, so
+
+      acc = sum_c (e_c(hn) << wn_frac)                 as the MoE's shared experts
+      out = requantize(acc, comb_m, comb_s, resid_bits)
+
+    (no router, no routed experts)."""
+    silu: QLut
+    chunks: QExperts
+    comb_m: int
+    comb_s: int
+
+
+@dataclass
 class QResidual:
     """y = sat_resid(round_shift(a * m_a + b * m_b, s)): residual a (resid_bits) plus a
     branch output b (int8 KDA, resid_bits MoE), each at its own scale."""
@@ -115,13 +133,19 @@ class QResidual:
 
 @dataclass
 class QLayer:
+    """One layer.  Its channel mixer is ``moe`` or (a dense layer) ``dense``, the other None."""
     attn_norm: QNorm
     kda: QKDA
     res1: QResidual
     mlp_norm: QNorm
-    moe: QMoE
+    moe: Optional[QMoE]
     res2: QResidual
     scales: dict = field(default_factory=dict)   # tensor name -> real value of one LSB
+    dense: Optional[QDense] = None
+
+    @property
+    def mixer(self) -> str:
+        return "dense" if self.dense is not None else "moe"
 
     def to_flat(self) -> dict:
         """Flat {dotted name: array} view; ints become 0-d int64 arrays, scales 'scales.<name>'."""
@@ -144,13 +168,19 @@ class QLayer:
         return out
 
     @classmethod
-    def from_flat(cls, flat: dict) -> "QLayer":
+    def from_flat(cls, flat: dict, prefix: str = "") -> "QLayer":
+        """From flat names (``prefix`` before each: ``layers.2.`` in a model).  An optional
+        part (the mixer not used) is None when none of its names is there."""
         def build(kind, prefix):
             kw = {}
             for f in fields(kind):
                 name = f"{prefix}{f.name}"
                 t = f.type
-                if dataclasses.is_dataclass(t):
+                opt = [a for a in typing.get_args(t) if dataclasses.is_dataclass(a)]
+                if opt:
+                    has = any(k.startswith(name + ".") for k in flat)
+                    kw[f.name] = build(opt[0], name + ".") if has else None
+                elif dataclasses.is_dataclass(t):
                     kw[f.name] = build(t, name + ".")
                 elif t is dict:
                     kw[f.name] = {k[len(name) + 1:]: float(v) for k, v in flat.items() if k.startswith(name + ".")}
@@ -163,4 +193,77 @@ class QLayer:
                     v = np.asarray(flat[name])
                     kw[f.name] = int(v) if t is int else v.astype(np.int64)
             return kind(**kw)
-        return build(cls, "")
+        return build(cls, prefix)
+
+
+@dataclass
+class QHead:
+    """Embedding, final norm and LM head of a model with a vocabulary (formats: numerics.md,
+    "The model stack").
+
+      x_0    = emb[token]                                       int8 entry as a resid_bits value (scale s_emb)
+      fn_u   = int_rmsnorm(x_L, final_norm)                     int8, unit RMS
+      fn     = sat8(round_shift(fn_u * norm_w, norm_w_shift))   int8; norm_w resid_bits signed
+      logits = requantize(W @ fn, head_m, head_s, resid_bits)   W = lm_head, or emb when tied
+      next   = the lowest index of the largest logit
+
+    Untied, the norm weight is folded into lm_head's columns and norm_w is the identity
+    (every entry 1 << norm_w_shift); tied, the table is shared, so the weight is applied here."""
+    emb: np.ndarray                      # (V, d) int8
+    final_norm: QNorm
+    norm_w: np.ndarray                   # (d,) signed resid_bits
+    norm_w_shift: int
+    head_m: int
+    head_s: int
+    lm_head: Optional[np.ndarray] = None  # (V, d) int8; None: tied, the head is emb
+
+
+@dataclass
+class QModel:
+    """A quantised model: one QLayer per layer (layer l's output scale is layer l+1's input
+    scale: the integer y is the next layer's x, as it is), and the head (None when vocab = 0).
+    Flat names: ``layers.<l>.<QLayer name>``, ``head.<name>``, ``scales.<name>``."""
+    layers: list
+    head: Optional[QHead] = None
+    scales: dict = field(default_factory=dict)   # emb, fn_unit, fn, logits
+
+    def to_flat(self) -> dict:
+        out = {}
+        for l, q in enumerate(self.layers):
+            out.update({f"layers.{l}.{k}": v for k, v in q.to_flat().items()})
+        if self.head is not None:
+            for f in fields(self.head):
+                v = getattr(self.head, f.name)
+                if dataclasses.is_dataclass(v):
+                    out.update({f"head.{f.name}.{g.name}": np.asarray(getattr(v, g.name), np.int64) for g in fields(v)})
+                elif v is not None:
+                    out[f"head.{f.name}"] = np.asarray(v, dtype=np.int64)
+        out.update({f"scales.{k}": np.float64(v) for k, v in self.scales.items()})
+        return out
+
+    @classmethod
+    def from_flat(cls, flat: dict, n_layers: int) -> "QModel":
+        layers = [QLayer.from_flat(flat, f"layers.{l}.") for l in range(n_layers)]
+        head = None
+        if any(k.startswith("head.") for k in flat):
+            head = _build_plain(QHead, flat, "head.")
+        scales = {k[len("scales."):]: float(v) for k, v in flat.items() if k.startswith("scales.")}
+        return cls(layers=layers, head=head, scales=scales)
+
+
+def _build_plain(kind, flat: dict, prefix: str):
+    """A dataclass of ints, int arrays, optional arrays and nested such dataclasses from flat names."""
+    kw = {}
+    for f in fields(kind):
+        name = prefix + f.name
+        if dataclasses.is_dataclass(f.type):
+            kw[f.name] = _build_plain(f.type, flat, name + ".")
+        elif name not in flat:
+            if f.default is None:
+                kw[f.name] = None
+            else:
+                raise KeyError(f"integer parameters: missing {name}")
+        else:
+            v = np.asarray(flat[name])
+            kw[f.name] = int(v) if f.type is int else v.astype(np.int64)
+    return kind(**kw)

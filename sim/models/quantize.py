@@ -23,8 +23,10 @@ from moekda.config import Config
 from moekda.formats import Formats, formats_for
 from moekda.numerics import build_lut, quantize_multiplier, shared_shift_multipliers
 from sim.models import float_layer as fl
-from sim.models.params import LayerParams, random_inputs, random_params
-from sim.models.qparams import QExperts, QKDA, QLayer, QLinear, QLut, QMoE, QNorm, QResidual
+from sim.models.params import (LayerParams, ModelParams, dense_chunks, random_inputs, random_model_params,
+                               random_params, random_tokens)
+from sim.models.qparams import (QDense, QExperts, QHead, QKDA, QLayer, QLinear, QLut, QModel, QMoE, QNorm,
+                                QResidual)
 
 # A sigmoid input beyond +-SIGMOID_CLIP changes the U0.15 output by < 1 LSB... at
 # 12: 1 - sigmoid(12) = 6e-6 < 2**-15 / 2: wider code ranges only waste resolution.
@@ -136,12 +138,16 @@ def _experts_dense(w_gate, w_up, w_down, hn):
     return gate, up, act, hid, out
 
 
-def quantize_layer(params: LayerParams, cfg: Config, seqs=None, model_seed: int | None = None) -> QLayer:
+def quantize_layer(params: LayerParams, cfg: Config, seqs=None, model_seed: int | None = None,
+                   x_scale: float | None = None) -> QLayer:
     """Integer parameters calibrated on ``seqs`` (list of (T, d) float inputs), by default
     on ``calibration_sequences(cfg, model_seed=model_seed)``: pass the seed ``params``
     were drawn from (``random_params(cfg, seed)``), or use ``quantize_random_layer``.
     ``model_seed`` omitted means profile 0 (right for seed 0 only).  ``seqs`` and
-    ``model_seed`` together are an error: the sequences already carry their profile."""
+    ``model_seed`` together are an error: the sequences already carry their profile.
+    ``x_scale``: the input's scale is given, not calibrated (a layer of a stack takes the
+    previous layer's output, or the embedding, as it is).  A dense layer (``params.dense``)
+    gets a QDense in place of the QMoE."""
     fm = formats_for(cfg)
     m = cfg.model
     H, dk, d = m.n_heads, m.head_dim, m.d_model
@@ -152,7 +158,7 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None, model_seed: int 
     A8, LB = fm.act_bits, fm.lut_in_bits
     sc: dict[str, float] = {}
 
-    sc["x"] = act_scale(tr["x"], fm.resid_bits, headroom=RESID_HEADROOM)
+    sc["x"] = act_scale(tr["x"], fm.resid_bits, headroom=RESID_HEADROOM) if x_scale is None else float(x_scale)
     sc["xn_unit"] = act_scale(tr["xn_unit"])
     # ss of int8 x is sum(x_int^2) = d * mean(x^2) / s_x^2, so eps moves into integer units likewise
     attn_norm = _norm(m.norm_eps * d / sc["x"] ** 2, math.sqrt(d) / sc["xn_unit"], fm)
@@ -227,12 +233,16 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None, model_seed: int 
     sc["hn_unit"] = act_scale(tr["hn_unit"])
     mlp_norm = _norm(m.norm_eps * d / sc["h"] ** 2, math.sqrt(d) / sc["hn_unit"], fm)
 
-    qmoe, sc_moe = _quantize_moe(params, cfg, fm, tr, sc["hn_unit"])
+    if params.dense is not None:
+        qmoe, (qdense, sc_moe) = None, _quantize_dense(params, cfg, fm, tr, sc["hn_unit"])
+    else:
+        (qmoe, sc_moe), qdense = _quantize_moe(params, cfg, fm, tr, sc["hn_unit"]), None
     sc.update(sc_moe)
     sc["y"] = act_scale(tr["y"], fm.resid_bits, headroom=RESID_HEADROOM)
     (ma, mb), rs_ = shared_shift_multipliers([sc["h"] / sc["y"], sc["moe_out"] / sc["y"]], fm.mult_bits)
     res2 = QResidual(ma, mb, rs_)
-    return QLayer(attn_norm=attn_norm, kda=qkda, res1=res1, mlp_norm=mlp_norm, moe=qmoe, res2=res2, scales=sc)
+    return QLayer(attn_norm=attn_norm, kda=qkda, res1=res1, mlp_norm=mlp_norm, moe=qmoe, res2=res2, scales=sc,
+                  dense=qdense)
 
 
 def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float):
@@ -253,29 +263,9 @@ def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float
     hn = tr["hn_unit"] * params.mlp_norm_w[None, :]
     routed = _experts_dense(p.w_gate, p.w_up, p.w_down, hn)
     shared = _experts_dense(p.sh_gate, p.sh_up, p.sh_down, hn)
-    both = [np.concatenate([r.reshape(-1), s.reshape(-1)]) for r, s in zip(routed, shared)]
-    s_gate = act_scale(both[0], LB, headroom=SILU_HEADROOM)
-    # the table's output range covers its whole input range: SiLU is the identity for large
-    # inputs, so a clipped output scale would saturate exactly the tokens the headroom is for
-    s_act = float(fl.silu(_qmax(LB) * s_gate)) / _qmax(A8)
-    s_e = act_scale(both[4], fm.expert_out_bits, headroom=BRANCH_HEADROOM)
+    s_gate, s_act, s_e, silu = _expert_scales(fm, [routed, shared])
     sc.update(e_gate=s_gate, e_act=s_act, e_out=s_e)
-    silu = QLut(build_lut(fl.silu, LB, s_gate, s_act, -_qmax(A8) - 1, _qmax(A8)), LB)
-
-    def bank(wg, wu, wd, dense):
-        cols = {k: [] for k in ("gate_w", "gate_m", "gate_s", "up_w", "up_m", "up_s", "down_w", "down_m", "down_s")}
-        for e in range(wg.shape[0]):
-            s_up = act_scale(dense[1][e], mse=False)     # this expert's own range, never saturating
-            s_prod = s_act * s_up                           # the hidden at exponent 0 (int_expert)
-            for name, w, s_in, s_out, bits in (("gate", wg[e] * wn, s_hn, s_gate, LB), ("up", wu[e] * wn, s_hn, s_up, A8),
-                                               ("down", wd[e], s_prod, s_e, A8)):
-                lin, _ = _linear(w, s_in, s_out, fm, bits)
-                cols[f"{name}_w"].append(lin.w)
-                cols[f"{name}_m"].append(lin.m)
-                cols[f"{name}_s"].append(lin.s)
-        if wg.shape[0] == 0:
-            return QExperts(**{k: np.zeros((0,), np.int64) for k in cols})
-        return QExperts(**{k: np.array(v, dtype=np.int64) for k, v in cols.items()})
+    bank = lambda wg, wu, wd, dense: _expert_bank(wg, wu, wd, dense, wn, s_hn, s_gate, s_act, s_e, fm)
 
     rs = int(round(m.routed_scaling * (1 << fm.rs_frac)))
     sc["moe_out"] = act_scale(tr["moe_out"], fm.resid_bits, headroom=BRANCH_HEADROOM)
@@ -286,7 +276,145 @@ def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float
     return q, sc
 
 
+def _expert_scales(fm: Formats, banks):
+    """The scales common to a set of expert banks (SiLU input and output, expert output) and
+    their one SiLU table, from every expert's calibration activations (``_experts_dense``)."""
+    A8, LB = fm.act_bits, fm.lut_in_bits
+    both = [np.concatenate([b[i].reshape(-1) for b in banks]) for i in range(5)]
+    s_gate = act_scale(both[0], LB, headroom=SILU_HEADROOM)
+    # the table's output range covers its whole input range: SiLU is the identity for large
+    # inputs, so a clipped output scale would saturate exactly the tokens the headroom is for
+    s_act = float(fl.silu(_qmax(LB) * s_gate)) / _qmax(A8)
+    s_e = act_scale(both[4], fm.expert_out_bits, headroom=BRANCH_HEADROOM)
+    silu = QLut(build_lut(fl.silu, LB, s_gate, s_act, -_qmax(A8) - 1, _qmax(A8)), LB)
+    return s_gate, s_act, s_e, silu
+
+
+def _expert_bank(wg, wu, wd, dense, wn, s_hn, s_gate, s_act, s_e, fm: Formats) -> QExperts:
+    """A bank of SwiGLU experts (n, d_ff, d) with per-expert (m, s); ``dense``: their
+    calibration activations, ``wn`` the RMSNorm weight folded into gate and up."""
+    A8, LB = fm.act_bits, fm.lut_in_bits
+    cols = {k: [] for k in ("gate_w", "gate_m", "gate_s", "up_w", "up_m", "up_s", "down_w", "down_m", "down_s")}
+    for e in range(wg.shape[0]):
+        s_up = act_scale(dense[1][e], mse=False)     # this expert's own range, never saturating
+        s_prod = s_act * s_up                           # the hidden at exponent 0 (int_expert)
+        for name, w, s_in, s_out, bits in (("gate", wg[e] * wn, s_hn, s_gate, LB), ("up", wu[e] * wn, s_hn, s_up, A8),
+                                           ("down", wd[e], s_prod, s_e, A8)):
+            lin, _ = _linear(w, s_in, s_out, fm, bits)
+            cols[f"{name}_w"].append(lin.w)
+            cols[f"{name}_m"].append(lin.m)
+            cols[f"{name}_s"].append(lin.s)
+    if wg.shape[0] == 0:
+        return QExperts(**{k: np.zeros((0,), np.int64) for k in cols})
+    return QExperts(**{k: np.array(v, dtype=np.int64) for k, v in cols.items()})
+
+
+def _quantize_dense(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float):
+    """A dense mixer as d_ff-wide chunks (QDense): each chunk quantised as a shared expert,
+    with the MoE's scale rules (common SiLU table and chunk-output scale, own up scale)."""
+    wn = params.mlp_norm_w[None, :]
+    g, u, dn = dense_chunks(params.dense, cfg)
+    hn = tr["hn_unit"] * wn
+    acts = _experts_dense(g, u, dn, hn)
+    s_gate, s_act, s_e, silu = _expert_scales(fm, [acts])
+    sc = {"e_gate": s_gate, "e_act": s_act, "e_out": s_e}
+    chunks = _expert_bank(g, u, dn, acts, wn, s_hn, s_gate, s_act, s_e, fm)
+    sc["moe_out"] = act_scale(tr["moe_out"], fm.resid_bits, headroom=BRANCH_HEADROOM)
+    comb_m, comb_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["moe_out"], fm)
+    return QDense(silu=silu, chunks=chunks, comb_m=comb_m, comb_s=comb_s), sc
+
+
 def quantize_random_layer(cfg: Config, seed: int = 0) -> QLayer:
     """The seeded random layer ``random_params(cfg, seed)`` quantised on its own channel
     profile: the one call for whoever builds a model from a seed."""
     return quantize_layer(random_params(cfg, seed), cfg, model_seed=seed)
+
+
+# ---- the model stack (issue 14) ---------------------------------------------------------
+
+# headroom of the 16-bit logits over their calibrated max|logit|: they are only compared
+# (argmax) and read by the host, 16 bits leave resolution to spare
+LOGIT_HEADROOM = 1.5
+# the identity final-norm weight of an untied head (the weight is folded into the LM head):
+# every entry 1 << NORM_W_SHIFT, the shift the same
+NORM_W_SHIFT = 14
+
+
+def calibration_tokens(cfg: Config, n_seq: int = 4, n_tokens: int = 256, seed: int = 1000, model_seed: int = 0):
+    """``n_seq`` calibration token sequences (token seeds ``seed``..``seed + n_seq - 1``, never
+    an evaluation's) in the language of model ``model_seed`` (``random_tokens``)."""
+    return [random_tokens(cfg, n_tokens, seed=seed + i, model_seed=model_seed) for i in range(n_seq)]
+
+
+def quantize_model(mp: ModelParams, cfg: Config, token_seqs=None, model_seed: int | None = None,
+                   xs_seqs=None) -> QModel:
+    """Integer model of a float model.  Calibration runs the *float* stack on the calibration
+    sequences (``token_seqs``, default ``calibration_tokens(cfg, model_seed=...)``; with
+    vocab = 0, residual-stream inputs ``xs_seqs``, default ``calibration_sequences``) and
+    quantises layer l with ``quantize_layer`` on the float activations that reach it.  Each
+    layer's input scale is fixed to what feeds it (the embedding's scale for layer 0, layer
+    l-1's output scale after), so the integer stream passes between layers unchanged.
+
+    Head formats (QHead): the embedding is symmetric int8 per table (max|E| / 127) and x_0
+    the int8 entry as it is (x_0's scale = the table's); the final norm is an int8
+    RMSNorm like the layers'; untied, its weight is folded into the LM head's columns and
+    the int8 head has one (m, s); tied, the table is the head, and the weight is applied
+    per channel (norm_w, resid_bits signed, the largest shift that fits) into an int8 fn
+    whose scale minimises the MSE; the logits are resid_bits at max|logit| * 1.5."""
+    fm = formats_for(cfg)
+    m = cfg.model
+    if (token_seqs is not None or xs_seqs is not None) and model_seed is not None:
+        raise ValueError("quantize_model: give calibration sequences or model_seed, not both")
+    ms = model_seed or 0
+    scales: dict[str, float] = {}
+    emb_q = None
+    if m.vocab:
+        if xs_seqs is not None:
+            raise ValueError("quantize_model: a model with a vocabulary calibrates on token sequences")
+        seqs = calibration_tokens(cfg, model_seed=ms) if token_seqs is None else token_seqs
+        xs = [mp.embedding[np.asarray(t, dtype=np.int64)] for t in seqs]
+        emb_q, scales["emb"] = quant_weight(mp.embedding, fm)
+        x_scale = scales["emb"]
+    else:
+        if token_seqs is not None:
+            raise ValueError(f"quantize_model: config {cfg.name} has no vocabulary (vocab = 0): give xs_seqs")
+        xs = calibration_sequences(cfg, model_seed=ms) if xs_seqs is None else xs_seqs
+        x_scale = None
+    layers = []
+    for lp in mp.layers:
+        q = quantize_layer(lp, cfg, seqs=xs, x_scale=x_scale)
+        layers.append(q)
+        x_scale = q.scales["y"]
+        xs = [fl.run_layer(lp, cfg, x) for x in xs]
+    if not m.vocab:
+        return QModel(layers=layers, head=None, scales=scales)
+
+    d = m.d_model
+    xL = np.concatenate(xs)
+    fn_unit = fl.rms_unit(xL, m.norm_eps)
+    scales["fn_unit"] = act_scale(fn_unit)
+    final_norm = _norm(m.norm_eps * d / x_scale ** 2, math.sqrt(d) / scales["fn_unit"], fm)
+    w = mp.final_norm_w
+    fn = fn_unit * w[None, :]
+    if m.tie_embedding:
+        scales["fn"] = act_scale(fn)
+        ratio = w * scales["fn_unit"] / scales["fn"]
+        sh = int(np.clip(pow2_frac_bits(float(np.max(np.abs(ratio))), fm.resid_bits), 0, 30))
+        norm_w = np.floor(ratio * (1 << sh) + 0.5).astype(np.int64)
+        s_w, lm_head = scales["emb"], None
+    else:
+        scales["fn"] = scales["fn_unit"]
+        sh = NORM_W_SHIFT
+        norm_w = np.full(d, 1 << sh, dtype=np.int64)
+        lm_head, s_w = quant_weight(mp.lm_head * w[None, :], fm)
+    scales["logits"] = act_scale(fn @ mp.head().T, fm.resid_bits, headroom=LOGIT_HEADROOM)
+    head_m, head_s = _mult(s_w * scales["fn"] / scales["logits"], fm)
+    head = QHead(emb=emb_q, final_norm=final_norm, norm_w=norm_w, norm_w_shift=sh, head_m=head_m, head_s=head_s,
+                 lm_head=lm_head)
+    return QModel(layers=layers, head=head, scales=scales)
+
+
+def quantize_random_model(cfg: Config, seed: int = 0) -> QModel:
+    """The seeded random model ``random_model_params(cfg, seed)`` quantised on its own language
+    (or channel profile, vocab = 0)."""
+    return quantize_model(random_model_params(cfg, seed), cfg, model_seed=seed)

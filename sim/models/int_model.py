@@ -1,0 +1,149 @@
+"""Integer model of the whole language model: the contract of the model chip (issue 14).
+
+    x_0    = emb[token]                                     int8 table entry, as a resid_bits value
+    x_l+1  = int_layer_step(layer l, x_l)                   l = 0 .. L-1, own QLayer and IntKDAState
+    fn_u   = int_rmsnorm(x_L, final_norm)                   int8 (unit RMS)
+    fn     = sat8(round_shift(fn_u * norm_w, norm_w_shift)) int8 (final-norm weight; identity when untied)
+    logits = requantize(W @ fn, head_m, head_s, resid_bits) W = lm_head (V, d) int8, or emb when tied
+    next   = int_argmax(logits)                             the lowest index of the largest logit
+
+Every layer is sim/models/int_layer.py's ``int_layer_step`` itself; the integer y of layer
+l is the x of layer l+1 unchanged (the quantiser gives them one scale).  Decode: one token
+id at a time, every layer's KDA state (and short-conv history) carried; a reset before a
+token clears every layer's.  With vocab = 0 there is no embedding or head (``int_run_stack``:
+resid_bits streams in and out; one layer = ``int_run_layer``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from moekda.config import Config
+from moekda.formats import formats_for
+from moekda.numerics import requantize, round_shift, saturate
+from sim.models.int_kda import IntKDAState
+from sim.models.int_layer import int_layer_step
+from sim.models.int_ops import check_width, int_rmsnorm
+from sim.models.qparams import QHead, QModel
+
+
+def int_argmax(logits) -> int:
+    """The next token id: the index of the largest integer logit; on a tie the lowest index
+    (a scan from index 0 that replaces the running best only on a strictly larger value)."""
+    return int(np.argmax(np.asarray(logits, dtype=np.int64)))
+
+
+def int_next_tokens(logits) -> np.ndarray:
+    return np.array([int_argmax(r) for r in np.atleast_2d(logits)], dtype=np.int64)
+
+
+@dataclass
+class IntModelState:
+    layers: list
+
+    @classmethod
+    def zeros(cls, cfg: Config) -> "IntModelState":
+        return cls([IntKDAState.zeros(cfg) for _ in range(cfg.model.n_layers)])
+
+
+def int_embed(qh: QHead, cfg: Config, token) -> np.ndarray:
+    tok = int(token)
+    if not 0 <= tok < cfg.model.vocab:
+        raise ValueError(f"token id {tok}: allowed range is 0 to {cfg.model.vocab - 1} (model.vocab)")
+    return qh.emb[tok].astype(np.int64)
+
+
+def int_head_step(qh: QHead, cfg: Config, xL, trace=None) -> np.ndarray:
+    """Final norm, its weight and the LM head: resid_bits logits (V,)."""
+    fm = formats_for(cfg)
+    t = trace if trace is not None else {}
+    t["fn_unit"] = int_rmsnorm(xL, qh.final_norm, fm)
+    prod = check_width(t["fn_unit"] * qh.norm_w, fm.act_bits + fm.resid_bits - 1, "final norm weight product")
+    t["fn"] = saturate(round_shift(prod, qh.norm_w_shift), fm.act_bits)
+    w = qh.emb if qh.lm_head is None else qh.lm_head
+    acc = check_width(w @ t["fn"], fm.acc_bits, "LM head accumulator")
+    t["logits"] = requantize(acc, qh.head_m, qh.head_s, fm.resid_bits)
+    return t["logits"]
+
+
+def int_stack_step(qm: QModel, cfg: Config, state: IntModelState, x, trace=None):
+    """x_0 (d,) resid_bits through the L layers. Returns (state, x_L)."""
+    t = trace if trace is not None else {}
+    t["x0"] = x
+    t["layers"] = []
+    new = []
+    for q, st in zip(qm.layers, state.layers):
+        tr = {}
+        st, x = int_layer_step(q, cfg, st, x, tr)
+        new.append(st)
+        t["layers"].append(tr)
+    t["xL"] = x
+    return IntModelState(new), x
+
+
+def int_model_step(qm: QModel, cfg: Config, state: IntModelState, token, trace=None):
+    """One token id. Returns (state, logits (V,) resid_bits)."""
+    state, xL = int_stack_step(qm, cfg, state, int_embed(qm.head, cfg, token), trace)
+    return state, int_head_step(qm.head, cfg, xL, trace)
+
+
+def _flags(n: int, resets):
+    if resets is None:
+        return [False] * n
+    if len(resets) != n:
+        raise ValueError(f"resets: {len(resets)} flags for {n} tokens")
+    return [bool(r) for r in resets]
+
+
+def int_run_model(qm: QModel, cfg: Config, tokens, resets=None, traces: list | None = None) -> np.ndarray:
+    """Token ids (T,) teacher-forced: integer logits (T, V).  ``resets[t]``: a new sequence at
+    token t.  One trace dict per token appended to ``traces``."""
+    if qm.head is None:
+        raise ValueError(f"config {cfg.name}: vocab = 0, no tokens (int_run_stack takes residual streams)")
+    tokens = np.asarray(tokens, dtype=np.int64)
+    out = np.zeros((len(tokens), cfg.model.vocab), dtype=np.int64)
+    state = IntModelState.zeros(cfg)
+    for i, (tok, r) in enumerate(zip(tokens, _flags(len(tokens), resets))):
+        if r:
+            state = IntModelState.zeros(cfg)
+        tr = {} if traces is not None else None
+        state, out[i] = int_model_step(qm, cfg, state, tok, tr)
+        if traces is not None:
+            traces.append(tr)
+    return out
+
+
+def int_run_stack(qm: QModel, cfg: Config, xs, resets=None, traces: list | None = None) -> np.ndarray:
+    """The layers alone on resid_bits inputs xs (T, d): x_L (T, d)."""
+    xs = np.asarray(xs, dtype=np.int64)
+    ys = np.zeros_like(xs)
+    state = IntModelState.zeros(cfg)
+    for i, (x, r) in enumerate(zip(xs, _flags(len(xs), resets))):
+        if r:
+            state = IntModelState.zeros(cfg)
+        tr = {} if traces is not None else None
+        state, ys[i] = int_stack_step(qm, cfg, state, x, tr)
+        if traces is not None:
+            traces.append(tr)
+    return ys
+
+
+def int_generate(qm: QModel, cfg: Config, prompt, n_new: int) -> list[int]:
+    """Greedy decoding on the integer model: the prompt as a new sequence, then ``n_new``
+    ids each fed back (what ``moekda run --prompt-ids`` will compare the chip against)."""
+    state = IntModelState.zeros(cfg)
+    logits = None
+    for tok in prompt:
+        state, logits = int_model_step(qm, cfg, state, tok)
+    if logits is None:
+        raise ValueError("int_generate: the prompt is empty")
+    out = []
+    for _ in range(n_new):
+        out.append(int_argmax(logits))
+        state, logits = int_model_step(qm, cfg, state, out[-1])
+    return out
+
+
+def dequantize_logits(qm: QModel, logits) -> np.ndarray:
+    return np.asarray(logits, dtype=np.float64) * qm.scales["logits"]
