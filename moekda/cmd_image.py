@@ -36,9 +36,16 @@ def run(args) -> int:
     cfg = load_config(args.config)
     lay = image_layout(cfg)
     if args.check:
-        from sim.models.image import read_image_file
+        from sim.models.image import qmodel_from_image, read_image_file
         try:
-            read_image_file(cfg, args.check)
+            if cfg.model.is_layer_chip:
+                read_image_file(cfg, args.check)
+            else:
+                try:
+                    raw = Path(args.check).read_bytes()
+                except OSError as e:
+                    raise ImageError(f"image {args.check}: {e.strerror}") from None
+                qmodel_from_image(cfg, raw, f"image {args.check}")
         except ImageError as e:
             raise UserError(str(e)) from None
         print(f"moekda image: {args.check}: good image for {cfg.name} (config hash {cfg.hash()[:8]}), "
@@ -49,6 +56,8 @@ def run(args) -> int:
         raise UserError("-o/--output: needed with --seed or --params")
     if args.seed is not None and args.seed < 0:
         raise UserError(f"--seed = {args.seed}: allowed range is 0 or more")
+    if not cfg.model.is_layer_chip:
+        return _model_image(cfg, args, lay)
     from sim.models.image import model_from_file, qlayer_image
     if args.params:
         try:
@@ -67,4 +76,29 @@ def run(args) -> int:
     out.write_bytes(image)
     print(f"moekda image: {out}: {len(image)} bytes for {cfg.name} (config hash {cfg.hash()[:8]}); "
           f"parameters {lay.params_bytes} bytes, matrices {lay.length - lay.weights_base} bytes")
+    return 0
+
+
+def _model_image(cfg, args, lay) -> int:
+    """A model config (issue 14): the image of the seeded random model, or of a float model
+    file (ModelParams names, quantised here on calibration tokens of --calib-seed's language)."""
+    from sim.models.image import qmodel_image
+    from sim.models.quantize import quantize_model, quantize_random_model
+    if args.params:
+        from sim.models.params import load_model_params
+        try:
+            qm = quantize_model(load_model_params(args.params, cfg), cfg, model_seed=args.calib_seed)
+        except ValueError as e:
+            raise UserError(f"--params {e}") from None
+    else:
+        qm = quantize_random_model(cfg, args.seed)
+    try:
+        image = qmodel_image(cfg, qm)
+    except (ValueError, KeyError) as e:
+        raise UserError(f"{args.params or 'model'}: {e}") from None
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(image)
+    print(f"moekda image: {out}: {len(image)} bytes for {cfg.name} (config hash {cfg.hash()[:8]}), "
+          f"{cfg.model.n_layers} layers; parameters {lay.params_bytes} bytes, matrices {lay.length - lay.weights_base} bytes")
     return 0

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw.image.param_map import param_map, structural
+from hw.image.param_map import model_param_maps, model_structural, params_bytes
 
 MAGIC = int.from_bytes(b"MKDI", "little")
 VERSION = 1
@@ -76,14 +76,43 @@ def image_layout(cfg, weights_bytes: int | None = None) -> ImageLayout:
     by default it is taken from the memory map)."""
     pb = cfg.hw.weight_port_bytes
     hb = header_bytes(pb)
-    pm = param_map(cfg)
-    base = hb + pm.nbytes
+    nparams = params_bytes(cfg)
+    base = hb + nparams
     if weights_bytes is None:
         from hw.image.memory_map import memory_map
         mm = memory_map(cfg)
         weights_bytes = mm.size - mm.base
     length = _round_up(base + weights_bytes, max(4, pb))
-    return ImageLayout(hb, hb, pm.nbytes, base, length, pb)
+    return ImageLayout(hb, hb, nparams, base, length, pb)
+
+
+def host_scales(cfg) -> dict[str, str]:
+    """Header word -> flat name of the scale it carries.  The layer chip: QLayer's x and y.  A
+    stack without vocabulary: layer 0's x and layer L-1's y.  A model: X_SCALE 0 (the input is
+    a token id) and Y_SCALE the logits' LSB."""
+    m = cfg.model
+    if m.is_layer_chip:
+        return dict(HOST_SCALES)
+    if m.vocab == 0:
+        return {"X_SCALE": "layers.0.scales.x", "Y_SCALE": f"layers.{m.n_layers - 1}.scales.y"}
+    return {"X_SCALE": "-", "Y_SCALE": "scales.logits"}
+
+
+def param_blocks(cfg) -> list[tuple[str, object, int]]:
+    """(name prefix, ParamMap, byte address) of each block of the parameter region
+    (hw.image.param_map.model_param_maps), in address order."""
+    addr = header_bytes(cfg.hw.weight_port_bytes)
+    out = []
+    for prefix, pm in model_param_maps(cfg):
+        out.append((prefix, pm, addr))
+        addr += pm.nbytes
+    return out
+
+
+def _unprefixed(flat: Mapping[str, np.ndarray], prefix: str) -> dict:
+    if not prefix:
+        return dict(flat)
+    return {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
 
 
 def word_sum(image: bytes) -> int:
@@ -97,18 +126,22 @@ def pack_image(cfg, flat: Mapping[str, np.ndarray], tensors: Mapping[str, np.nda
     ValueError naming the field when a value does not fit its field, or when a value the
     config fixes (hw.param_map.structural) differs."""
     from hw.image.memory_map import build_weights, memory_map
-    for name, want in structural(cfg).items():
+    for name, want in model_structural(cfg).items():
         if name in flat and int(np.asarray(flat[name])) != want:
             raise ValueError(f"parameter {name} = {int(np.asarray(flat[name]))}: this config fixes it to {want}")
     mm = memory_map(cfg)
     lay = image_layout(cfg)
     img = bytearray(lay.length)
-    img[lay.params_addr:lay.params_addr + lay.params_bytes] = param_map(cfg).pack(flat)
+    for prefix, pm, addr in param_blocks(cfg):
+        try:
+            img[addr:addr + pm.nbytes] = pm.pack(_unprefixed(flat, prefix))
+        except ValueError as e:
+            raise ValueError(str(e).replace("parameter ", f"parameter {prefix}", 1)) from None
     weights = build_weights(cfg, tensors, mm)
     img[mm.base:mm.base + len(weights)] = weights
     header = [MAGIC, VERSION, config_hash_word(cfg), lay.length, 0]
     img[:4 * len(header)] = np.array(header, dtype="<u4").tobytes()
-    for word, name in HOST_SCALES.items():
+    for word, name in host_scales(cfg).items():
         at = 4 * HEADER_WORDS.index(word)
         img[at:at + 4] = np.array([float(flat.get(name, 0.0))], dtype="<f4").tobytes()
     checksum = (-word_sum(bytes(img))) % (1 << 32)
@@ -142,11 +175,12 @@ def read_image(cfg, image: bytes, what: str = "image") -> tuple[dict, dict]:
     """(parameters {dotted name: array}, tensors {region name: int8 matrix}) of a checked image."""
     from hw.image.memory_map import memory_map, read_weights
     check_image(cfg, image, what)
-    lay = image_layout(cfg)
-    params = param_map(cfg).unpack(image[lay.params_addr:lay.params_addr + lay.params_bytes])
-    for name, v in structural(cfg).items():
+    params = {}
+    for prefix, pm, addr in param_blocks(cfg):
+        params.update({prefix + k: v for k, v in pm.unpack(image[addr:addr + pm.nbytes]).items()})
+    for name, v in model_structural(cfg).items():
         params[name] = np.int64(v)
-    for word, name in HOST_SCALES.items():
+    for word, name in host_scales(cfg).items():
         at = 4 * HEADER_WORDS.index(word)
         value = float(np.frombuffer(image[at:at + 4], dtype="<f4")[0])
         if value > 0:

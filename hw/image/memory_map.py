@@ -108,6 +108,37 @@ def kda_tensors(cfg) -> list[tuple[str, int, int]]:
 TENSOR_GROUPS = [moe_tensors, kda_tensors]
 
 
+def dense_tensors(cfg) -> list[tuple[str, int, int]]:
+    """(name, rows, cols) of a dense channel mixer (QDense), chunk after chunk, each one
+    shared expert's shapes: ``dense.chunk{c}.gate|up`` d_ff x d_model, ``.down`` d_model x d_ff."""
+    m = cfg.model
+    out = []
+    for c in range(m.dense_chunks):
+        out += [(f"dense.chunk{c}.gate", m.d_ff, m.d_model), (f"dense.chunk{c}.up", m.d_ff, m.d_model),
+                (f"dense.chunk{c}.down", m.d_model, m.d_ff)]
+    return out
+
+
+def model_tensors(cfg) -> list[tuple[str, int, int]]:
+    """(name, rows, cols) of every matrix of the config, in memory order.  The layer chip:
+    TENSOR_GROUPS (today's map).  A model: layer 0 .. L-1, each its channel mixer's tensors
+    (moe_tensors or dense_tensors) then kda_tensors, named ``layers.<l>.<name>``; then, with a
+    vocabulary, ``embedding`` (V x d_model: row t is token t's x_0) and, untied, ``lm_head``
+    (V x d_model)."""
+    m = cfg.model
+    if m.is_layer_chip:
+        return [t for group in TENSOR_GROUPS for t in group(cfg)]
+    out = []
+    for l, mx in enumerate(m.mixers):
+        mix = moe_tensors(cfg) if mx == "moe" else dense_tensors(cfg)
+        out += [(f"layers.{l}.{n}", r, c) for n, r, c in mix + kda_tensors(cfg)]
+    if m.vocab:
+        out.append(("embedding", m.vocab, m.d_model))
+        if not m.tie_embedding:
+            out.append(("lm_head", m.vocab, m.d_model))
+    return out
+
+
 # ---- the map -----------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -147,17 +178,16 @@ class MemoryMap:
 
 def memory_map(cfg) -> MemoryMap:
     from hw.image.format import header_bytes
-    from hw.image.param_map import param_map
+    from hw.image.param_map import params_bytes
     pb = cfg.hw.weight_port_bytes
     regions: dict[str, TensorRegion] = {}
-    base = addr = header_bytes(pb) + param_map(cfg).nbytes
-    for group in TENSOR_GROUPS:
-        for name, rows, cols in group(cfg):
-            if name in regions:
-                raise ValueError(f"tensor {name!r} listed twice in the memory map")
-            reg = TensorRegion(name, rows, cols, addr, padded_row_bytes(cols, pb), pb)
-            regions[name] = reg
-            addr = reg.end
+    base = addr = header_bytes(pb) + params_bytes(cfg)
+    for name, rows, cols in model_tensors(cfg):
+        if name in regions:
+            raise ValueError(f"tensor {name!r} listed twice in the memory map")
+        reg = TensorRegion(name, rows, cols, addr, padded_row_bytes(cols, pb), pb)
+        regions[name] = reg
+        addr = reg.end
     return MemoryMap(pb, regions, base)
 
 
@@ -239,3 +269,45 @@ def qlayer_tensors(q) -> dict[str, np.ndarray]:
     """Every region's int8 matrix from the quantised layer (sim.models.qparams.QLayer):
     the input of ``build_image``."""
     return flat_tensors(q.to_flat())
+
+
+# ---- the model stack (issue 14) ---------------------------------------------------------
+
+def model_tensor_sources(cfg) -> dict[str, tuple[str, int | None]]:
+    """Region name -> (dotted QModel.to_flat() name, index into a bank or None), for every
+    region of ``model_tensors`` (the layer chip: ``tensor_sources``, QLayer names)."""
+    m = cfg.model
+    if m.is_layer_chip:
+        return tensor_sources(m.n_experts, m.n_shared)
+    out = {}
+    for l, mx in enumerate(m.mixers):
+        src = tensor_sources(m.n_experts, m.n_shared)
+        if mx == "dense":
+            src = {k: v for k, v in src.items() if k.startswith("kda.")}
+            for c in range(m.dense_chunks):
+                for mat in ("gate", "up", "down"):
+                    src[f"dense.chunk{c}.{mat}"] = (f"dense.chunks.{mat}_w", c)
+        out.update({f"layers.{l}.{k}": (f"layers.{l}.{n}", e) for k, (n, e) in src.items()})
+    if m.vocab:
+        out["embedding"] = ("head.emb", None)
+        if not m.tie_embedding:
+            out["lm_head"] = ("head.lm_head", None)
+    return out
+
+
+def model_flat_tensors(cfg, flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every region's matrix from the flat integer parameters (QModel.to_flat(), or
+    QLayer.to_flat() for the layer chip)."""
+    return {region: (np.asarray(flat[name]) if e is None else np.asarray(flat[name])[e])
+            for region, (name, e) in model_tensor_sources(cfg).items()}
+
+
+def model_tensors_flat(cfg, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The inverse of ``model_flat_tensors``."""
+    out: dict[str, list | np.ndarray] = {}
+    for region, (name, e) in model_tensor_sources(cfg).items():
+        if e is None:
+            out[name] = np.asarray(tensors[region], dtype=np.int64)
+        else:
+            out.setdefault(name, []).append(np.asarray(tensors[region], dtype=np.int64))
+    return {k: (np.stack(v) if isinstance(v, list) else v) for k, v in out.items()}

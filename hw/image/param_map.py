@@ -84,21 +84,26 @@ KDA_NORMS = ("q_norm", "k_norm", "o_norm")
 EXPERT_MATS = ("gate", "up", "down")
 
 
-def table_fields(cfg) -> list[tuple[str, int, bool, str]]:
-    """(dotted name, entry bits, signed, what) of every nonlinearity table."""
+def table_fields(cfg, mixer: str = "moe") -> list[tuple[str, int, bool, str]]:
+    """(dotted name, entry bits, signed, what) of every nonlinearity table of a layer whose
+    channel mixer is ``mixer`` ("moe", or "dense": its one SiLU table in place of the MoE's two)."""
     fm = formats_for(cfg)
-    return [("kda.silu_q", fm.qkv_bits, True, "SiLU after the q short conv"),
-            ("kda.silu_k", fm.qkv_bits, True, "SiLU after the k short conv"),
-            ("kda.silu_v", fm.qkv_bits, True, "SiLU after the v short conv (v at 2**-f_v)"),
-            ("kda.alpha", fm.alpha_frac, False, "decay alpha = exp(lb sigmoid(z)), U0.alpha_frac"),
-            ("kda.beta", fm.unit_frac + 1, False, "beta = sigmoid, U0.unit_frac"),
-            ("kda.gate", fm.unit_frac + 1, False, "output gate = sigmoid, U0.unit_frac"),
-            ("moe.score", fm.score_frac + 1, False, "router score = sigmoid, U0.score_frac"),
-            ("moe.silu", fm.act_bits, True, "expert SiLU -> int8")]
+    kda = [("kda.silu_q", fm.qkv_bits, True, "SiLU after the q short conv"),
+           ("kda.silu_k", fm.qkv_bits, True, "SiLU after the k short conv"),
+           ("kda.silu_v", fm.qkv_bits, True, "SiLU after the v short conv (v at 2**-f_v)"),
+           ("kda.alpha", fm.alpha_frac, False, "decay alpha = exp(lb sigmoid(z)), U0.alpha_frac"),
+           ("kda.beta", fm.unit_frac + 1, False, "beta = sigmoid, U0.unit_frac"),
+           ("kda.gate", fm.unit_frac + 1, False, "output gate = sigmoid, U0.unit_frac")]
+    if mixer == "dense":
+        return kda + [("dense.silu", fm.act_bits, True, "dense chunks' SiLU -> int8")]
+    return kda + [("moe.score", fm.score_frac + 1, False, "router score = sigmoid, U0.score_frac"),
+                  ("moe.silu", fm.act_bits, True, "expert SiLU -> int8")]
 
 
-def param_fields(cfg) -> list[ParamField]:
-    """Every run-time parameter of one layer, in region (and bank) order."""
+def param_fields(cfg, mixer: str = "moe") -> list[ParamField]:
+    """Every run-time parameter of one layer, in region (and bank) order.  ``mixer="dense"``:
+    the layer of a model whose channel mixer is dense (QDense: its chunks take the MoE's
+    shared-expert fields' form under ``dense.*``; no router, score table, bias or rs)."""
     fm, m = formats_for(cfg), cfg.model
     dw = derived_widths(cfg)
     hk, hv, K, E = m.n_heads * m.head_dim, m.n_heads * m.head_dim, m.conv_kernel, m.n_experts
@@ -119,7 +124,7 @@ def param_fields(cfg) -> list[ParamField]:
         out.append(_f(f"{prefix}.m_b", (), mb, False, f"{doc}: multiplier of the branch"))
         out.append(_f(f"{prefix}.s", (), SHIFT_BITS, False, f"{doc}: shift"))
 
-    tables = {name: (bits, sgn, doc) for name, bits, sgn, doc in table_fields(cfg)}
+    tables = {name: (bits, sgn, doc) for name, bits, sgn, doc in table_fields(cfg, mixer)}
 
     def table(name):
         bits, sgn, doc = tables[name]
@@ -148,6 +153,16 @@ def param_fields(cfg) -> list[ParamField]:
                   fm.qk_bits + fm.state_bits - 2))
     residual("res1", "KDA residual add")
     norm("mlp_norm", dw["ss_rmsnorm"], "MoE RMSNorm")
+    if mixer == "dense":
+        table("dense.silu")
+        for mat in EXPERT_MATS:
+            requant(f"dense.chunks.{mat}_m", f"dense.chunks.{mat}_s", f"dense chunks' {mat} requantisation",
+                    (m.dense_chunks,))
+        out[-1] = replace(out[-1], lo=dw["swiglu_prod"] - fm.hid_bits + 1)   # as the experts' down_s
+        requant("dense.comb_m", "dense.comb_s", "dense combine -> resid_bits")
+        residual("res2", "dense residual add")
+        _check_tree_order([f.name for f in out])
+        return out
     # ---- MoE
     requant("moe.router.m", "moe.router.s", "router requantisation")
     table("moe.score")
@@ -188,7 +203,7 @@ def _check_tree_order(names: list[str]) -> None:
         prev = prefixes
 
 
-def structural(cfg) -> dict[str, int]:
+def structural(cfg, mixer: str = "moe") -> dict[str, int]:
     """Integers of QLayer that the config fixes (not loaded): name -> required value."""
     fm = formats_for(cfg)
     a, lb = fm.act_bits, fm.lut_in_bits
@@ -197,10 +212,57 @@ def structural(cfg) -> dict[str, int]:
         out[f"kda.{lin}.out_bits"] = lb if lin in ("f_up", "b_proj", "g_up") else a
     for conv in KDA_CONVS:
         out[f"kda.{conv}.out_bits"] = lb
-    out["moe.router.out_bits"] = lb
-    for name, *_ in table_fields(cfg):
+    if mixer == "moe":
+        out["moe.router.out_bits"] = lb
+    for name, *_ in table_fields(cfg, mixer):
         out[f"{name}.in_bits"] = lb
     return out
+
+
+# ---- the model stack (issue 14) ---------------------------------------------------------
+
+def head_param_fields(cfg) -> list[ParamField]:
+    """The head's run-time parameters (QHead; the embedding and LM head are matrices)."""
+    fm = formats_for(cfg)
+    dw = derived_widths(cfg)
+    mb = fm.mult_bits
+    return [_f("head.final_norm.eps_int", (), dw["ss_rmsnorm"], False, "final RMSNorm: eps in sum-of-squares units"),
+            _f("head.final_norm.m", (), mb, False, "final RMSNorm: output multiplier"),
+            _f("head.final_norm.s", (), 5, False, "final RMSNorm: output shift"),
+            _f("head.norm_w", (cfg.model.d_model,), fm.resid_bits, True,
+               "final-norm weight per channel (identity 1 << norm_w_shift when untied)"),
+            _f("head.norm_w_shift", (), 5, False, "fn = sat8(rs(fn_unit * norm_w, norm_w_shift))", 0, 30),
+            _f("head.head_m", (), mb, False, "LM head requantisation: multiplier"),
+            _f("head.head_s", (), SHIFT_BITS, False, "LM head requantisation: shift")]
+
+
+def model_param_maps(cfg) -> list[tuple[str, "ParamMap"]]:
+    """The parameter region of an image, as (name prefix, map) blocks in address order, each
+    block padded to whole port beats: the layer chip has one block (prefix "", today's map,
+    byte for byte); a model has layer 0 .. L-1 (prefix ``layers.<l>.``, the map of the layer's
+    mixer kind) and, with a vocabulary, the head (prefix "", names ``head.*``)."""
+    if cfg.model.is_layer_chip:
+        return [("", param_map(cfg))]
+    pb = cfg.hw.weight_port_bytes
+    out = [(f"layers.{l}.", ParamMap(tuple(param_fields(cfg, mx)), pb)) for l, mx in enumerate(cfg.model.mixers)]
+    if cfg.model.vocab:
+        out.append(("", ParamMap(tuple(head_param_fields(cfg)), pb)))
+    return out
+
+
+def model_structural(cfg) -> dict[str, int]:
+    """``structural`` of every layer under its prefix (the layer chip: unprefixed)."""
+    if cfg.model.is_layer_chip:
+        return structural(cfg)
+    out = {}
+    for l, mx in enumerate(cfg.model.mixers):
+        out.update({f"layers.{l}.{k}": v for k, v in structural(cfg, mx).items()})
+    return out
+
+
+def params_bytes(cfg) -> int:
+    """Bytes of the whole parameter region (every block of ``model_param_maps``)."""
+    return sum(pm.nbytes for _, pm in model_param_maps(cfg))
 
 
 @dataclass(frozen=True)

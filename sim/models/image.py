@@ -54,24 +54,52 @@ def model_from_file(cfg: Config, path, model_seed: int = 0) -> QLayer:
     float parameters (.npz or .safetensors, LayerParams.to_flat() names) are quantised,
     calibrated on sequences with the channel profile of ``model_seed``.
     ValueError (one line, naming the file) on a file that is neither."""
-    import zipfile
-
-    from sim.models.params import load_params
+    from sim.models.params import load_params, read_npz
     from sim.models.quantize import quantize_layer
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
     try:
         if path.suffix == ".npz":
-            with np.load(path) as z:
-                flat = {k: z[k] for k in z.files}
+            flat = read_npz(path, "parameter file")     # a damaged file: ValueError naming it
             if "kda.q_proj.m" in flat:
                 return QLayer.from_flat(flat)
         return quantize_layer(load_params(path, cfg), cfg)
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
-        raise ValueError(f"{path}: not a readable .npz ({e})") from None
     except KeyError as e:
         raise ValueError(f"{path}: {e.args[0] if e.args else e}") from None
+
+
+# ---- the model stack (issue 14) ---------------------------------------------------------
+
+def qmodel_image(cfg: Config, qm) -> bytes:
+    """The memory image of a quantised model (sim.models.qparams.QModel): per-layer parameter
+    blocks and the head's, every layer's matrices, the embedding and an untied LM head
+    (hw/image/param_map.model_param_maps, hw/image/memory_map.model_tensors)."""
+    from hw.image.memory_map import model_flat_tensors
+    if cfg.model.is_layer_chip:
+        return qlayer_image(cfg, qm.layers[0])
+    flat = qm.to_flat()
+    return pack_image(cfg, flat, model_flat_tensors(cfg, flat))
+
+
+def qmodel_from_image(cfg: Config, image: bytes, what: str = "image"):
+    """The QModel an image holds (checked: ImageError if it is not for ``cfg``).  Scales: only
+    the header's (the logits', or the stack's input and output)."""
+    from hw.image.memory_map import model_tensors_flat
+    from sim.models.qparams import QModel
+    if cfg.model.is_layer_chip:
+        return QModel(layers=[qlayer_from_image(cfg, image, what)])
+    params, tensors = read_image(cfg, image, what)
+    return QModel.from_flat({**params, **model_tensors_flat(cfg, tensors)}, cfg.model.n_layers)
+
+
+def random_model_image(config: str, seed: int):
+    """(config, quantised seeded random model, its image)."""
+    from moekda.config import load_config
+    from sim.models.quantize import quantize_random_model
+    cfg = load_config(config)
+    qm = quantize_random_model(cfg, seed)
+    return cfg, qm, qmodel_image(cfg, qm)
 
 
 # damaged images for the chip's LOAD tests: kind -> (what is done, the LOAD_ERRORS bits expected)

@@ -1,0 +1,125 @@
+"""The memory image of a model (issue 14): per-layer parameter blocks and matrices, the head's
+parameters, the embedding and an untied LM head; one-layer images unchanged."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hw.image.format import ImageError, check_image, image_layout, param_blocks
+from hw.image.memory_map import memory_map, model_tensors
+from hw.image.param_map import model_param_maps, param_map
+from moekda.config import config_from_dict, load_config
+from sim.models.image import qlayer_image, qmodel_from_image, qmodel_image, with_word
+from sim.models.int_model import int_run_model, int_run_stack
+from sim.models.params import random_model_params, random_tokens
+from sim.models.quantize import calibration_tokens, quantize_model, quantize_random_layer
+
+
+def _cfg(name="model-tiny", **model):
+    if not model:
+        return load_config(name)
+    raw = load_config(name).to_dict()
+    raw["model"].update(model)
+    return config_from_dict({"name": "t", **raw})
+
+
+def _quick(cfg, seed):
+    return quantize_model(random_model_params(cfg, seed), cfg,
+                          calibration_tokens(cfg, n_seq=2, n_tokens=48, model_seed=seed))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_model_image_round_trip(tied):
+    cfg = _cfg(tie_embedding=tied)
+    qm = _quick(cfg, 2)
+    img = qmodel_image(cfg, qm)
+    check_image(cfg, img)
+    assert len(img) == image_layout(cfg).length
+    back = qmodel_from_image(cfg, img)
+    a, b = qm.to_flat(), back.to_flat()
+    for k, v in a.items():
+        if "scales." in k:        # scales are the quantiser's, not the chip's (only the header's are kept)
+            continue
+        assert k in b and np.array_equal(np.asarray(b[k]), np.asarray(v)), k
+    assert np.float32(back.scales["logits"]) == np.float32(qm.scales["logits"])   # the header's Y_SCALE
+    toks = random_tokens(cfg, 12, seed=5, model_seed=2)
+    assert np.array_equal(int_run_model(back, cfg, toks), int_run_model(qm, cfg, toks))
+
+
+def test_layer_chip_image_unchanged():
+    """A layer config's image is today's: one parameter block with QLayer's names, today's map."""
+    cfg = load_config("tiny")
+    assert model_param_maps(cfg) == [("", param_map(cfg))]
+    q = quantize_random_layer(cfg, 1)
+    from sim.models.qparams import QModel
+    assert qmodel_image(cfg, QModel([q])) == qlayer_image(cfg, q)
+    assert image_layout(cfg).length == 9020 and image_layout(load_config("small")).length == 135328
+    assert list(memory_map(cfg).regions)[:2] == ["moe.router", "moe.expert0.gate"]
+
+
+def test_model_layout():
+    cfg = _cfg()
+    m = cfg.model
+    pb = cfg.hw.weight_port_bytes
+    blocks = param_blocks(cfg)
+    assert [p for p, _, _ in blocks] == ["layers.0.", "layers.1.", "layers.2.", "layers.3.", ""]
+    for (_, pm, addr), (_, _, nxt) in zip(blocks, blocks[1:]):
+        assert addr % pb == 0 and addr + pm.nbytes == nxt
+    names0 = {f.name for f in blocks[0][1].fields}
+    names1 = {f.name for f in blocks[1][1].fields}
+    assert "dense.silu.table" in names0 and "moe.router.m" not in names0 and "moe.router.m" in names1
+    assert {f.name for f in blocks[4][1].fields} >= {"head.final_norm.m", "head.norm_w", "head.head_m"}
+    mm = memory_map(cfg)
+    assert mm.base == blocks[-1][2] + blocks[-1][1].nbytes
+    names = [n for n, _, _ in model_tensors(cfg)]
+    assert names[0] == "layers.0.dense.chunk0.gate" and "layers.0.dense.chunk2.down" in names
+    assert "layers.0.moe.router" not in names and "layers.1.moe.router" in names
+    assert names[-1] == "embedding" and "lm_head" not in names           # tied
+    emb = mm["embedding"]
+    assert (emb.rows, emb.cols) == (m.vocab, m.d_model) and emb.addr % pb == 0
+    assert "lm_head" in memory_map(_cfg(tie_embedding=False)).regions
+    # a layer's matrices are contiguous, in the one-layer order (mixer, then KDA)
+    l2 = [n for n in names if n.startswith("layers.2.")]
+    mm.span(l2)
+    assert l2[0] == "layers.2.moe.router" and l2[-1] == "layers.2.kda.w_o"
+
+
+def test_stack_without_vocab_image():
+    cfg = _cfg("tiny", n_layers=2)
+    qm = quantize_model(random_model_params(cfg, 0), cfg, model_seed=0)
+    img = qmodel_image(cfg, qm)
+    back = qmodel_from_image(cfg, img)
+    assert back.head is None and "embedding" not in memory_map(cfg).regions
+    xs = np.random.default_rng(0).integers(-3000, 3000, size=(6, 16))
+    assert np.array_equal(int_run_stack(back, cfg, xs), int_run_stack(qm, cfg, xs))
+
+
+def test_bad_model_images_refused():
+    cfg = _cfg()
+    qm = _quick(cfg, 3)
+    img = qmodel_image(cfg, qm)
+    with pytest.raises(ImageError, match="made for config hash"):
+        check_image(_cfg(tie_embedding=False), img)
+    with pytest.raises(ImageError, match="bad checksum"):
+        check_image(cfg, with_word(img, len(img) // 2 & ~3, 0x12345678))
+    flat = qm.to_flat()
+    flat["layers.2.kda.f_q"] = np.int64(99)
+    from hw.image.format import pack_image
+    from hw.image.memory_map import model_flat_tensors
+    with pytest.raises(ValueError, match=r"parameter layers\.2\.kda\.f_q = 99: allowed range is 0 to 11"):
+        pack_image(cfg, flat, model_flat_tensors(cfg, flat))
+
+
+def test_cli_model_image(tmp_path):
+    out = tmp_path / "m.img"
+    r = subprocess.run([sys.executable, "-m", "moekda", "image", "-c", "model-tiny", "--seed", "1", "-o", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "4 layers" in r.stdout and out.stat().st_size == image_layout(load_config("model-tiny")).length
+    r = subprocess.run([sys.executable, "-m", "moekda", "image", "-c", "model-tiny", "--check", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "good image for model-tiny" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "moekda", "image", "-c", "model-small", "--check", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "made for config hash" in r.stderr and "\n" not in r.stderr.strip()
