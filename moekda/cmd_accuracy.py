@@ -29,8 +29,8 @@ def load_checkpoint(path, cfg):
     from sim.models.params import load_params
     try:
         return load_params(path, cfg)
-    except (OSError, ValueError, KeyError) as e:
-        raise UserError(f"--params {path}: {e}") from None
+    except ValueError as e:      # the reader's one line names the file and what is wrong
+        raise UserError(f"--params: {e}" if str(path) in str(e) else f"--params {path}: {e}") from None
 
 
 def configure(p):

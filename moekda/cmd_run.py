@@ -71,16 +71,26 @@ def run(args) -> int:
         except ImageError as e:
             raise UserError(str(e)) from None
     elif args.vectors:
-        try:
-            drv = LayerDriver.from_vectors(args.vectors)
-        except FileNotFoundError as e:
-            raise UserError(str(e)) from None
         from sim.models.vectors import load_vectors
-        layer = load_vectors(Path(args.vectors))["layer"]
-        if args.tokens > len(layer["x"]):
-            raise UserError(f"--tokens = {args.tokens}: {args.vectors} holds only {len(layer['x'])} tokens")
-        xs = layer["x"][:args.tokens]
-        first = tuple(int(t) for t in np.flatnonzero(layer["resets"][:args.tokens])) or (0,)
+        try:     # the readers' ValueError is one line naming the damaged file
+            drv = LayerDriver.from_vectors(args.vectors)
+            layer = load_vectors(Path(args.vectors))["layer"]
+        except (FileNotFoundError, ValueError) as e:
+            raise UserError(f"--vectors: {e}") from None
+        x, resets = layer.get("x"), layer.get("resets")
+        where = Path(args.vectors) / "layer.npz"
+        if x is None or resets is None:
+            raise UserError(f"--vectors: {where}: needs arrays x and resets (export with `moekda vectors`)")
+        if x.dtype.kind not in "iu" or x.ndim != 2 or x.shape[1] != drv.cfg.model.d_model:
+            raise UserError(f"--vectors: {where}: x is {x.dtype} of shape {x.shape}, the config needs "
+                            f"integers of shape (tokens, {drv.cfg.model.d_model})")
+        if resets.dtype.kind not in "biu" or resets.shape != (len(x),):
+            raise UserError(f"--vectors: {where}: resets is {resets.dtype} of shape {resets.shape}, "
+                            f"needs one flag per token ({len(x)},)")
+        if args.tokens > len(x):
+            raise UserError(f"--tokens = {args.tokens}: {args.vectors} holds only {len(x)} tokens")
+        xs = x[:args.tokens]
+        first = tuple(int(t) for t in np.flatnonzero(resets[:args.tokens])) or (0,)
     else:
         drv = LayerDriver.from_seed(args.config, args.seed)
     plan = RunPlan(tokens=args.tokens, first=first, clears=tuple(args.clear_at), reset_at=args.reset_at,

@@ -368,44 +368,111 @@ def save_params(params: LayerParams, path: Path) -> None:
     np.savez(path, **params.to_flat())
 
 
+# The readers refuse a damaged file with ValueError, one line naming the file and what is
+# wrong: a checkpoint comes from outside, and `moekda accuracy --params`, `moekda image
+# --params` and `moekda vectors` / `run --vectors` turn that into one line and exit 2.
+
+def _real_array(path: Path, name: str, arr: np.ndarray) -> np.ndarray:
+    """A parameter is a finite real number: bool, integer or float, no NaN or infinity (the
+    quantiser's calibration would turn those into meaningless scales or fail deep inside)."""
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"{path}: tensor {name} has dtype {arr.dtype}, not a real number type")
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+        raise ValueError(f"{path}: tensor {name} holds NaN or infinite values")
+    return arr
+
+
+def read_npz(path: Path, what: str = "file") -> dict[str, np.ndarray]:
+    """Every array of an .npz file (no pickled objects), numeric or not; ``what`` names the
+    kind of file in the error ("parameter file")."""
+    import zipfile
+    import zlib
+    path = Path(path)
+    try:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise ValueError("a single .npy array, not an .npz archive")
+        with z:
+            return {k: z[k] for k in z.files}
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: a directory, not an .npz file") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, KeyError, TypeError,
+            NotImplementedError, UnicodeDecodeError) as e:
+        # numpy's ValueError covers a pickle refused, a bad .npy header and a truncated array
+        raise ValueError(f"{path}: not a readable .npz {what} ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else 'damaged'})") from None
+
+
 def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     """Minimal reader of the safetensors layout (8-byte LE header size, JSON header, raw data),
     for float16/32/64 and bfloat16 tensors: enough for a checkpoint, no extra dependency."""
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read ({e.strerror or e})") from None
+    if len(raw) < 8:
+        raise ValueError(f"{path}: not a safetensors file ({len(raw)} bytes, shorter than its header size)")
     (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
+    if n > len(raw) - 8:
+        raise ValueError(f"{path}: not a safetensors file (header of {n} bytes in a {len(raw)}-byte file)")
+    try:
+        header = json.loads(raw[8:8 + n])
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError(f"{path}: not a safetensors file (its header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: not a safetensors file (its header is not a JSON object)")
     base = 8 + n
     dtypes = {"F64": np.float64, "F32": np.float32, "F16": np.float16}
+    sizes = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
     out = {}
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        lo, hi = meta["data_offsets"]
+        try:
+            dtype, shape, (lo, hi) = meta["dtype"], [int(d) for d in meta["shape"]], meta["data_offsets"]
+            lo, hi = int(lo), int(hi)
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}: tensor {name}: header entry needs dtype, shape and two data_offsets") from None
+        if dtype not in sizes:
+            raise ValueError(f"{path}: tensor {name} has unsupported dtype {dtype} (F16, BF16, F32, F64)")
+        count = int(np.prod(shape, dtype=object)) if shape else 1
+        if min(shape, default=0) < 0 or not 0 <= lo <= hi <= len(raw) - base or hi - lo != count * sizes[dtype]:
+            raise ValueError(f"{path}: tensor {name}: shape {shape} of {dtype} does not fit its data "
+                             f"offsets {lo}..{hi} (file data {len(raw) - base} bytes)")
         buf = raw[base + lo:base + hi]
-        if meta["dtype"] == "BF16":
+        if dtype == "BF16":
             arr = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
-        elif meta["dtype"] in dtypes:
-            arr = np.frombuffer(buf, dtype=np.dtype(dtypes[meta["dtype"]]).newbyteorder("<"))
         else:
-            raise ValueError(f"{path}: tensor {name} has unsupported dtype {meta['dtype']}")
-        out[name] = arr.reshape(meta["shape"]).astype(np.float64)
+            arr = np.frombuffer(buf, dtype=np.dtype(dtypes[dtype]).newbyteorder("<"))
+        with np.errstate(invalid="ignore", over="ignore"):   # NaN/inf are refused just below
+            wide = arr.reshape(shape).astype(np.float64)
+        out[name] = _real_array(path, name, wide)
     return out
 
 
 def _read_flat(path: Path) -> dict[str, np.ndarray]:
+    path = Path(path)
     if path.suffix == ".npz":
-        with np.load(path) as z:
-            return {k: z[k] for k in z.files}
+        return {k: _real_array(path, k, v) for k, v in read_npz(path, "parameter file").items()}
     if path.suffix == ".safetensors":
         return _read_safetensors(path)
     raise ValueError(f"{path}: parameters must be .npz or .safetensors")
 
 
 def load_params(path: Path, cfg: Config) -> LayerParams:
-    """Parameters from .npz or .safetensors, with the flat names of LayerParams.to_flat()."""
+    """Parameters from .npz or .safetensors, with the flat names of LayerParams.to_flat().
+    ValueError, one line naming the file, on a damaged file or a missing or misshapen tensor."""
     path = Path(path)
-    p = LayerParams.from_flat(_read_flat(path))
-    check_shapes(p, cfg)
+    flat = _read_flat(path)
+    try:
+        p = LayerParams.from_flat(flat)
+        check_shapes(p, cfg)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     return p
 
 
@@ -417,17 +484,8 @@ def load_model_params(path: Path, cfg: Config) -> ModelParams:
     """A model from .npz or .safetensors with the flat names of ModelParams.to_flat().
     ValueError, one line naming the file and the tensor, on a missing, extra or misshapen
     tensor, a layer of the wrong mixer kind, or a file that is not a parameter file."""
-    import zipfile
     path = Path(path)
-    if path.suffix not in (".npz", ".safetensors"):
-        raise ValueError(f"{path}: parameters must be .npz or .safetensors")
-    try:
-        flat = _read_flat(path)
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such file") from None
-    except (zipfile.BadZipFile, OSError, EOFError, struct.error, json.JSONDecodeError, UnicodeDecodeError,
-            KeyError, ValueError) as e:   # ValueError: numpy's refusal of a pickle
-        raise ValueError(f"{path}: not a readable {path.suffix} parameter file ({type(e).__name__})") from None
+    flat = _read_flat(path)     # its errors name the file and what is wrong
     try:
         mp = ModelParams.from_flat(flat, cfg)
         check_model_shapes(mp, cfg)

@@ -98,15 +98,21 @@ def load_vectors(directory: Path) -> dict:
     missing = [n for n in ("params", "layer", "norm", "kda", "moe") if not (directory / f"{n}.npz").is_file()]
     if missing:
         raise FileNotFoundError(f"{directory}: no {missing[0]}.npz (export with `moekda vectors`)")
+    from sim.models.params import read_npz
     out = {}
-    with np.load(directory / "params.npz") as z:
-        flat = {k: z[k] for k in z.files}
-    raw = json.loads(str(flat.pop("meta.config")))
-    out["cfg"] = config_from_dict(raw, source=str(directory))
-    out["config_hash"] = str(flat.pop("meta.config_hash"))
-    out["formats"] = {k[len("formats."):]: int(flat.pop(k)) for k in list(flat) if k.startswith("formats.")}
-    out["qparams"] = QLayer.from_flat(flat)
+    params = directory / "params.npz"
+    flat = read_npz(params, "vectors file")        # damaged files: ValueError naming the file
+    try:
+        raw = json.loads(str(flat.pop("meta.config")))
+        out["cfg"] = config_from_dict(raw, source=str(params))
+        out["config_hash"] = str(flat.pop("meta.config_hash"))
+        out["formats"] = {k[len("formats."):]: int(flat.pop(k)) for k in list(flat) if k.startswith("formats.")}
+        out["qparams"] = QLayer.from_flat(flat)
+    except KeyError as e:
+        raise ValueError(f"{params}: no {e.args[0] if e.args else e} (export with `moekda vectors`)") from None
+    except (ValueError, TypeError, IndexError, AttributeError) as e:
+        # ConfigError is a ValueError: a bad meta.config is named with its field
+        raise ValueError(f"{params}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     for n in ("layer", "norm", "kda", "moe"):
-        with np.load(directory / f"{n}.npz") as z:
-            out[n] = {k: z[k] for k in z.files}
+        out[n] = read_npz(directory / f"{n}.npz", "vectors file")
     return out
