@@ -15,7 +15,7 @@ STAMP  := $(VENV)/.setup-stamp
 TOPARG := $(if $(TOP),--top $(TOP))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-force versions test sim rtl synth report pnr pnr-check \
+.PHONY: help setup setup-force versions test sim rtl synth report pnr drc pnr-check \
         accuracy vectors bench sweep clean distclean
 
 help:
@@ -26,7 +26,8 @@ help:
 	@echo "  make sim    [CONFIG=] [GL=1] [WAVES=1]  cocotb simulations of the RTL against the integer model"
 	@echo "  make rtl    [CONFIG=] [TOP=]   Verilog into build/<config>/rtl/"
 	@echo "  make synth  [CONFIG=] [TOP=]   Yosys + OpenSTA: area, timing, power in build/<config>/reports/"
-	@echo "  make pnr    [CONFIG=]          OpenROAD place and route (needs openroad on PATH or OPENROAD=)"
+	@echo "  make pnr    [CONFIG=] [TOP=]   OpenROAD place and route (needs openroad on PATH or OPENROAD=)"
+	@echo "  make drc    [CONFIG=] [TOP=]   KLayout DRC of the routed GDS (needs Debian's klayout)"
 	@echo "  make accuracy [CONFIG=]        error of the integer model against the float model"
 	@echo "  make vectors  [CONFIG=]        export inputs, integer parameters and expected outputs (256 tokens)"
 	@echo "  make bench                     cycles/token vs roofline, Fmax, area, energy for tiny and small"
@@ -73,6 +74,10 @@ report: $(STAMP)
 
 pnr: $(STAMP)
 	$(MOEKDA) pnr -c $(CONFIG) $(TOPARG)
+
+# KLayout DRC of the routed GDS (after make pnr); needs Debian's klayout application
+drc: $(STAMP)
+	$(MOEKDA) drc -c $(CONFIG) $(TOPARG)
 
 pnr-check: $(STAMP)
 	$(MOEKDA) pnr -c $(CONFIG) $(TOPARG) --check

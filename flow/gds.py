@@ -99,6 +99,9 @@ def gds_to_png(gds_path: Path, png_path: Path, kit: Kit, width: int = 1600,
     import klayout.lay as lay
     view = lay.LayoutView()
     view.set_config("background-color", "#ffffff")
+    # every cell's GDS carries pin labels (VDD, VSS, A1 ...): at die scale they cover the wires
+    view.set_config("text-visible", "false")
+    view.set_config("cell-box-visible", "false")
     view.load_layout(str(gds_path), True)
     if kit.klayout_layers and Path(kit.klayout_layers).is_file():
         view.load_layer_props(str(kit.klayout_layers), True)

@@ -35,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("moekda.cmd_bench", "measured cycles/token vs roofline, Fmax, area, energy -> bench/results/"),
     "sweep": ("moekda.cmd_sweep", "design-space sweep (rtl, synth, STA, cycles) in parallel -> Pareto table and plot"),
     "pnr": ("moekda.cmd_pnr", "OpenROAD place and route on Nangate45 (--check: static checks without OpenROAD)"),
+    "orfs": ("moekda.cmd_orfs", "design directory (config.mk, constraint.sdc, Verilog) for stock OpenROAD-flow-scripts"),
+    "drc": ("moekda.cmd_drc", "KLayout DRC of the routed GDS with the platform's deck, rule group by group"),
 }
 
 

@@ -1,0 +1,64 @@
+"""moekda drc without KLayout's application: the deck is switched group by group, the
+report database is counted per rule, and bad input gets one line."""
+from __future__ import annotations
+
+import pytest
+
+from flow.drc import GROUPS, count_violations, deck_for_group, find_klayout
+from moekda import cli
+from moekda.errors import UserError
+from pdk.kit import find_kit
+
+LYRDB = """<?xml version="1.0" encoding="utf-8"?>
+<report-database>
+ <categories><category><name>METAL1.1</name></category><category><name>VIA1.1</name></category></categories>
+ <items>
+  <item><category>'METAL1.1'</category><cell>top</cell><values><value>edge-pair: (0,0;1,1)/(2,2;3,3)</value></values></item>
+  <item><category>'METAL1.1'</category><cell>top</cell><values><value>edge-pair: (5,0;6,1)/(7,2;8,3)</value></values></item>
+  <item><category>VIA1.1</category><cell>top</cell><values><value>polygon: (0,0;0,1;1,1;1,0)</value></values></item>
+ </items>
+</report-database>
+"""
+
+
+def test_the_platform_deck_has_every_group_switch():
+    deck = find_kit(("drc_deck",)).drc_deck.read_text()
+    for group in GROUPS:
+        variant = deck_for_group(deck, group)
+        for other in GROUPS:
+            state = "true" if other == group else "false"
+            assert f"{other}" in variant and any(
+                line.split("#")[0].replace(" ", "") == f"{other}={state}" for line in variant.splitlines()), other
+        # nothing but the four switches changes
+        assert len(variant.splitlines()) == len(deck.splitlines())
+
+
+def test_a_deck_without_the_switch_is_refused():
+    with pytest.raises(UserError, match="no `FEOL = true|false` switch"):
+        deck_for_group("BEOL = true\n", "FEOL")
+
+
+def test_violations_are_counted_per_rule(tmp_path):
+    db = tmp_path / "r.lyrdb"
+    db.write_text(LYRDB)
+    assert count_violations(db) == {"METAL1.1": 2, "VIA1.1": 1}
+    (tmp_path / "empty.lyrdb").write_text("<report-database><items/></report-database>")
+    assert sum(count_violations(tmp_path / "empty.lyrdb").values()) == 0
+    (tmp_path / "bad.lyrdb").write_text("<report-database><items>")
+    with pytest.raises(UserError, match="not a KLayout report database"):
+        count_violations(tmp_path / "bad.lyrdb")
+    with pytest.raises(UserError, match="wrote no report database"):
+        count_violations(tmp_path / "missing.lyrdb")
+
+
+def test_without_klayout_the_message_says_how_to_get_it(tmp_path):
+    with pytest.raises(UserError, match="apt-get install klayout"):
+        find_klayout({"PATH": str(tmp_path)})
+    with pytest.raises(UserError, match="KLAYOUT=/no/klayout: no such executable"):
+        find_klayout({"PATH": str(tmp_path), "KLAYOUT": "/no/klayout"})
+
+
+def test_cli_refuses_an_unknown_group(capsys):
+    assert cli.main(["drc", "-c", "tiny", "--groups", "BEOL,METAL"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--groups BEOL,METAL: allowed are BEOL, FEOL, OFFGRID, ANTENNA" in err
