@@ -97,6 +97,14 @@ class HwConfig:
     weight_port_latency: int = _field(4, 1, 64, doc="testbench weight-memory latency in cycles")
     clock_period_ns: float = _field(1.0, 0.3, 100.0, doc="target clock period in ns")
     state_lanes: int = _field(4, 1, 256, doc="KDA state entries read and updated per cycle (divides head_dim)")
+    state_memory: str = _field("flops", choices=("flops", "sram"),
+                               doc="where the KDA state lives: flip-flops, or the platform's 1RW SRAM "
+                                   "macros (fakeram45, two banks by word parity; hw/kda/state.py)")
+
+
+# hw fields whose default is the chip as it was before the field existed: left out of
+# Config.to_dict at that default, so older configs keep their hash (and cache keys)
+_HW_LATER_DEFAULTS = {"state_memory": "flops"}
 
 
 @dataclass(frozen=True)
@@ -141,6 +149,10 @@ class Config:
                 del d["model"][name]
             elif isinstance(d["model"][name], tuple):
                 d["model"][name] = list(d["model"][name])
+        # the same for fields added later at a default that is what the chip was before them
+        for name, default in _HW_LATER_DEFAULTS.items():
+            if d["hw"][name] == default:
+                del d["hw"][name]
         return d
 
     def hash(self) -> str:

@@ -223,3 +223,19 @@ def test_cli_bad_stack_value_exit_2(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip() == ("moekda config: error: model.mixers has 1 entry: must have one per layer, "
                                 "model.n_layers = 2")
+
+
+def test_state_memory_field():
+    """hw.state_memory (issue 14 item 3): flops by default and then absent from the dict, so
+    tiny/small keep their hash; the -sram configs are their base config plus this one field."""
+    for name in ("tiny", "small"):
+        cfg, sram = load_config(name), load_config(f"{name}-sram")
+        assert cfg.hw.state_memory == "flops" and "state_memory" not in cfg.to_dict()["hw"]
+        assert sram.hw.state_memory == "sram" and sram.hash() != cfg.hash()
+        a, b = cfg.to_dict(), sram.to_dict()
+        assert b["hw"].pop("state_memory") == "sram"
+        assert {**a, "name": None} == {**b, "name": None}
+    explicit = config_from_dict(base(hw={"state_memory": "flops"}))
+    assert explicit.hash() == config_from_dict(base()).hash()
+    with pytest.raises(ConfigError, match="hw.state_memory = 'latches': allowed values are flops, sram"):
+        config_from_dict(base(hw={"state_memory": "latches"}))
