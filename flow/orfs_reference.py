@@ -1,17 +1,17 @@
-"""The ORFS Nangate45 results table, read at run time from the shared notes
-(../shared/reference/orfs-nangate45.md next to the repo), for context in the
-report.  The file is not part of the repo; when it is missing the report
-says so instead of failing."""
+"""ORFS's published Nangate45 results, for context in the report.
+
+The figures live in the repository as data (flow/data/orfs_nangate45_results.toml,
+with their source: ORFS repository, files and version), so every user's report has
+them; nothing outside the repository is read.  A damaged data file is an error of
+the repository, not of the user's run: it raises ValueError naming the file.
+"""
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+import tomllib
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from moekda.config import REPO_ROOT
-
-ORFS_NOTES = REPO_ROOT.parent / "shared" / "reference" / "orfs-nangate45.md"
-TABLE_HEADING = "Published results of ORFS designs on Nangate45"
+ORFS_DATA = Path(__file__).resolve().parent / "data" / "orfs_nangate45_results.toml"
 
 
 @dataclass(frozen=True)
@@ -26,23 +26,36 @@ class OrfsDesign:
     power_w: float
 
 
-def _num(cell: str) -> float:
-    return float(cell.replace(",", "").replace("+", "").strip())
+def read_orfs_data(path: Path = ORFS_DATA) -> tuple[dict, list[OrfsDesign]]:
+    """(source table, designs) of the data file."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the ORFS results: {e}") from None
+    source = raw.get("source")
+    if not isinstance(source, dict) or not source.get("repository"):
+        raise ValueError(f"{path}: no [source] with the repository the figures come from")
+    names = [f.name for f in fields(OrfsDesign)]
+    designs = []
+    for n, row in enumerate(raw.get("design", [])):
+        if not isinstance(row, dict) or sorted(row) != sorted(names):
+            raise ValueError(f"{path}: design {n + 1}: fields must be exactly {', '.join(names)}")
+        try:
+            designs.append(OrfsDesign(str(row["name"]), *(float(row[k]) for k in names[1:4]),
+                                      int(row["final_cells"]), *(float(row[k]) for k in names[5:])))
+        except (TypeError, ValueError):
+            raise ValueError(f"{path}: design {row.get('name', n + 1)}: a value is not a number") from None
+    if not designs:
+        raise ValueError(f"{path}: no [[design]] rows")
+    return source, designs
 
 
-def read_orfs_designs(path: Path = ORFS_NOTES) -> list[OrfsDesign]:
-    """Rows of the published-results table; [] if the section is absent. OSError if no file."""
-    text = Path(path).read_text()
-    start = text.find(TABLE_HEADING)
-    if start < 0:
-        return []
-    rows = []
-    for line in text[start:].splitlines()[1:]:
-        if line.startswith("#"):
-            break
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 8 or not re.match(r"^-?[\d.,+]+$", cells[1]):
-            continue  # header, separator or prose
-        rows.append(OrfsDesign(cells[0], _num(cells[1]), _num(cells[2]), _num(cells[3]),
-                               int(_num(cells[4])), _num(cells[5]), _num(cells[6]), _num(cells[7])))
-    return rows
+def read_orfs_designs(path: Path = ORFS_DATA) -> list[OrfsDesign]:
+    return read_orfs_data(path)[1]
+
+
+def orfs_source(path: Path = ORFS_DATA) -> str:
+    """One line naming where the figures come from, for the report."""
+    s = read_orfs_data(path)[0]
+    return "; ".join(f"{v}" for k, v in s.items() if k in ("repository", "files", "version"))

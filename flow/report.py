@@ -10,7 +10,7 @@ from pathlib import Path
 
 from flow.categories import UNMAPPED, category_areas, titles
 from flow.metrics import block_areas, read as read_metrics, split_stats
-from flow.orfs_reference import ORFS_NOTES, read_orfs_designs
+from flow.orfs_reference import ORFS_DATA, read_orfs_data
 from flow.paths import BuildPaths
 from flow.sta import (IO_SHARE, REPORTS, TimingPath, block_of, parse_endpoints, parse_paths,
                       parse_registers)
@@ -232,17 +232,11 @@ def _power_section(m: dict) -> list[str]:
 
 def _orfs_section(m: dict) -> list[str]:
     lines = ["## Context: ORFS Nangate45 designs", ""]
-    try:
-        designs = read_orfs_designs()
-    except OSError:
-        return lines + [f"The ORFS reference notes were not found at `{ORFS_NOTES}`; "
-                        "no comparison table.", ""]
-    if not designs:
-        return lines + [f"No results table found in `{ORFS_NOTES}`.", ""]
+    source, designs = read_orfs_data()      # in the repository: a damaged file is our bug
     lines += ["ORFS numbers are after place and route (their synth area is before); ours are "
               "synthesis only, ideal clock, so the WNS column compares unlike stages: expect ours "
-              f"to lose some slack after placement and CTS.  Source: `{ORFS_NOTES.name}` (read at "
-              "report time).", ""]
+              f"to lose some slack after placement and CTS.  Source: {source['repository']}, "
+              f"{source['files']}, {source['version']} (kept in `flow/data/{ORFS_DATA.name}`).", ""]
     power = m["power__total"]
     ours = [f"**moekda {m['design__name']} ({m['config__name']})**", f"{m['clock__period']:g}",
             _fmt(m["synth__design__instance__area"], 0), "(synth only)",

@@ -173,12 +173,12 @@ def test_report_page_and_plots(run):
         assert paths.report(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_report_says_when_the_orfs_notes_are_missing(run, monkeypatch, tmp_path):
-    missing = tmp_path / "nowhere.md"
-    monkeypatch.setattr(report_mod, "read_orfs_designs", lambda: (_ for _ in ()).throw(OSError("gone")))
-    monkeypatch.setattr(report_mod, "ORFS_NOTES", missing)
-    page = report_mod.build_report(run["paths"], run["kit"].liberty).read_text()
-    assert f"not found at `{missing}`" in page
+def test_report_has_the_orfs_table_and_its_source(run):
+    """The ORFS figures come from the repository's data file (flow/orfs_reference.py), so every
+    report has the table and names where the figures come from."""
+    page = run["paths"].report_md.read_text()
+    assert "| gcd | 0.46 |" in page and "| ariane133 | 4 |" in page
+    assert "Source: The-OpenROAD-Project/OpenROAD-flow-scripts" in page
 
 
 def test_metrics_are_rebuilt_from_the_raw_reports(run):
