@@ -20,10 +20,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from moekda.config import REPO_ROOT, Config
-from moekda.fingerprint import generator_hash
 
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
@@ -113,7 +113,8 @@ def at_fmax(macs: int, cycles_per_token: float, fmax_mhz: float | None, area_um2
 # ---- synthesis -------------------------------------------------------------------
 
 def synth_metrics(cfg: Config, build_root: Path | None = None) -> tuple[dict | None, str]:
-    """The chip top's metrics.json if it was synthesised from exactly this config."""
+    """The chip top's metrics.json if it was synthesised from today's Verilog of this config with
+    the same cell library (its fingerprint, moekda/fingerprint.py)."""
     from flow.paths import BuildPaths
     path = BuildPaths.for_config(cfg, "layer", build_root=build_root).metrics
     if not path.is_file():
@@ -123,10 +124,24 @@ def synth_metrics(cfg: Config, build_root: Path | None = None) -> tuple[dict | N
         return None, f"{path} is of top {m.get('design__name')}, not the chip top layer"
     if m.get("config__hash") != cfg.hash():
         return None, f"{path} is of config hash {m.get('config__hash')}, not {cfg.hash()} (re-run synth)"
-    if m.get("generator__hash") != generator_hash():
-        return None, (f"{path} is of generator {m.get('generator__hash')}, not the current {generator_hash()} "
-                      f"(hw/ changed since; re-run synth)")
+    from moekda.fingerprint import stale_reason
+    from pdk.kit import KitError, find_kit
+    try:
+        liberty = find_kit().liberty
+    except KitError as e:
+        return None, f"cannot check {path}: {e}"
+    why = stale_reason(m, cfg.hash(), liberty, lambda: chip_verilog(cfg))
+    if why:
+        return None, f"{path} is stale: {why} (re-run synth)"
     return m, ""
+
+
+@lru_cache(maxsize=4)
+def chip_verilog(cfg: Config) -> str:
+    """Today's Verilog of the chip top for ``cfg``, as `moekda synth` writes it (once per process:
+    tens of seconds)."""
+    from hw.tops import top_verilog
+    return top_verilog("layer", cfg)
 
 
 # ---- simulation ------------------------------------------------------------------

@@ -20,7 +20,6 @@ from pathlib import Path
 from flow.categories import category_areas
 from flow.paths import BuildPaths
 from flow.sdc import Constraints
-from moekda.fingerprint import generator_hash
 from flow.sta import IO_SHARE, REPORTS, parse_endpoints, parse_paths, parse_power, parse_summary
 from flow.synth import SynthStats, read_stats
 
@@ -59,8 +58,10 @@ def compute(paths: BuildPaths, liberty: Path, cons: Constraints, config_name: st
             config_hash: str, activity: float, extra: dict | None = None,
             flatten: bool = False) -> dict:
     stats = read_stats(paths.synth_stat_json, liberty, paths.top)
+    # the result's fingerprint (rtl__fingerprint) comes with ``extra`` from flow/synth_flow.py,
+    # which knows the Verilog that was synthesised
     m: dict = {"design__name": paths.top, "config__name": config_name, "config__hash": config_hash,
-               "generator__hash": generator_hash(), "units": UNITS}
+               "units": UNITS}
     m["clock__period"] = cons.period_ns
     m["clock__io_delay"] = cons.io_delay_ns
     m["synth__design__instance__area"] = round(stats.area(), 3)

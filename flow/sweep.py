@@ -4,7 +4,10 @@ Each grid point is a full config (a base config with some fields replaced) that
 goes through rtl -> Yosys -> OpenSTA (flow.synth_flow) and a short stall-free
 simulation of the chip for its cycles per token.  A point's results live in
 build/sweep/<config hash>/ (its build tree and result.json); a point whose
-result.json exists is not run again, so a grid can grow without recomputing.
+result.json exists is not run again, so a grid can grow without recomputing,
+as long as its fingerprint (moekda/fingerprint.py: its Verilog, config and cell
+library) is today's: a source change that alters the point's Verilog reruns it,
+one that does not keeps it.
 
 Grid file (TOML)::
 
@@ -37,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moekda.config import REPO_ROOT, SECTIONS, Config, ConfigError, config_from_dict, load_config
-from moekda.fingerprint import generator_hash
 
 SWEEP_ROOT = REPO_ROOT / "build" / "sweep"
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
@@ -137,8 +139,12 @@ def cached(cfg: Config, root: Path = SWEEP_ROOT) -> dict | None:
     rec = json.loads(f.read_text())
     if rec.get("config") != json.loads(json.dumps(cfg.to_dict())):
         return None
-    # a point measured on an older generator describes an older chip: recompute it
-    return rec if rec.get("generator_hash") == generator_hash() else None
+    # a point measured on other Verilog (or another cell library) describes another chip:
+    # recompute it; one whose Verilog is today's is kept, whatever else changed in the sources
+    from flow.bench import chip_verilog
+    from moekda.fingerprint import stale_reason
+    from pdk.kit import find_kit
+    return None if stale_reason(rec, cfg.hash(), find_kit().liberty, lambda: chip_verilog(cfg)) else rec
 
 
 # ---- one point (runs in a worker) -----------------------------------------------------
@@ -164,6 +170,7 @@ def run_point(cfg_dict: dict, tokens: int, simulator: str, root: str) -> dict:
     from flow.paths import BuildPaths
     from flow.rtl import write_rtl
     from flow.synth_flow import FlowOptions, Steps, synth_and_sta
+    from moekda.fingerprint import generator_record, synthesis_fingerprint, verilog_digest
     from pdk.kit import find_kit
     from sim.driver import LayerDriver, RunPlan
     from sim.models.quantize import quantize_random_layer
@@ -178,12 +185,16 @@ def run_point(cfg_dict: dict, tokens: int, simulator: str, root: str) -> dict:
     t0 = time.monotonic()
     paths = BuildPaths.for_config(cfg, "layer", build_root=root_p).make_dirs()
     m = json.loads(paths.metrics.read_text()) if paths.metrics.is_file() else {}
-    if (m.get("config__hash") != cfg.hash() or m.get("design__name") != "layer"
-            or m.get("generator__hash") != generator_hash()):
-        # synthesis is the long step: kept when a later step of the point failed
-        steps = Steps(lambda s: None, lambda s, t: None)
-        steps.run("rtl", write_rtl, cfg, "layer", paths.rtl, paths.log("rtl"))
-        m = synth_and_sta(cfg, find_kit(), paths, [paths.rtl], FlowOptions(), steps,
+    steps = Steps(lambda s: None, lambda s, t: None)
+    steps.run("rtl", write_rtl, cfg, "layer", paths.rtl, paths.log("rtl"))
+    kit = find_kit()
+    # the generator just ran in this process: what it had loaded decides the Verilog
+    generator = generator_record()
+    if (m.get("design__name") != "layer" or m.get("rtl__fingerprint") != synthesis_fingerprint(
+            verilog_digest(paths.rtl.read_text()), cfg.hash(), kit.liberty)):
+        # synthesis is the long step: kept when a later step of the point failed, or when the
+        # Verilog came out the same after a source change
+        m = synth_and_sta(cfg, kit, paths, [paths.rtl], FlowOptions(), steps,
                           on_pass=lambda name: None, extra_seconds={"rtl": steps.seconds["rtl"]})
     # the point's simulation builds inside its own directory, next to its synthesis
     drv = LayerDriver(cfg, quantize_random_layer(cfg, 0), label="sweep", build_root=out)
@@ -192,7 +203,8 @@ def run_point(cfg_dict: dict, tokens: int, simulator: str, root: str) -> dict:
         raise RuntimeError(f"point {cfg.hash()}: simulation does not match the model: {res.problems[0]}")
     tr = bench.traffic(cfg)
     cpt = res.cycles_per_token
-    rec = {"config_hash": cfg.name, "config": cfg.to_dict(), "generator_hash": generator_hash(),
+    rec = {"config_hash": cfg.name, "config": cfg.to_dict(), "rtl__fingerprint": m["rtl__fingerprint"],
+           "rtl__verilog_digest": m["rtl__verilog_digest"], "rtl__generator": generator,
            "lanes": cfg.hw.lanes, "weight_port_bytes": cfg.hw.weight_port_bytes,
            "n_experts": cfg.model.n_experts, "top_k": cfg.model.top_k, "d_model": cfg.model.d_model,
            "clock_period_ns": cfg.hw.clock_period_ns,

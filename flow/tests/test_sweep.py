@@ -13,7 +13,7 @@ import pytest
 
 from flow import sweep
 from moekda.config import ConfigError
-from moekda.fingerprint import generator_hash
+from moekda.fingerprint import generator_record, synthesis_fingerprint, verilog_digest
 
 
 def _grid(tmp_path, text):
@@ -57,24 +57,35 @@ def test_bad_grids_are_one_line_errors(tmp_path, text, word):
         _grid(tmp_path, text)
 
 
-def test_cache_hit_only_for_the_same_values(tmp_path):
+def test_cache_hit_only_for_the_same_values(tmp_path, monkeypatch):
+    from flow import bench
+    from pdk.kit import find_kit
     cfg, other = _grid(tmp_path, '[grid]\n"lanes+weight_port_bytes" = [[2, 2], [4, 4]]\n').points()[0]
     assert sweep.cached(cfg, tmp_path) is None
     d = sweep.point_dir(cfg, tmp_path)
     d.mkdir(parents=True)
-    gen = generator_hash()
-    (d / sweep.RESULT_FILE).write_text(json.dumps({"config_hash": cfg.name, "config": cfg.to_dict(),
-                                                   "generator_hash": gen}))
+    liberty = find_kit().liberty
+    verilog = "module layer();\nendmodule\n"
+    digest = verilog_digest(verilog)
+    rtl = {"rtl__fingerprint": synthesis_fingerprint(digest, cfg.hash(), liberty), "rtl__verilog_digest": digest,
+           "rtl__generator": generator_record()}
+    (d / sweep.RESULT_FILE).write_text(json.dumps({"config_hash": cfg.name, "config": cfg.to_dict(), **rtl}))
     assert sweep.cached(cfg, tmp_path)["config_hash"] == cfg.name
     assert sweep.cached(other, tmp_path) is None
     # a result left by other values under this name is not taken
-    (d / sweep.RESULT_FILE).write_text(json.dumps({"config_hash": cfg.name, "config": other.to_dict(),
-                                                   "generator_hash": gen}))
+    (d / sweep.RESULT_FILE).write_text(json.dumps({"config_hash": cfg.name, "config": other.to_dict(), **rtl}))
     assert sweep.cached(cfg, tmp_path) is None
-    # nor one measured on another version of the generator (or before it was recorded)
-    for stale in ({"generator_hash": "0" * 12}, {}):
+    # nor one of other Verilog (or made before fingerprints were recorded)
+    for stale in ({**rtl, "rtl__fingerprint": "0" * 16}, {}):
         (d / sweep.RESULT_FILE).write_text(json.dumps({"config_hash": cfg.name, "config": cfg.to_dict(), **stale}))
         assert sweep.cached(cfg, tmp_path) is None
+    # the generator's sources changed since: today's Verilog decides (generated, here faked)
+    moved = {**rtl, "rtl__generator": {**rtl["rtl__generator"], "hash": "changed"}}
+    (d / sweep.RESULT_FILE).write_text(json.dumps({"config_hash": cfg.name, "config": cfg.to_dict(), **moved}))
+    monkeypatch.setattr(bench, "chip_verilog", lambda c: verilog)
+    assert sweep.cached(cfg, tmp_path) is not None            # same Verilog: the point is kept
+    monkeypatch.setattr(bench, "chip_verilog", lambda c: verilog + "wire w;\n")
+    assert sweep.cached(cfg, tmp_path) is None                # other Verilog: recomputed
 
 
 def test_pareto_small_example():

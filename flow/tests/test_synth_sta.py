@@ -181,6 +181,15 @@ def test_report_has_the_orfs_table_and_its_source(run):
     assert "Source: The-OpenROAD-Project/OpenROAD-flow-scripts" in page
 
 
+def test_metrics_carry_the_fingerprint_of_what_was_synthesised(run):
+    """bench and sweep reuse a synthesis by its fingerprint: the Verilog file it read, the
+    config, the cell library (moekda/fingerprint.py)."""
+    from moekda.fingerprint import synthesis_fingerprint, verilog_digest
+    m, paths, cfg = run["metrics"], run["paths"], run["cfg"]
+    assert m["rtl__verilog_digest"] == verilog_digest(paths.rtl.read_text())
+    assert m["rtl__fingerprint"] == synthesis_fingerprint(m["rtl__verilog_digest"], cfg.hash(), run["kit"].liberty)
+
+
 def test_metrics_are_rebuilt_from_the_raw_reports(run):
     paths, cfg = run["paths"], run["cfg"]
     again = compute(paths, run["kit"].liberty, Constraints.from_config(cfg), cfg.name, cfg.hash(), 0.1)
