@@ -45,6 +45,18 @@ measured per token (the KDA unit's token_cycles, no stalls) tiny 902, small
 3386 for the whole unit (887 / 3341 with constant shifts, 875 / 3305 before the
 state read took two cycles).  Independent of how many tokens came before.
 
+With the state in SRAM (``state_memory = "sram"``, hw/kda/state.py) the memory is two
+1RW banks by word parity, and a read and a write of one cycle must use different
+banks.  Every write is its pass-2 read delayed by a fixed D cycles (the pipeline never
+stalls), so the schedule keeps them apart by cycle parity: a word is issued only on a
+cycle whose parity (a free-running toggle) is its bank's, and D is made odd (one more
+register before the write-back when the clock's plan gives an even D).  A read at cycle
+t is then in bank p(t), the write of a word read at t - D is in bank p(t - D) != p(t).
+Within a column the words alternate banks, and with d_k/lanes even a column ends on the
+other bank than the next one starts, so the only cost is a bubble of at most one cycle
+when issue resumes after waiting for u (measured below, docs/chip.md).  Nothing else
+changes: the same words are read and written with the same values, in the same order.
+
 Ports: ``start`` (strobe, when not ``busy``) runs one token over the vectors
 ``k``, ``q``, ``alpha``, ``v``, ``beta`` that must stay stable while ``busy``;
 ``o`` streams the H*d_v outputs in (h, j) order; ``clear`` makes the state
@@ -98,11 +110,13 @@ def clamp(x, bits: int):
 
 class DeltaRule(wiring.Component):
     def __init__(self, fm: Formats, heads: int, d_k: int, d_v: int, lanes: int, clock_period_ns: float,
-                 shift_fields: dict | None = None):
+                 shift_fields: dict | None = None, state_memory: str = "flops"):
         """``shift_fields``: per shift (f_k, f_v, f_s, o_shift) its (field bits, largest
         allowed value), default ``default_shift_fields(fm)``; a shift outside its range
-        (or f_s < f_v) is not computed as the model would (the image tools refuse it)."""
+        (or f_s < f_v) is not computed as the model would (the image tools refuse it).
+        ``state_memory``: hw.state_memory, "flops" or "sram" (hw/kda/state.py)."""
         self.fm, self.heads, self.d_k, self.d_v, self.lanes = fm, heads, d_k, d_v, lanes
+        self.state_memory = state_memory
         self.shift_fields = dict(shift_fields or default_shift_fields(fm))
         self.clock_period_ns = clock_period_ns
         self.blocks = d_k // lanes
@@ -119,6 +133,8 @@ class DeltaRule(wiring.Component):
             "shifts": In(data.StructLayout({k: unsigned(self.shift_fields[k][0])
                                             for k in ("f_k", "f_v", "f_s", "o_shift")})),
             "o": Out(stream.Signature(signed(fm.o_bits))),
+            # the state memory's bank collision (sram only): never high with this schedule
+            **({"collision": Out(1)} if state_memory == "sram" else {}),
         })
 
     def elaborate(self, platform):
@@ -128,7 +144,9 @@ class DeltaRule(wiring.Component):
         sb, af, uf, qk = fm.state_bits, fm.alpha_frac, fm.unit_frac, fm.qk_bits
         plan = plan_pipeline(self.clock_period_ns)
         dl = plan.delays
-        m.submodules.mem = mem = StateMemory(H, dk, dv, P, sb)
+        m.submodules.mem = mem = StateMemory(H, dk, dv, P, sb, kind=self.state_memory)
+        if mem.banks == 2:
+            m.d.comb += self.collision.eq(mem.collision)
         acc_width = sb + qk + (dk - 1).bit_length() + 1
         w_dec, w_ku = sb + af + 2, sb + qk + 1
 
@@ -270,6 +288,13 @@ class DeltaRule(wiring.Component):
         # the write-back leaves from a register: the memory's address decode (one
         # enable per word, each fanning out to a word of flip-flops) has the cycle alone
         live = dp.register(live)
+        # rd_en is the issue register's valid, the lane data leave the memory READ_LATENCY
+        # cycles later, then dp's stages: with two banks the write must trail its read by an
+        # odd number of cycles (see the module doc)
+        self.write_delay = mem.READ_LATENCY + dp.stages
+        if mem.banks == 2 and self.write_delay % 2 == 0:
+            live = dp.register(live)
+            self.write_delay += 1
         m.d.comb += [mem.wr_en.eq(live["valid"] & live["pass2"]), mem.wr_addr.eq(live["addr"]),
                      mem.wr_data.eq(Cat(*live["snew"]))]
         # the lane products k_i S1_i (pass 1) / q_i S2_i (pass 2), all lanes in one tree;
@@ -374,18 +399,29 @@ class DeltaRule(wiring.Component):
                 m.d.sync += [u_regs[n].eq(u_new), u_ok[n].eq(1)]
         u_here = Array(u_ok)[c2.col[0]]
 
+        # with two banks a word is issued only on a cycle of its bank's parity: ``phase``
+        # toggles every cycle (reset, so a gate-level run starts defined), and the word
+        # issued now is read next cycle, so its bank must be this cycle's phase
+        go1, go2 = Signal(init=1), Signal(init=1)
+        if mem.banks == 2:
+            phase = Signal()
+            m.d.sync += phase.eq(~phase)
+            m.d.comb += [go1.eq(c1.addr[0] == phase), go2.eq(c2.addr[0] == phase)]
+
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
                     m.d.sync += c1.reset() + c2.reset() + [u.eq(0) for u in u_ok]
                     m.next = "ISSUE1"
             with m.State("ISSUE1"):
-                m.d.comb += [self.busy.eq(1), issuing.eq(1)]
-                c1.advance()
-                with m.If(c1.last):
-                    # after column 0 straight on to column 1; then P2 of the column before
-                    with m.If((c1.col != 0) | (N == 1)):
-                        m.next = "WAITU"
+                m.d.comb += self.busy.eq(1)
+                with m.If(go1):
+                    m.d.comb += issuing.eq(1)
+                    c1.advance()
+                    with m.If(c1.last):
+                        # after column 0 straight on to column 1; then P2 of the column before
+                        with m.If((c1.col != 0) | (N == 1)):
+                            m.next = "WAITU"
             with m.State("WAITU"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(u_here & (o_pend < ODEPTH)):
@@ -393,15 +429,17 @@ class DeltaRule(wiring.Component):
                     m.d.sync += Array(u_ok)[c2.col[0]].eq(0)
                     m.next = "ISSUE2"
             with m.State("ISSUE2"):
-                m.d.comb += [self.busy.eq(1), issuing.eq(1), pass2.eq(1)]
-                c2.advance()
-                with m.If(c2.last):
-                    with m.If(c2.col == N - 1):
-                        m.next = "FINISH"
-                    with m.Elif(c1.col != N):
-                        m.next = "ISSUE1"
-                    with m.Else():
-                        m.next = "WAITU"
+                m.d.comb += [self.busy.eq(1), pass2.eq(1)]
+                with m.If(go2):
+                    m.d.comb += issuing.eq(1)
+                    c2.advance()
+                    with m.If(c2.last):
+                        with m.If(c2.col == N - 1):
+                            m.next = "FINISH"
+                        with m.Elif(c1.col != N):
+                            m.next = "ISSUE1"
+                        with m.Else():
+                            m.next = "WAITU"
             with m.State("FINISH"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(o_pend == 0):

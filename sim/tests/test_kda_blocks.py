@@ -71,9 +71,10 @@ def test_state_layout_is_a_bijection():
         state_geometry(1, 8, 8, 3)
 
 
-def test_state_memory_clear_and_commit():
+@pytest.mark.parametrize("kind", ["flops", "sram"])
+def test_state_memory_clear_and_commit(kind):
     H, dk, dv, P, bits = 1, 8, 4, 4, 16
-    dut = StateMemory(H, dk, dv, P, bits)
+    dut = StateMemory(H, dk, dv, P, bits, kind=kind)
     rng = np.random.default_rng(2)
     shadow = np.zeros((dut.words, P), np.int64)
 
@@ -112,6 +113,53 @@ def test_state_memory_clear_and_commit():
         await ctx.tick().repeat(dut.READ_LATENCY - 1)
         assert [ctx.get(dut.rd_data[i]) for i in range(P)] == [0] * P
         assert await read(ctx, 3) == list(shadow[3])
+    run(dut, bench)
+
+
+@pytest.mark.parametrize("H,dk,dv,P", [(1, 16, 16, 4), (2, 32, 32, 4), (1, 8, 8, 8)])
+def test_state_memory_sram_banks(H, dk, dv, P):
+    """The SRAM state memory (tiny's, small's geometry and a one-word-per-column one) against
+    a shadow array: a read and a write every cycle, in different banks, random addresses and
+    data; a read sees every write issued before its cycle; ``collision`` rises exactly when
+    both hit one bank (the write wins, the read returns zero)."""
+    bits = 16
+    dut = StateMemory(H, dk, dv, P, bits, kind="sram")
+    assert dut.macros.count * dut.macros.spec.words * dut.macros.spec.bits >= dut.words * P * bits // 2
+    rng = np.random.default_rng(H + dk + P)
+    shadow = np.zeros((dut.words, P), np.int64)
+    lo, hi = -(1 << (bits - 1)), 1 << (bits - 1)
+
+    async def bench(ctx):
+        ctx.set(dut.commit, 1)                       # reads return contents from here on
+        await ctx.tick()
+        ctx.set(dut.commit, 0)
+        for w in range(dut.words):                   # fill
+            shadow[w] = rng.integers(lo, hi, P)
+            ctx.set(dut.wr_addr, w)
+            ctx.set(dut.wr_data, [int(v) for v in shadow[w]])
+            ctx.set(dut.wr_en, 1)
+            await ctx.tick()
+        pending = []                                 # (cycle the data is out, expected)
+        for cycle in range(6 * dut.words):
+            r = int(rng.integers(dut.words))
+            w = int(rng.integers(dut.words // 2)) * 2 + (1 - r % 2)   # the other bank
+            clash = cycle % 37 == 36                  # now and then both in one bank
+            if clash:
+                w = r
+            ctx.set(dut.rd_addr, r)
+            ctx.set(dut.rd_en, 1)
+            expect = [0] * P if clash else list(shadow[r])
+            data = rng.integers(lo, hi, P)
+            ctx.set(dut.wr_addr, w)
+            ctx.set(dut.wr_data, [int(v) for v in data])
+            ctx.set(dut.wr_en, 1)
+            assert ctx.get(dut.collision) == clash, cycle
+            shadow[w] = data
+            pending.append((cycle + dut.READ_LATENCY, expect, r))
+            await ctx.tick()
+            if pending[0][0] == cycle + 1:
+                _, want, addr = pending.pop(0)
+                assert [ctx.get(dut.rd_data[i]) for i in range(P)] == want, (cycle, addr)
     run(dut, bench)
 
 

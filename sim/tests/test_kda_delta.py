@@ -29,14 +29,16 @@ def random_token(rng, fm, H, dk, extreme=False):
 
 
 # the clock period sets the pipeline depth (hw/arith/pipeline.py): 1.0 ns is the deepest
-# pipeline the configs use, 2.5 ns a shallow one
+# pipeline the configs use, 2.5 ns a shallow one.  Each case with the state in flip-flops
+# and in SRAM macros (hw.state_memory): the same outputs, and no bank collision
+@pytest.mark.parametrize("memory", ["flops", "sram"])
 @pytest.mark.parametrize("H,dk,P,shifts,qk_bits,period", [
     (1, 8, 4, DeltaShifts(f_k=7, f_v=4, f_s=9, o_shift=8), None, 1.0),
     (2, 8, 2, DeltaShifts(f_k=6, f_v=6, f_s=6, o_shift=0), None, 1.25),
     (1, 4, 4, DeltaShifts(f_k=7, f_v=2, f_s=12, o_shift=12), None, 2.5),
     (1, 8, 4, DeltaShifts(f_k=11, f_v=4, f_s=10, o_shift=12), 12, 1.0),   # the 12-bit q/k option
 ])
-def test_delta_rule_matches_model(H, dk, P, shifts, qk_bits, period):
+def test_delta_rule_matches_model(H, dk, P, shifts, qk_bits, period, memory):
     cfg = load_config("tiny")
     fm = formats_for(cfg)
     if qk_bits is not None:
@@ -52,14 +54,19 @@ def test_delta_rule_matches_model(H, dk, P, shifts, qk_bits, period):
         S, o16 = int_delta_rule(q, fm, S, tok["q"], tok["k"], tok["v"], tok["alpha"], tok["beta"])
         want.append(o16.ravel().tolist())
 
-    dut = DeltaRule(fm, H, dk, dk, P, clock_period_ns=period)
+    dut = DeltaRule(fm, H, dk, dk, P, clock_period_ns=period, state_memory=memory)
     stall = random.Random(P)
-    got_flat = []
+    got_flat, collisions = [], []
 
     async def monitor(ctx):
         async for _, _, valid, ready, payload in ctx.tick().sample(dut.o.valid, dut.o.ready, dut.o.payload):
             if valid and ready:
                 got_flat.append(payload)
+
+    async def watch_banks(ctx):
+        async for _, _, hit in ctx.tick().sample(dut.collision):
+            if hit:
+                collisions.append(1)
 
     async def bench(ctx):
         for name in ("f_k", "f_v", "f_s", "o_shift"):   # run-time inputs, stable from a cycle ahead
@@ -86,7 +93,10 @@ def test_delta_rule_matches_model(H, dk, P, shifts, qk_bits, period):
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.add_process(monitor)
+    if memory == "sram":
+        sim.add_process(watch_banks)
     sim.run()
+    assert not collisions, f"{len(collisions)} cycles with a read and a write in one SRAM bank"
     got = [got_flat[t * H * dk:(t + 1) * H * dk] for t in range(T)]
     for t in range(T):
         assert got[t] == want[t], f"token {t}"
