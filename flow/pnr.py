@@ -338,6 +338,56 @@ def summary_markdown(metrics: dict[str, object], paths: PnrPaths) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---- the committed record of a real run ----------------------------------------------------
+
+RECORD_PREFIXES = ("finish__", "route__", "detailedroute__", "globalroute__", "cts__", "pnr__", "drc__",
+                   "synth__design__instance__area", "synth__design__instance__count")
+
+
+def openroad_version(openroad: str) -> str:
+    proc = subprocess.run([openroad, "-version"], capture_output=True, text=True, timeout=60)
+    return (proc.stdout or proc.stderr).strip().splitlines()[0] if proc.returncode == 0 else "unknown"
+
+
+def record(cfg: Config, build: BuildPaths, out_dir: Path, openroad_version_text: str) -> list[Path]:
+    """bench/results/pnr-<cfg>[-<top>].{json,md,png} from the last run's metrics.json and picture,
+    with the command, this repository's commit and the OpenROAD version."""
+    from flow.provenance import provenance
+    paths = PnrPaths(build)
+    if not build.metrics.is_file():
+        raise UserError(f"pnr --record: no {build.metrics}; run `moekda pnr` first")
+    metrics = json.loads(build.metrics.read_text())
+    if "finish__timing__setup__ws" not in metrics:
+        raise UserError(f"pnr --record: {build.metrics} holds no post-route metrics; run `moekda pnr` first")
+    name = f"pnr-{cfg.name}" + (f"-{build.top}" if build.block else "")
+    command = f"make synth pnr drc CONFIG={cfg.name}" + (f" TOP={build.top}" if build.block else "")
+    rec = {"config": cfg.name, "config_hash": cfg.hash(), "top": build.top,
+           "clock_period_ns": cfg.hw.clock_period_ns,
+           **provenance(command, openroad=openroad_version_text),
+           # the commit the run itself was made at (the record may be written later)
+           "run_commit": metrics.get("pnr__git_commit", "unknown"),
+           "run_working_tree_changed": metrics.get("pnr__git_working_tree_changed"),
+           "metrics": {k: v for k, v in sorted(metrics.items()) if k.startswith(RECORD_PREFIXES)}}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / f"{name}.json", out_dir / f"{name}.md"]
+    written[0].write_text(json.dumps(rec, indent=2) + "\n")
+    md = [f"# Place and route: {cfg.name}" + (f", {build.top}" if build.block else ""), "",
+          f"`{command}` at commit `{str(rec['run_commit'])[:12]}`"
+          + (" (working tree changed)" if rec["run_working_tree_changed"] else "")
+          + f", {rec['date']}, {openroad_version_text}.", "",
+          summary_markdown(metrics, paths).split("\n", 2)[2].split("\nOutputs:")[0].strip(), "",
+          "| stage | wall time s |", "|---|---|"]
+    md += [f"| {s.name} | {metrics[f'pnr__{s.name}__runtime__s']:,.0f} |" for s in STAGES
+           if f"pnr__{s.name}__runtime__s" in metrics]
+    md.append(f"| total | {sum(metrics.get(f'pnr__{s.name}__runtime__s', 0) for s in STAGES):,.0f} |")
+    if paths.png.is_file():
+        shutil.copyfile(paths.png, out_dir / f"{name}.png")
+        written.append(out_dir / f"{name}.png")
+        md += ["", f"![layout]({name}.png)"]
+    written[1].write_text("\n".join(md) + "\n")
+    return written
+
+
 # ---- the whole run -----------------------------------------------------------------
 
 def check_inputs(netlist: Path, sdc: Path, kit: Kit):
@@ -377,6 +427,9 @@ def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: in
         progress(f"pnr [{i}/{len(STAGES)}] {stage.name}: done in {seconds:.1f} s (log {paths.log(stage)})")
     metrics = collect_metrics(paths)
     metrics.update(runtimes)
+    if start == 0:      # the commit the scripts ran at, for the committed record (pnr --record)
+        from flow.provenance import git_commit
+        metrics["pnr__git_commit"], metrics["pnr__git_working_tree_changed"] = git_commit()
     # OpenRCX without usable rules warns and writes an empty SPEF, exit code 0: the
     # post-route numbers would then be of unloaded wires, so the run fails here
     nets = spef_net_count(paths.final_spef)

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("moekda.cmd_sweep", "design-space sweep (rtl, synth, STA, cycles) in parallel -> Pareto table and plot"),
     "pnr": ("moekda.cmd_pnr", "OpenROAD place and route on Nangate45 (--check: static checks without OpenROAD)"),
     "orfs": ("moekda.cmd_orfs", "design directory (config.mk, constraint.sdc, Verilog) for stock OpenROAD-flow-scripts"),
+    "power": ("moekda.cmd_power", "power and energy per token from a gate-level run's switching activity (OpenROAD)"),
     "drc": ("moekda.cmd_drc", "KLayout DRC of the routed GDS with the platform's deck, rule group by group"),
 }
 

@@ -18,6 +18,9 @@ def configure(p):
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="OpenROAD threads (default: all cores)")
     from flow.pnr import STAGES
+    p.add_argument("--record", action="store_true",
+                   help="do not run OpenROAD: write the last run's metrics, stage times and picture to "
+                        "bench/results/pnr-<config>.{json,md,png} with the commit and OpenROAD version")
     p.add_argument("--from", dest="first", choices=[s.name for s in STAGES], default=None,
                    help="start at this stage, reusing the earlier stages' databases")
 
@@ -40,6 +43,12 @@ def run(args) -> int:
     openroad = find_openroad()      # first: without OpenROAD, stop before anything else
     top, block = resolve_top(args.top)   # the same top and build layout as `moekda synth`
     build = BuildPaths.for_config(cfg, top=top, block=block)
+    if args.record:
+        from flow.bench import RESULTS_DIR
+        from flow.pnr import openroad_version, record
+        for path in record(cfg, build, RESULTS_DIR, openroad_version(openroad)):
+            print(f"wrote {path}")
+        return 0
     try:
         kit = find_kit(("liberty", "tech_lef", "cell_lef", "gds"))
     except KitError as e:

@@ -211,6 +211,8 @@ NOTES: dict[str, Note] = {
     "report_check_types": Note(),
     "report_clock_skew": Note(),
     "report_power": Note(),
+    "set_power_activity": Note(),
+    "read_vcd": Note(reads="positional"),
     "set_propagated_clock": Note(),
     "all_clocks": Note(returns="clk"),
     "get_lib_pins": Note(returns="lib_pin"),
@@ -229,11 +231,14 @@ INTERNAL: dict[str, Command] = {
     "ord::get_db_block": _c(returns="block", source="src/OpenRoad.tcl"),
 }
 
-# (capture_help imports this module to learn the names before the file exists)
+# A command without recorded help is left out of the table (so a script calling it fails
+# the check) and named in MISSING_HELP (a test insists it is empty); capture_help imports
+# this module to learn the names, so the import must work before the help is recorded.
 OPENROAD_VERSION, _SECTIONS = read_help() if HELP_FILE.is_file() else ("", {})
+MISSING_HELP = tuple(sorted(n for n in NOTES if _SECTIONS.get(n, "(no help)").strip() in ("", "(no help)")))
 COMMANDS: dict[str, Command] = {
     **{name: _from_help(name, note, _SECTIONS, OPENROAD_VERSION) for name, note in NOTES.items()
-       if _SECTIONS},
+       if name not in MISSING_HELP},
     **INTERNAL,
 }
 

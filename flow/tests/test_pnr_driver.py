@@ -261,3 +261,20 @@ def test_from_a_stage_reuses_the_earlier_databases(synthesised):
     started = [line.split()[2].rstrip(":") for line in lines if line.endswith("...")]
     assert started == ["cts", "global_route", "detail_route", "fill", "final"]
     assert lines[0].startswith("pnr [8/12] cts")
+
+
+def test_the_record_of_a_run_names_its_commit_and_tool(synthesised, tmp_path):
+    pytest.importorskip("klayout.db", reason="KLayout Python module not installed (pip install klayout==0.30.12)")
+    from flow.pnr import record
+    cfg, build, fake = synthesised
+    with pytest.raises(UserError, match="no post-route metrics"):
+        record(cfg, build, tmp_path / "results", "OpenROAD test")
+    run_pnr(cfg, build, find_kit(("liberty", "tech_lef", "cell_lef", "gds")), fake, progress=lambda _: None)
+    files = record(cfg, build, tmp_path / "results", "OpenROAD 26Q3-test")
+    assert [f.name for f in files] == ["pnr-tiny.json", "pnr-tiny.md", "pnr-tiny.png"]
+    rec = json.loads(files[0].read_text())
+    assert rec["command"] == "make synth pnr drc CONFIG=tiny" and rec["openroad_version"] == "OpenROAD 26Q3-test"
+    assert len(rec["run_commit"]) == 40 and rec["metrics"]["route__drc_errors"] == 2
+    assert "synth__design__instance__area__stdcell" in rec["metrics"]
+    text = files[1].read_text()
+    assert "| routing DRC violations | 2 |" in text and "| total |" in text and "![layout](pnr-tiny.png)" in text

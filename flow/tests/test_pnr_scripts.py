@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from flow.openroad.check import CheckError, check_kit_names, read_lef_names, run_stub_stages
-from flow.openroad.commands import COMMANDS
+from flow.openroad.commands import COMMANDS, MISSING_HELP, OPENROAD_VERSION, parse_help
 from flow.paths import BuildPaths
 from flow.pnr import STAGES, PnrPaths, pnr_settings, stage_named, tcl_word, write_config_tcl
 from moekda.config import config_from_dict, load_config
@@ -300,3 +300,27 @@ def test_tcl_word_refuses_what_tcl_would_misread():
     for bad in ("a{b", "c}d", "back\\slash", float("nan")):
         with pytest.raises(ValueError):
             tcl_word(bad)
+
+
+# ---- the option table is the real tool's help ---------------------------------------------
+
+def test_every_command_of_the_table_has_recorded_help():
+    assert OPENROAD_VERSION and not MISSING_HELP, (
+        f"no help recorded for {MISSING_HELP}: run python -m flow.openroad.capture_help OPENROAD")
+
+
+def test_help_usage_lines_are_parsed():
+    keys, flags, pos = parse_help("estimate_parasitics", "estimate_parasitics -placement|-global_routing "
+                                                          "[-spef_file filename]")
+    assert keys == {"-spef_file"} and flags == {"-placement", "-global_routing"} and pos == (0, 0)
+    keys, flags, pos = parse_help("add_global_connection", "add_global_connection [-net net_name] "
+                                                            "[(-power|-ground)] [-defer_connection]")
+    assert keys == {"-net"} and flags == {"-power", "-ground", "-defer_connection"}
+    keys, flags, pos = parse_help("report_checks", "report_checks [-format full|short|end] "
+                                                    "[-fields capacitance|slew] [> filename]")
+    assert keys == {"-format", "-fields"} and pos == (0, 0)      # values and redirects are not arguments
+    keys, flags, pos = parse_help("repair_tie_fanout", "repair_tie_fanout lib_port [-separation dist]")
+    assert pos == (1, 1) and keys == {"-separation"}
+    assert parse_help("make_tracks", "make_tracks [layer] [-x_pitch x_pitch]")[2] == (0, 1)
+    with pytest.raises(ValueError, match="does not start with the command"):
+        parse_help("read_vcd", "something else")
