@@ -167,6 +167,59 @@ def _first_error(log: Path) -> str:
     return "(none in the log)"
 
 
+# ---- how long a bench waits for the design ------------------------------------------
+# A bench that waits for an output without a limit hangs the suite when the design stops
+# answering.  Every bench's wait is bounded by the config's roofline, the analytic cycles per
+# token of flow/bench.py (Traffic.bound: MACs / lanes or weight bytes / port bytes, the slower;
+# the layer's CSR-measured cycles are 1.06-1.14x of it without stalls, docs/bench.md), times
+# CYCLE_MARGIN, for every token plus one in flight, plus CYCLE_SLACK for reset, the memory's
+# latency and a pipeline's fill.  Measured with the benches' stalls on every port (each
+# bench logs "cycles used N of limit L"): KDA unit 960 cycles per token on tiny (1.05x its
+# bound of 916) and 3600 on small (1.01x of 3560); MoE unit 890 on tiny with 0.25 stalls
+# (1.5x its 592 weight beats); the layer 1.6x on tiny, its LOAD included.  8x leaves 4x
+# beyond the worst before a slower design has to say so here, and ends a hang of tiny
+# after ~7 000 cycles per token instead of never.
+CYCLE_MARGIN = 8
+CYCLE_SLACK = 2000
+
+
+def roofline_cycles(cfg) -> float:
+    """The layer's analytic cycles per token (flow/bench.py): the expectation the limits scale."""
+    from flow.bench import traffic
+    return traffic(cfg).bound
+
+
+def cycle_limit(bound: float, tokens: int) -> int:
+    """Clock cycles a bench waits for ``tokens`` outputs of a design whose roofline is ``bound``
+    cycles per token (see CYCLE_MARGIN)."""
+    return int(CYCLE_MARGIN * bound * (tokens + 1)) + CYCLE_SLACK
+
+
+def over_limit(what: str, done: int, wanted: int, cycles: int, limit: int, bound: float, extra: str = "") -> str:
+    """The one message of a bench whose design made no progress in time."""
+    return (f"cycle limit: {what}: {done} of {wanted} outputs after {cycles} cycles (limit {limit}: "
+            f"{CYCLE_MARGIN} x the roofline {bound:.0f} cycles x (tokens + 1) + {CYCLE_SLACK}{extra}; "
+            f"sim/cocotb_util.py cycle_limit)")
+
+
+def sim_configs(*defaults: str, slow: tuple[str, ...] = ()) -> list:
+    """The configs a config-level simulation test runs on, for its ``parametrize``.
+
+    `make sim CONFIG=x` sets MOEKDA_CONFIG=x: then every such test runs on x alone (the
+    Makefile's marker filter decides whether the slow ones run).  Without it (`make test`),
+    the test's own ``defaults``, those in ``slow`` marked slow, exactly as before."""
+    chosen = os.environ.get("MOEKDA_CONFIG")
+    if chosen:
+        return [chosen]
+    import pytest
+    return [pytest.param(c, marks=pytest.mark.slow) if c in slow else c for c in defaults]
+
+
+def sim_config(default: str = "tiny") -> str:
+    """The one config of a simulation test that runs a single config: MOEKDA_CONFIG or ``default``."""
+    return os.environ.get("MOEKDA_CONFIG") or default
+
+
 def tb_param(name: str, default=None, cast=str):
     """A testbench parameter from the environment (set through run_cocotb's env)."""
     value = os.environ.get(f"MOEKDA_{name.upper()}")

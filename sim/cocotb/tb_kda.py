@@ -12,7 +12,10 @@ tokens through the integer model's attention RMSNorm.
 Checks: every output token equals the model's; stalls on the input stream,
 the weight port (both directions) and back-pressure on the output when
 KDA_STALL=1; the unit's ``token_cycles`` counter per token is written to
-KDA_CYCLES_OUT (one number per line) for the constant-cost check.
+KDA_CYCLES_OUT (one number per line) for the constant-cost check.  The bench
+waits at most sim/cocotb_util.py ``cycle_limit`` cycles for all outputs;
+MOEKDA_RESP_STALL overrides the weight memory's response stall (1.0: it never
+answers, how sim/tests/test_bench_limits.py makes the unit hang).
 """
 from __future__ import annotations
 
@@ -105,6 +108,7 @@ try:
     from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
 
     from sim.cocotb.weight_memory import WeightMemory
+    from sim.cocotb_util import cycle_limit, over_limit, roofline_cycles, tb_param
 except ImportError:        # imported by pytest for kda_case only
     cocotb = None
 
@@ -123,8 +127,9 @@ if cocotb is not None:
         dut.params.value = case.params       # the model: stable from before reset on
         dut.i__valid.value = 0
         dut.o__ready.value = 0
+        resp_stall = tb_param("resp_stall", 0.15 if stall else 0.0, float)
         mem = WeightMemory(dut, case.image, cfg.hw.weight_port_bytes, cfg.hw.weight_port_latency,
-                           req_stall=0.2 if stall else 0.0, resp_stall=0.15 if stall else 0.0,
+                           req_stall=0.2 if stall else 0.0, resp_stall=resp_stall,
                            seed=rng.randrange(1 << 30)).start()
         for _ in range(3):
             await RisingEdge(dut.clk)
@@ -134,8 +139,15 @@ if cocotb is not None:
         sent = got = 0
         offering = False
         cycles = []
+        # the unit does a part of the layer's token: the layer's roofline bounds it (tiny 902
+        # cycles per token without stalls against a bound of 916; small 3386 against 3560)
+        bound = roofline_cycles(cfg)
+        limit, waited = cycle_limit(bound, T), 0
         while got < T:
             await FallingEdge(dut.clk)
+            waited += 1
+            if waited > limit:
+                raise AssertionError(over_limit("KDA unit", got, T, waited, limit, bound))
             if not offering and sent < T and (not stall or rng.random() < 0.7):
                 dut.i__payload.value = pack(case.xn[sent], a) | (int(case.first[sent]) << (d * a))
                 offering = True
@@ -158,4 +170,4 @@ if cocotb is not None:
             with open(path, "w") as f:
                 f.write("\n".join(map(str, cycles)) + "\n")
         dut._log.info(f"{T} tokens bit-exact; token_cycles first {cycles[:3]} last {cycles[-3:]}; "
-                      f"weight bytes {mem.counters.bytes}")
+                      f"weight bytes {mem.counters.bytes}; cycles used {waited} of limit {limit}")

@@ -26,7 +26,9 @@ What the bench checks by itself (protocol, not values):
 * the weight memory saw no request the port contract forbids (its error flags);
 * the output stream keeps valid and payload while it waits for ready.
 It also compares each output with the model as it arrives, so a failing run
-stops at the first wrong token.
+stops at the first wrong token, and ends a run that makes no progress at a
+cycle limit from the config's roofline (sim/cocotb_util.py ``cycle_limit``,
+plus each LOAD's allowance), reported with the bench's problems.
 """
 from __future__ import annotations
 
@@ -43,9 +45,9 @@ from cocotb.utils import get_sim_time
 
 from hw.chip.csr import CHIP_ID, COUNTERS, CTRL_CLEAR, CTRL_LOAD, CTRL_RUN, REGISTERS, STATUS, config_words
 from hw.chip.layer import token_in_layout, token_out_layout
-from hw.image.memory_map import memory_map
 from moekda.config import config_from_dict
 from sim.cocotb.streams import EdgeStreamSink, EdgeStreamSource, LayoutCodec
+from sim.cocotb_util import cycle_limit, over_limit, roofline_cycles
 
 
 CLOCK_NS = 10
@@ -283,19 +285,25 @@ async def layer_run(dut):
         if len(sink.items) != T - seg["base"]:
             problems.append(f"{len(sink.items) - (T - seg['base'])} extra output tokens after the last input")
 
-    # a bound so a hung chip ends the run, from the config: ten times every matrix's beats per
-    # token (a token reads at most all of them; measured with stalls: under 2x), and each LOAD
-    # (the good ones and the refused ones) four times the image's beats
-    mm = memory_map(cfg)
-    token_bound = 10 * (mm.size - mm.base) // pb + 2000
+    # a bound so a hung chip ends the run, from the config: the tokens' limit from the roofline
+    # (the abandoned tokens of a reset run twice), each LOAD (the good ones and the refused ones)
+    # four times the image's beats, and the bench's own fixed waits (CSR reads, the settling
+    # gaps above: under 1000 cycles)
+    tokens = T + (abandon if reset_at >= 0 else 0)
     loads = 2 + len(bad_images)
-    limit = Timer(((T + 4) * token_bound + loads * 4 * len(image) // pb) * CLOCK_NS, unit="ns")
+    bound = roofline_cycles(cfg)
+    limit_cycles = cycle_limit(bound, tokens) + loads * 4 * len(image) // pb + 1000
+    start_ns = get_sim_time(unit="ns")
     task = cocotb.start_soon(body())
-    await First(task, failed.wait(), limit)
+    await First(task, failed.wait(), Timer(limit_cycles * CLOCK_NS, unit="ns"))
+    used = int(get_sim_time(unit="ns") - start_ns) // CLOCK_NS
     if not task.done():
         task.cancel()
         if not failure:
-            failure.append(f"timeout: {len(idx)} outputs of {T} inputs")
+            failure.append(over_limit("layer chip", len(idx), T, used, limit_cycles, bound,
+                                      f" + {loads} LOADs x 4 x the image's beats + 1000 for the bench's waits"))
+            problems.append(failure[-1])    # for the driver's report: the run ended here
+    dut._log.info(f"cycles used {used} of limit {limit_cycles}")
     counters = {}
     if not failure:
         await ClockCycles(dut.clk, 20)      # a TOKEN_CYCLES read still in flight

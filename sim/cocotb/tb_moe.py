@@ -7,7 +7,12 @@ random gaps, takes outputs with random back-pressure, and compares every
 output with the integer model.  If ``reset_after`` > 0 a
 first pass is cut by a reset in the middle of a token, then the whole
 sequence runs from the start (state after reset must not matter).  Writes
-the counters to MOE_RESULT (json) for the pytest side.
+the counters to MOE_RESULT (json) for the pytest side.  Each pass waits at
+most sim/cocotb_util.py ``cycle_limit`` cycles for its outputs, the roofline
+being the unit's analytic weight bytes per token over the port width (the
+engine takes one beat per cycle); MOEKDA_RESP_STALL overrides the case's
+response stall (1.0: the memory never answers, how
+sim/tests/test_bench_limits.py makes the unit hang).
 
 Every signal is driven after the falling edge and handshakes are sampled in
 the ReadOnly phase of that step (see weight_memory.py).
@@ -23,6 +28,7 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
 
+from sim.cocotb_util import cycle_limit, over_limit, tb_param
 from weight_memory import WeightMemory
 
 
@@ -63,10 +69,14 @@ class TokenSink:
         self.got: list[list[int]] = []
         self.cycle_of: list[int] = []
 
-    async def run(self, n, cycle_ref):
+    async def run(self, n, cycle_ref, limit, bound):
         dut = self.dut
+        waited = 0
         while len(self.got) < n:
             await FallingEdge(dut.clk)
+            waited += 1
+            if waited > limit:
+                raise AssertionError(over_limit("MoE unit", len(self.got), n, waited, limit, bound))
             take = self.rng.random() >= self.stall
             dut.out__ready.value = int(take)
             await ReadOnly()
@@ -108,9 +118,12 @@ async def moe_tokens_bit_exact(dut):
             cycle[0] += 1
     cocotb.start_soon(count())
 
+    resp_stall = tb_param("resp_stall", meta["resp_stall"], float)
+    bound = meta["bytes_per_token"] / pb
+
     def new_memory(seed):
         return WeightMemory(dut, case["image"].tobytes(), pb, meta["latency"], prefix="wport",
-                            req_stall=meta["req_stall"], resp_stall=meta["resp_stall"], seed=seed).start()
+                            req_stall=meta["req_stall"], resp_stall=resp_stall, seed=seed).start()
 
     await reset(dut)
     if meta["reset_after"]:
@@ -119,7 +132,7 @@ async def moe_tokens_bit_exact(dut):
         src = TokenSource(dut, tokens[:meta["reset_after"] + 1], meta["in_stall"], rng)
         sink = TokenSink(dut, d, meta["out_bits"], meta["out_stall"], rng)
         src_task = cocotb.start_soon(src.run())
-        await sink.run(meta["reset_after"], lambda: cycle[0])
+        await sink.run(meta["reset_after"], lambda: cycle[0], cycle_limit(bound, meta["reset_after"]), bound)
         await ClockCycles(dut.clk, rng.randrange(5, 60))
         src_task.cancel()
         mem.stop()
@@ -132,8 +145,10 @@ async def moe_tokens_bit_exact(dut):
     src = TokenSource(dut, tokens, meta["in_stall"], rng)
     sink = TokenSink(dut, d, meta["out_bits"], meta["out_stall"], rng)
     cocotb.start_soon(src.run())
-    await sink.run(len(tokens), lambda: cycle[0])
+    limit = cycle_limit(bound, len(tokens))
+    await sink.run(len(tokens), lambda: cycle[0], limit, bound)
     cycles = cycle[0] - c0
+    dut._log.info(f"{len(tokens)} tokens: cycles used {cycles} of limit {limit}")
     for i, (got, want) in enumerate(zip(sink.got, expected)):
         assert got == [int(v) for v in want], \
             f"token {i}: got {got}, model {[int(v) for v in want]} (input {[int(v) for v in tokens[i]]})"
