@@ -27,9 +27,10 @@ import pytest
 
 from flow.paths import BuildPaths
 from moekda.config import REPO_ROOT, load_config
+from sim.cocotb_util import sim_config
 from sim.driver import LayerDriver, RunPlan
 
-CONFIG = "tiny"
+CONFIG = sim_config("tiny")    # `make sim GL=1 CONFIG=x` synthesises and runs x
 GL_PLAN = RunPlan(tokens=2, first=(0,), clears=(1,), stall=True, seed=11)
 GL_SEEDS = (0, 31, 32)
 
@@ -48,6 +49,7 @@ def _netlist(driver: LayerDriver):
 
 @pytest.mark.gl
 @pytest.mark.slow      # not in the default suite: it may synthesise first
+@pytest.mark.timeout(7200)   # synthesis (~12 min) + four Icarus runs of ~6 000 cycles at ~0.1 s each
 def test_gate_level_tiny_runs_three_models():
     drivers = [LayerDriver.from_seed(CONFIG, seed=s) for s in GL_SEEDS]
     rtl_file, netlist = _netlist(drivers[0])

@@ -11,12 +11,14 @@ from amaranth.sim import Simulator
 from hw.kda.norm import Normalizer, norm_layout
 from moekda.config import load_config
 from moekda.formats import clog2, formats_for
+from sim.cocotb_util import sim_config, sim_configs
 from sim.models.int_ops import int_normalize
 from sim.models.params import random_params
 from sim.models.quantize import quantize_layer
 
 
-@pytest.mark.parametrize("name,qk_bits", [("tiny", None), ("small", None), ("tiny", 12)])
+# the configs of `make sim CONFIG=x` (sim/cocotb_util.py sim_configs), and the 12-bit q/k option on the first
+@pytest.mark.parametrize("name,qk_bits", [(c, None) for c in sim_configs("tiny", "small")] + [(sim_config("tiny"), 12)])
 def test_normalizer_matches_model(name, qk_bits):
     cfg = load_config(name)
     fm = formats_for(cfg)

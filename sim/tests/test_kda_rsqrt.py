@@ -9,6 +9,7 @@ from hw.arith.rsqrt import Rsqrt
 from moekda.config import load_config
 from moekda.formats import derived_widths, formats_for
 from moekda.numerics import rsqrt_fixed
+from sim.cocotb_util import sim_config
 
 
 def rsqrt_model(fm, a):
@@ -19,7 +20,7 @@ def rsqrt_model(fm, a):
 
 @pytest.mark.parametrize("width_name", ["ss_l2norm", "ss_onorm"])
 def test_rsqrt_matches_model(width_name):
-    cfg = load_config("small")
+    cfg = load_config(sim_config("small"))     # small's widths are the widest; MOEKDA_CONFIG's when set
     fm = formats_for(cfg)
     in_bits = derived_widths(cfg)[width_name]
     dut = Rsqrt(fm, in_bits)

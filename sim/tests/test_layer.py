@@ -6,21 +6,19 @@ sim/cocotb/tb_layer.py, comparison with sim.models.int_layer): bit-exact
 outputs, every input token exactly one output in order, random stalls on both
 token streams and on the weight port, CSR clears, a reset with tokens inside.
 
-The config comes from MOEKDA_CONFIG (default tiny), so `make sim CONFIG=small`
-runs the same tests on small.  Default suite: a short Icarus run; the
+The config comes from MOEKDA_CONFIG (default tiny; sim/cocotb_util.py sim_config), so
+`make sim CONFIG=small` runs the same tests on small.  Default suite: a short Icarus run; the
 >= 256-token runs use Verilator (one build per config, shared).
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-from sim.cocotb_util import simulator_available
+from sim.cocotb_util import sim_config, simulator_available
 from sim.driver import LayerDriver, RunPlan, compare
 
-CONFIG = os.environ.get("MOEKDA_CONFIG", "tiny")
+CONFIG = sim_config("tiny")
 needs_verilator = pytest.mark.skipif(not simulator_available("verilator"), reason="verilator not installed")
 
 

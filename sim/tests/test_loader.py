@@ -9,6 +9,7 @@ from hw.image.format import image_layout
 from hw.chip.loader import ERR, ImageLoader
 from hw.image.param_map import param_map
 from moekda.config import load_config
+from sim.cocotb_util import sim_config
 from sim.models.image import qlayer_image, random_layer_image, with_word
 from sim.models.quantize import quantize_random_layer
 
@@ -69,7 +70,8 @@ def run_load(cfg, image: bytes, seed: int = 1, stall: float = 0.3, loads: int = 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return random_layer_image("tiny", 7)
+    """The model at hand: tiny's, or MOEKDA_CONFIG's (`make sim CONFIG=x`)."""
+    return random_layer_image(sim_config("tiny"), 7)
 
 
 def test_good_image_fills_the_bank(tiny):
@@ -107,7 +109,7 @@ def test_a_good_load_after_a_bad_one(tiny):
 @pytest.mark.parametrize("port", [2, 16])
 def test_other_port_widths(port):
     from dataclasses import replace
-    base = load_config("tiny")
+    base = load_config(sim_config("tiny"))
     cfg = replace(base, hw=replace(base.hw, lanes=port, weight_port_bytes=port))
     img = qlayer_image(cfg, quantize_random_layer(cfg, 1))
     loaded, errors, _, _ = run_load(cfg, img, seed=2)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from moekda.config import load_config
-from sim.cocotb_util import run_cocotb, simulator_available
+from sim.cocotb_util import run_cocotb, sim_configs, simulator_available
 from sim.models.matvec import Beat, Result, matrix_beats, matvec, row_beats, run_beats, wrap
 
 
@@ -111,7 +111,7 @@ SIMULATORS = [
 
 
 @pytest.mark.parametrize("simulator", SIMULATORS)
-@pytest.mark.parametrize("config", ["tiny", "small"])
+@pytest.mark.parametrize("config", sim_configs("tiny", "small"))
 def test_rtl_matches_model(config, simulator):
     if not simulator_available(simulator):
         pytest.skip(f"{simulator} not installed")
@@ -121,7 +121,7 @@ def test_rtl_matches_model(config, simulator):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(1, 6))
-@pytest.mark.parametrize("config", ["tiny", "small"])
+@pytest.mark.parametrize("config", sim_configs("tiny", "small"))
 def test_rtl_matches_model_long(config, seed):
     """Many more rows and seeds on Verilator."""
     if not simulator_available("verilator"):

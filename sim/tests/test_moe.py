@@ -20,7 +20,7 @@ from cocotb_tools.runner import get_runner
 
 from hw.moe.unit import MoEUnit
 from moekda.config import REPO_ROOT
-from sim.cocotb_util import simulator_available
+from sim.cocotb_util import sim_config, sim_configs, simulator_available
 from sim.cocotb.tb_moe_case import build_case, make_config, moe_params, save_case
 
 BENCH_DIR = REPO_ROOT / "sim" / "cocotb"
@@ -138,7 +138,9 @@ def check_coverage(case, *, all_equal: bool):
 
 
 CASES = {
-    # name: (config overrides, tokens, zero_bias); the corner tokens come first
+    # name: (config overrides, tokens, zero_bias); the corner tokens come first.  "tiny" is the
+    # config itself (MOEKDA_CONFIG's under `make sim CONFIG=x`); the others are corners of
+    # routing and padding built on tiny's geometry (k = E and the padded rows need its sizes)
     "tiny": ({}, 24, False),
     "k1_zero_bias": ({"top_k": 1}, 16, True),
     "kE_no_shared": ({"top_k": 4, "n_shared": 0}, 16, True),
@@ -154,7 +156,7 @@ def test_moe_bit_exact_icarus(name, tmp_path):
         cfg = type(cfg)(**{**cfg.__dict__, "hw": type(cfg.hw)(**{**cfg.hw.__dict__, "weight_port_bytes": 8,
                                                                    "lanes": 8})})
     else:
-        cfg = make_config("tiny", **over)
+        cfg = make_config(sim_config("tiny") if name == "tiny" else "tiny", **over)
     case = build_case(cfg, n, seed=3, zero_bias=zero_bias)
     res = run_moe_bench(case, tmp_path, "icarus")
     check_counters(case, res)
@@ -181,7 +183,7 @@ def test_one_unit_runs_two_models(tmp_path):
 
     from hw.image.param_map import param_layout
     from hw.tops import top_verilog
-    cfg = make_config("tiny")
+    cfg = make_config(sim_config("tiny"))
     cases = [build_case(cfg, 10, seed=3), build_case(cfg, 10, seed=11, zero_bias=True)]
     assert moe_params(cases[0]) != moe_params(cases[1])
     built = build_moe_bench(cfg, tmp_path / "unit", "icarus")
@@ -207,28 +209,24 @@ def _long_run(cfg, n, tmp_path, zero_bias=False, seed=5):
 
 @needs_verilator
 @pytest.mark.verilator
-def test_moe_256_tokens_verilator_tiny(tmp_path):
+@pytest.mark.parametrize("config", sim_configs("tiny", "small", slow=("small",)))
+def test_moe_256_tokens_verilator(config, tmp_path):
     """>= 256 tokens bit-exact with stalls and a reset; every expert chosen, ties, saturation."""
-    _long_run(make_config("tiny"), 256, tmp_path)
+    _long_run(make_config(config), 256, tmp_path)
 
 
 @pytest.mark.slow
 @needs_verilator
 @pytest.mark.verilator
-@pytest.mark.parametrize("over", [{"top_k": 1}, {"top_k": 4, "n_shared": 0}], ids=["k1", "kE"])
-def test_moe_256_tokens_verilator_k_extremes(over, tmp_path):
+@pytest.mark.parametrize("k", ["1", "E"], ids=["k1", "kE"])
+def test_moe_256_tokens_verilator_k_extremes(k, tmp_path):
     """k = 1 and k = E over 256 tokens; zero bias so all-equal choices occur (the all-zero token)."""
-    _long_run(make_config("tiny", **over), 256, tmp_path, zero_bias=True)
+    base = sim_config("tiny")
+    over = {"top_k": 1} if k == "1" else {"top_k": make_config(base).model.n_experts, "n_shared": 0}
+    _long_run(make_config(base, **over), 256, tmp_path, zero_bias=True)
 
 
-@pytest.mark.slow
-@needs_verilator
-@pytest.mark.verilator
-def test_moe_256_tokens_verilator_small(tmp_path):
-    _long_run(make_config("small"), 256, tmp_path)
-
-
-@pytest.mark.parametrize("config", ["tiny", pytest.param("small", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("config", sim_configs("tiny", "small", slow=("small",)))
 def test_moe_cycles_per_token_without_stalls(config, tmp_path):
     """The port is the roofline: with no stalls a token takes its weight beats plus a
     bounded overhead (memory latency, MAC drain and hidden conversion per expert)."""

@@ -15,6 +15,7 @@ from hw.image.param_map import param_layout, region_value
 from hw.chip.residual import ResidualAdd, residual_layout
 from moekda.config import load_config
 from moekda.formats import formats_for
+from sim.cocotb_util import sim_configs
 from sim.models.int_ops import int_residual_add
 from sim.models.qparams import QResidual
 from sim.models.params import random_params
@@ -23,7 +24,7 @@ from sim.models.quantize import quantize_layer
 
 def _layer_cases():
     out = []
-    for name in ("tiny", "small"):
+    for name in sim_configs("tiny", "small"):      # MOEKDA_CONFIG when set (`make sim CONFIG=x`)
         cfg = load_config(name)
         fm = formats_for(cfg)
         qs = [quantize_layer(random_params(cfg, seed), cfg) for seed in (0, 1)]
@@ -91,7 +92,7 @@ def test_residual_matches_model(label, scales, a_bits, b_bits, n, period, fm):
     assert got == want
 
 
-@pytest.mark.parametrize("name", ["tiny", "small"])
+@pytest.mark.parametrize("name", sim_configs("tiny", "small"))
 def test_params_port_is_the_bank_slice(name):
     """The port's layout is param_layout(cfg, "res1") (and "res2"): the layer wires the
     bank's slice straight in, and a model's region value sets exactly (m_a, m_b, s)."""
