@@ -61,10 +61,18 @@ def build_top(name: str, cfg):
 
 
 def top_verilog(name: str, cfg) -> str:
-    """Verilog text of top ``name``: one module per Amaranth module (hierarchy kept)."""
+    """Verilog text of top ``name``: one module per Amaranth module (hierarchy kept).
+    SRAM macros (hw.state_memory = "sram") are instances of the macro cells, with each
+    macro's behavioural model appended as a module of its name (hw/mem/fakeram.py): the
+    one file simulates as it is, and synthesis replaces those modules by the black boxes
+    of the macros' Liberty files (flow/synth.py)."""
     from amaranth.back import verilog
+    from hw.mem.fakeram import FAKERAM45, MACRO_TARGET, instantiated_macros, model_verilog
     elaboratable, ports = build_top(name, cfg)
-    return verilog.convert(elaboratable, name=name, ports=ports, emit_src=False)
+    text = verilog.convert(elaboratable, name=name, ports=ports, platform=MACRO_TARGET, emit_src=False)
+    for macro in instantiated_macros(text):
+        text += "\n" + model_verilog(FAKERAM45[macro])
+    return text
 
 
 def write_verilog(cfg, name: str, path) -> None:

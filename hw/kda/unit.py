@@ -399,7 +399,8 @@ class KdaUnit(wiring.Component):
         shift_names = ("f_k", "f_v", "f_s", "o_shift")
         m.submodules.delta = delta = DeltaRule(
             fm, H, dk, dv, cfg.hw.state_lanes, clock_period_ns=cfg.hw.clock_period_ns,
-            shift_fields={k: (pm[f"kda.{k}"].bits, pm[f"kda.{k}"].hi) for k in shift_names})
+            shift_fields={k: (pm[f"kda.{k}"].bits, pm[f"kda.{k}"].hi) for k in shift_names},
+            state_memory=cfg.hw.state_memory)
         m.d.comb += [getattr(delta.shifts, k).eq(getattr(P, k)) for k in shift_names]
         m.d.comb += [delta.k.eq(Cat(*KN)), delta.q.eq(Cat(*QN)), delta.alpha.eq(Cat(*ALPHA)),
                      delta.v.eq(Cat(*V)), delta.beta.eq(Cat(*BETA)), delta.o.ready.eq(1)]

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from amaranth import ClockDomain, Module
 from amaranth.sim import Simulator
 
 from hw.kda.delta import DeltaRule, DeltaShifts
@@ -100,3 +101,64 @@ def test_delta_rule_matches_model(H, dk, P, shifts, qk_bits, period, memory):
     got = [got_flat[t * H * dk:(t + 1) * H * dk] for t in range(T)]
     for t in range(T):
         assert got[t] == want[t], f"token {t}"
+
+
+@pytest.mark.parametrize("memory", ["flops", "sram"])
+def test_delta_rule_reset_mid_token(memory):
+    """A reset in the middle of a token (reads and writes in flight, the state half
+    rewritten): afterwards the state reads as zero (a new sequence) and the following tokens
+    are bit-exact again, whichever memory holds the state (an SRAM keeps its contents over
+    reset; the cleared flag hides them)."""
+    cfg = load_config("tiny")
+    fm = formats_for(cfg)
+    H, dk, P = 1, 8, 4
+    shifts = DeltaShifts(f_k=7, f_v=4, f_s=9, o_shift=8)
+    q = SimpleNamespace(**vars(shifts))
+    rng = np.random.default_rng(5)
+    tokens = [random_token(rng, fm, H, dk) for _ in range(5)]
+    reset_in = 2                 # token 2 is cut off by the reset; 3 and 4 start from zero
+    want, S = {}, np.zeros((H, dk, dk), np.int64)
+    for t, tok in enumerate(tokens):
+        if t == reset_in + 1:
+            S = np.zeros_like(S)
+        S2, o16 = int_delta_rule(q, fm, S, tok["q"], tok["k"], tok["v"], tok["alpha"], tok["beta"])
+        if t != reset_in:
+            S = S2
+            want[t] = o16.ravel().tolist()
+    dut = DeltaRule(fm, H, dk, dk, P, clock_period_ns=1.0, state_memory=memory)
+    got = {}
+
+    async def bench(ctx):
+        for name in ("f_k", "f_v", "f_s", "o_shift"):
+            ctx.set(getattr(dut.shifts, name), getattr(shifts, name))
+        ctx.set(dut.o.ready, 1)
+        await ctx.tick()
+        for t, tok in enumerate(tokens):
+            for name in ("q", "k", "v", "alpha"):
+                ctx.set(getattr(dut, name), [int(x) for x in tok[name].ravel()])
+            ctx.set(dut.beta, [int(x) for x in tok["beta"]])
+            ctx.set(dut.start, 1)
+            await ctx.tick()
+            ctx.set(dut.start, 0)
+            out, n = [], 0
+            while ctx.get(dut.busy) or len(out) < H * dk:
+                if ctx.get(dut.o.valid):
+                    out.append(ctx.get(dut.o.payload))
+                await ctx.tick()
+                n += 1
+                if t == reset_in and n == 23:          # mid pass 2 of the first columns
+                    ctx.set(sync.rst, 1)
+                    await ctx.tick()
+                    ctx.set(sync.rst, 0)
+                    break
+            if t != reset_in:
+                got[t] = out
+
+    top = Module()                     # a sync domain whose reset the bench drives
+    top.domains.sync = sync = ClockDomain("sync")
+    top.submodules.dut = dut
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert got == want

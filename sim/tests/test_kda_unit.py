@@ -88,6 +88,13 @@ def test_kda_one_netlist_runs_two_models():
     run_kda("tiny", "icarus", 4, seed=3)
 
 
+def test_kda_tiny_sram_icarus_short_with_clear():
+    """The state in SRAM macros (configs/tiny-sram.toml: hw.state_memory = "sram"): the RTL
+    instantiates the fakeram45 cells and carries their behavioural model; the same outputs,
+    12 tokens with every stall on and a new sequence at token 5."""
+    run_kda("tiny-sram", "icarus", 12, first=(0, 5))
+
+
 def test_kda_small_icarus_short():
     """The second config, quick: 3 tokens with stalls, a new sequence at the third."""
     run_kda("small", "icarus", 3, first=(0, 2))
@@ -125,6 +132,24 @@ def test_kda_verilog_is_model_free(tmp_path):
 def test_kda_tiny_512_tokens_verilator():
     """>= 512 tokens, stalls and back-pressure everywhere, a state clear mid-run."""
     run_kda("tiny", "verilator", 512, first=(0, 300), seed=1)
+
+
+@needs_verilator
+@pytest.mark.verilator
+def test_kda_tiny_sram_512_tokens_verilator():
+    """The SRAM state over >= 512 tokens, stalls and back-pressure everywhere, a clear mid-run."""
+    run_kda("tiny-sram", "verilator", 512, first=(0, 300), seed=1)
+
+
+@needs_verilator
+@pytest.mark.verilator
+def test_kda_sram_cycles_constant_and_near_flops():
+    """Without stalls: every token the same cycles, and the SRAM schedule's bubbles (at most
+    one cycle each time issue resumes after waiting for u) cost at most a few per token."""
+    flops = run_kda("tiny", "verilator", 16, stall=False, seed=1)
+    sram = run_kda("tiny-sram", "verilator", 16, stall=False, seed=1)
+    assert len(set(sram)) == 1, sram
+    assert 0 <= sram[0] - flops[0] <= 8, (flops[0], sram[0])
 
 
 @needs_verilator
