@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from moekda.config import REPO_ROOT, load_config
-from sim.cocotb_util import sim_build_dir, simulator_available, write_top_verilog
+from sim.cocotb_util import sim_build_dir, sim_config, sim_configs, simulator_available, write_top_verilog
 
 
 def build_kda(config: str, simulator: str) -> Path:
@@ -77,15 +77,16 @@ needs_verilator = pytest.mark.skipif(not simulator_available("verilator"), reaso
 
 
 def test_kda_tiny_icarus_short_with_clear():
-    """Quick: 12 tokens, a new sequence at token 5, all stalls on."""
-    run_kda("tiny", "icarus", 12, first=(0, 5))
+    """Quick: 12 tokens, a new sequence at token 5, all stalls on (MOEKDA_CONFIG's config under
+    `make sim CONFIG=x`, as every run here of tiny or small; tiny-sram is its own variant)."""
+    run_kda(sim_config("tiny"), "icarus", 12, first=(0, 5))
 
 
 def test_kda_one_netlist_runs_two_models():
     """The same build (no rebuild: the Verilog does not depend on the model) runs a
     second seed's model bit-exact, its parameters on ``params`` only."""
-    run_kda("tiny", "icarus", 4, first=(0, 2), seed=2)
-    run_kda("tiny", "icarus", 4, seed=3)
+    run_kda(sim_config("tiny"), "icarus", 4, first=(0, 2), seed=2)
+    run_kda(sim_config("tiny"), "icarus", 4, seed=3)
 
 
 def test_kda_tiny_sram_icarus_short_with_clear():
@@ -97,7 +98,7 @@ def test_kda_tiny_sram_icarus_short_with_clear():
 
 def test_kda_small_icarus_short():
     """The second config, quick: 3 tokens with stalls, a new sequence at the third."""
-    run_kda("small", "icarus", 3, first=(0, 2))
+    run_kda(sim_config("small"), "icarus", 3, first=(0, 2))
 
 
 def test_kda_verilog_is_model_free(tmp_path):
@@ -108,15 +109,16 @@ def test_kda_verilog_is_model_free(tmp_path):
     from hw.tops import top_verilog
     from hw.image.param_map import param_layout
     from sim.cocotb.tb_kda import quantised
-    cfg = load_config("tiny")
+    config = sim_config("tiny")
+    cfg = load_config(config)
     text = top_verilog("kda", cfg)
     out = tmp_path / "kda.v"
-    subprocess.run([sys.executable, "-m", "moekda", "rtl", "-c", "tiny", "--top", "kda", "-o", str(out)],
+    subprocess.run([sys.executable, "-m", "moekda", "rtl", "-c", config, "--top", "kda", "-o", str(out)],
                    check=True, cwd=REPO_ROOT, capture_output=True)
     assert out.read_text() == text, "moekda rtl's kda.v differs from hw/tops.py's"
     assert f"input [{param_layout(cfg, 'kda').size - 1}:0] params;" in text
     for seed in (0, 1, 2):
-        kda = quantised("tiny", seed)[1].kda
+        kda = quantised(config, seed)[1].kda
         for lin in ("q_proj", "k_proj", "v_proj", "f_down", "g_down", "b_proj", "f_up", "g_up", "o_proj"):
             mm = int(getattr(kda, lin).m)
             assert f"16'h{mm:04x}" not in text and f"16'd{mm};" not in text, (seed, lin, mm)
@@ -129,9 +131,11 @@ def test_kda_verilog_is_model_free(tmp_path):
 
 @needs_verilator
 @pytest.mark.verilator
-def test_kda_tiny_512_tokens_verilator():
-    """>= 512 tokens, stalls and back-pressure everywhere, a state clear mid-run."""
-    run_kda("tiny", "verilator", 512, first=(0, 300), seed=1)
+@pytest.mark.parametrize("config", sim_configs("tiny", "small", slow=("small",)))
+def test_kda_512_tokens_verilator(config):
+    """>= 512 tokens, stalls and back-pressure everywhere, a state clear mid-run (small: a few
+    minutes, slow suite)."""
+    run_kda(config, "verilator", 512, first=(0, 300), seed=1)
 
 
 @needs_verilator
@@ -154,18 +158,10 @@ def test_kda_sram_cycles_constant_and_near_flops():
 
 @needs_verilator
 @pytest.mark.verilator
-@pytest.mark.slow
-def test_kda_small_512_tokens_verilator():
-    """The same on the second config (a few minutes: slow suite)."""
-    run_kda("small", "verilator", 512, first=(0, 300), seed=1)
-
-
-@needs_verilator
-@pytest.mark.verilator
 def test_kda_cycles_constant_short():
     """Without stalls every token costs the same cycles; same RTL as the 512-token run,
     so the Verilator model is built once."""
-    cycles = run_kda("tiny", "verilator", 64, stall=False, seed=1)
+    cycles = run_kda(sim_config("tiny"), "verilator", 64, stall=False, seed=1)
     assert len(set(cycles)) == 1, cycles
 
 
@@ -173,5 +169,5 @@ def test_kda_cycles_constant_short():
 @pytest.mark.verilator
 @pytest.mark.slow
 def test_kda_cycles_at_4096_equal_16():
-    cycles = run_kda("tiny", "verilator", 4097, stall=False, seed=1)
+    cycles = run_kda(sim_config("tiny"), "verilator", 4097, stall=False, seed=1)
     assert cycles[4096] == cycles[16], (cycles[16], cycles[4096])

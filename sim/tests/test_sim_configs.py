@@ -30,8 +30,6 @@ OWN_GEOMETRY = {
     "test_moe_arith.py": "MoE arithmetic blocks over widths, no config",
     "test_moe_divider.py": "the divider over widths, no config",
     "test_topk.py": "top-k over (n, k) pairs, no config",
-    "test_kda_unit.py": "not yet: the file is being extended for the SRAM state (issue 14); its "
-                        "runs name tiny and small",
 }
 
 
@@ -43,8 +41,7 @@ def test_every_simulation_test_takes_the_config_or_says_why_not():
     undecided = [p.name for p in _simulation_files()
                  if "sim_config" not in p.read_text() and p.name not in OWN_GEOMETRY]
     assert not undecided, f"simulation tests that ignore MOEKDA_CONFIG without a reason here: {undecided}"
-    stale = [n for n in OWN_GEOMETRY if n != "test_kda_unit.py"
-             and (not (TESTS / n).is_file() or "sim_config" in (TESTS / n).read_text())]
+    stale = [n for n in OWN_GEOMETRY if not (TESTS / n).is_file() or "sim_config" in (TESTS / n).read_text()]
     assert not stale, f"listed as keeping their own geometry but gone or config-driven: {stale}"
 
 
@@ -60,12 +57,13 @@ def _collected(config: str | None, *files: str) -> set[str]:
 
 
 def test_config_x_replaces_the_configs_of_the_parametrised_tests():
-    files = ("test_matvec.py", "test_moe.py", "test_kda_norm.py", "test_residual.py")
+    files = ("test_matvec.py", "test_moe.py", "test_kda_norm.py", "test_residual.py", "test_kda_unit.py")
     default = _collected(None, *files)
     assert {"test_rtl_matches_model[tiny-icarus]", "test_rtl_matches_model[small-icarus]",
             "test_moe_cycles_per_token_without_stalls[small]", "test_params_port_is_the_bank_slice[tiny]",
-            "test_normalizer_matches_model[tiny-12]"} <= default
+            "test_normalizer_matches_model[tiny-12]", "test_kda_512_tokens_verilator[small]"} <= default
     small = _collected("small", *files)
     assert not [t for t in small if "[tiny" in t and "test_moe_bit_exact_icarus" not in t], small
     assert {"test_rtl_matches_model[small-icarus]", "test_moe_256_tokens_verilator[small]",
-            "test_normalizer_matches_model[small-12]", "test_params_port_is_the_bank_slice[small]"} <= small
+            "test_normalizer_matches_model[small-12]", "test_params_port_is_the_bank_slice[small]",
+            "test_kda_512_tokens_verilator[small]"} <= small
