@@ -4,7 +4,10 @@ Names follow ORFS/OpenROAD's metrics (``stage__object__quantity``, a
 qualifier after a colon): synth__design__instance__area, timing__setup__ws,
 power__total, per block ``synth__design__instance__area__block:<name>`` and,
 for the chip top, per functional category (flow/categories.py)
-``synth__design__instance__area__category:<key>``.
+``synth__design__instance__area__category:<key>``.  SRAM macros (hw.state_memory =
+"sram") are counted in those like any cell, at their Liberty area, and on their own in
+``synth__design__instance__area__macros`` / ``__count__macros`` (and per macro kind,
+``synth__design__instance__count__macro:<name>``); ``__area__stdcell`` is the rest.
 Units are fixed and written into the file under "units".
 
 Every value is read back from the raw reports (synth_stat.json, the STA
@@ -69,6 +72,11 @@ def compute(paths: BuildPaths, liberty: Path, cons: Constraints, config_name: st
     m["synth__design__instance__area__sequential"] = round(stats.sequential_area(), 3)
     m["synth__design__instance__count__sequential"] = sum(
         n for c, n in stats.flat_cells().items() if c in stats.sequential)
+    m["synth__design__instance__area__macros"] = round(stats.macro_area(), 3)
+    m["synth__design__instance__area__stdcell"] = round(stats.area() - stats.macro_area(), 3)
+    m["synth__design__instance__count__macros"] = sum(stats.macro_cells().values())
+    for name, n in sorted(stats.macro_cells().items()):
+        m[f"synth__design__instance__count__macro:{name}"] = n
     m["synth__block_split__source"] = "hierarchical pass" if flatten else "this netlist"
     split = split_stats(paths, liberty, flatten)
     for block, (area, cells, _seq) in block_areas(split).items():

@@ -66,13 +66,9 @@ def top_verilog(name: str, cfg) -> str:
     macro's behavioural model appended as a module of its name (hw/mem/fakeram.py): the
     one file simulates as it is, and synthesis replaces those modules by the black boxes
     of the macros' Liberty files (flow/synth.py)."""
-    from amaranth.back import verilog
-    from hw.mem.fakeram import FAKERAM45, MACRO_TARGET, instantiated_macros, model_verilog
+    from hw.mem.fakeram import convert_with_macros
     elaboratable, ports = build_top(name, cfg)
-    text = verilog.convert(elaboratable, name=name, ports=ports, platform=MACRO_TARGET, emit_src=False)
-    for macro in instantiated_macros(text):
-        text += "\n" + model_verilog(FAKERAM45[macro])
-    return text
+    return convert_with_macros(elaboratable, name, ports)
 
 
 def write_verilog(cfg, name: str, path) -> None:

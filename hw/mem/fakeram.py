@@ -161,3 +161,14 @@ _INSTANCE = re.compile(r"^\s*(fakeram45_\d+x\d+)\s+\S+\s*\(", re.M)
 def instantiated_macros(verilog_text: str) -> list[str]:
     """Names of the fakeram45 macros a Verilog text instantiates, sorted."""
     return sorted({m.group(1) for m in _INSTANCE.finditer(verilog_text) if m.group(1) in FAKERAM45})
+
+
+def convert_with_macros(elaboratable, name: str, ports) -> str:
+    """Verilog of a design whose SRAM macros are instances of the macro cells, followed by
+    each instantiated macro's behavioural model: one file that simulates, and that
+    synthesis reads with the models replaced by the macros' black boxes (flow/synth.py)."""
+    from amaranth.back import verilog
+    text = verilog.convert(elaboratable, name=name, ports=ports, platform=MACRO_TARGET, emit_src=False)
+    for macro in instantiated_macros(text):
+        text += "\n" + model_verilog(FAKERAM45[macro])
+    return text
