@@ -19,7 +19,9 @@ simulates); right after read_verilog, ``read_liberty -lib -overwrite`` of the ma
 Liberty file replaces that module by a black box with the Liberty's pins.  Nothing of the
 model is synthesised; the instance stays one cell, with the Liberty's area in ``stat``
 (given every macro's file next to the cell library's) and its setup and clock-to-output
-arcs in OpenSTA (flow/sta.py reads the same files).
+arcs in OpenSTA (flow/sta.py reads the same files).  Beside the netlist,
+``<top>.macros.v`` holds the behavioural models of the macros it instantiates, what a
+gate-level simulation compiles with the netlist and the cells' models.
 
 Hierarchy is kept by default: Amaranth gives every submodule its own module,
 named after its instance path (``top.engine.lane0``), so the statistics give
@@ -161,8 +163,25 @@ def run_synth(rtl: list[Path], kit: Kit, paths: BuildPaths, opts: SynthOptions,
     paths.make_dirs()
     _write_abc_constraints(paths)
     _write_abc_script(paths, opts)
-    paths.synth_script.write_text(synth_script(rtl, kit, paths, opts, macros=_rtl_macros(rtl, kit)))
-    return run_yosys(paths.synth_script, paths.log("synth"), opts.timeout_s, on_pass)
+    macros = _rtl_macros(rtl, kit)
+    paths.synth_script.write_text(synth_script(rtl, kit, paths, opts, macros=macros))
+    seconds = run_yosys(paths.synth_script, paths.log("synth"), opts.timeout_s, on_pass)
+    write_macro_models(paths, macros)
+    return seconds
+
+
+def macro_models_path(paths: BuildPaths) -> Path:
+    return paths.synth_dir / f"{paths.top}.macros.v"
+
+
+def write_macro_models(paths: BuildPaths, macros: tuple[Macro, ...]) -> None:
+    """The behavioural models of ``macros`` for gate-level simulation (none: no file)."""
+    out = macro_models_path(paths)
+    if not macros:
+        out.unlink(missing_ok=True)
+        return
+    from hw.mem.fakeram import FAKERAM45, model_verilog
+    out.write_text("\n".join(model_verilog(FAKERAM45[m.name]) for m in macros))
 
 
 def run_block_split(rtl: list[Path], kit: Kit, paths: BuildPaths, opts: SynthOptions,
