@@ -126,8 +126,9 @@ def readme_text(cfg: Config, design: OrfsDesign, with_netlist: bool) -> str:
     source = ("`moekda synth`'s netlist (`SYNTH_NETLIST_FILES`): ORFS skips its own synthesis and "
               "places this netlist, so the comparison with `moekda pnr` is of the same cells"
               if with_netlist else
-              "the RTL: ORFS synthesises it with its own Yosys script (needs a Yosys with Tcl that "
-              "runs ORFS's synth.tcl, a recent release)")
+              "the RTL: ORFS synthesises it with its own Yosys script, which needs a recent Yosys "
+              "with Tcl (Debian 12's 0.23 stops at `read_liberty -unit_delay`); `SYNTH_USE_SYN=1` on "
+              "the make line synthesises with OpenROAD's own `syn` instead (docs/orfs.md)")
     return f"""# {design.top} ({cfg.name}) for OpenROAD-flow-scripts
 
 Written by `moekda orfs -c {cfg.name} --top {design.top}{' --netlist' if with_netlist else ''} -o {design.root}`
@@ -145,7 +146,8 @@ make -C /path/to/OpenROAD-flow-scripts/flow DESIGN_CONFIG={design.config_mk} \\
 its tree; without it they go under `flow/`.  Stages one at a time: `make ... synth`,
 `floorplan`, `place`, `cts`, `route`, `finish`; the numbers are in
 `work/logs/nangate45/{design.top}/base/*.json` and `work/reports/nangate45/{design.top}/base/`
-(`make ... metadata` gathers them into one JSON).
+(`make ... metadata-generate` gathers them into `work/reports/nangate45/{design.top}/base/metadata.json`;
+its `total_time` leaves detailed routing out, the logs' `Elapsed time:` lines do not).
 
 | file | what |
 |---|---|
@@ -235,8 +237,12 @@ COMPARED_METRICS = (
     "finish__design__instance__utilization", "finish__timing__setup__ws", "finish__timing__setup__tns",
     "finish__timing__hold__ws", "finish__timing__hold__tns", "finish__timing__fmax", "finish__power__total",
     "cts__timing__setup__ws", "cts__timing__hold__ws", "globalroute__timing__setup__ws",
-    "globalroute__timing__hold__ws", "globalroute__design__instance__area",
+    "globalroute__timing__hold__ws", "globalroute__design__instance__area", "route__drc_errors",
 )
+# where ORFS's name for the same quantity differs: its finish__design__instance__count counts
+# the fill cells, ours does not (its __stdcell count leaves them out, as ours)
+ORFS_NAMES = {"finish__design__instance__count": "finish__design__instance__count__stdcell",
+              "route__drc_errors": "detailedroute__route__drc_errors"}
 
 _ELAPSED = re.compile(r"Elapsed time: (?:(\d+):)?(\d+):(\d+(?:\.\d+)?)\[h:\]min:sec\. "
                       r"CPU time: user (\d+(?:\.\d+)?) sys (\d+(?:\.\d+)?)")
@@ -269,9 +275,8 @@ def comparison(ours: dict[str, object], orfs: dict[str, object],
                orfs_times: dict[str, dict[str, float]]) -> dict[str, object]:
     """The two runs side by side: each compared metric, our DRC count against ORFS's, and the
     wall time per `moekda pnr` stage (ORFS's logs summed into the stage that does their work)."""
-    rows = {name: {"moekda": ours.get(name), "orfs": orfs.get(name)} for name in COMPARED_METRICS}
-    rows["route__drc_errors"] = {"moekda": ours.get("route__drc_errors"),
-                                 "orfs": orfs.get("detailedroute__route__drc_errors")}
+    rows = {name: {"moekda": ours.get(name), "orfs": orfs.get(ORFS_NAMES.get(name, name))}
+            for name in COMPARED_METRICS}
     stages: dict[str, dict[str, object]] = {}
     for log, stage in ORFS_STAGES:
         key = stage or log

@@ -174,9 +174,10 @@ def test_read_orfs_run_and_comparison(tmp_path):
     (logs / "5_2_route.log").write_text(   # a stage that ran twice: its latest run counts
         "Elapsed time: 0:09.00[h:]min:sec. CPU time: user 1.00 sys 0.00 (10%). Peak memory: 1KB.\n"
         "Elapsed time: 1:02:03.50[h:]min:sec. CPU time: user 7000.25 sys 1.25 (99%). Peak memory: 1KB.\n")
-    (logs / "6_report.json").write_text(json.dumps({"finish__timing__setup__ws": 0.2,
-                                                    "finish__power__total": 0.03}))
     (logs / "5_2_route.json").write_text(json.dumps({"detailedroute__route__drc_errors": 0}))
+    (logs / "6_report.json").write_text(json.dumps({   # ORFS's plain count includes the fill cells
+        "finish__timing__setup__ws": 0.2, "finish__power__total": 0.03,
+        "finish__design__instance__count": 18880, "finish__design__instance__count__stdcell": 8927}))
     metrics, times = read_orfs_run(logs)
     assert times["3_1_place_gp_skip_io"] == {"wall_s": 45.51, "cpu_s": 26.48}
     assert times["5_2_route"] == {"wall_s": 3723.5, "cpu_s": 7001.5}
@@ -186,6 +187,7 @@ def test_read_orfs_run_and_comparison(tmp_path):
     assert table["metrics"]["finish__timing__setup__ws"] == {"moekda": 0.16, "orfs": 0.2}
     assert table["metrics"]["finish__timing__hold__ws"] == {"moekda": None, "orfs": None}
     assert table["metrics"]["route__drc_errors"] == {"moekda": 3, "orfs": 0}
+    assert table["metrics"]["finish__design__instance__count"]["orfs"] == 8927
     # ORFS's two pin-placement logs are one stage of ours
     assert table["stage_times"]["pins"] == {"moekda_wall_s": 0.9, "orfs_wall_s": 46.32, "orfs_cpu_s": 26.78,
                                             "orfs_logs": ["3_1_place_gp_skip_io", "3_2_place_iop"]}
