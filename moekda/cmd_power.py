@@ -50,9 +50,11 @@ def run(args) -> int:
     if not result.match:
         raise UserError(f"power: the gate-level run does not match the integer model: {result.summary()}")
     window = read_window(driver.build("icarus", False, netlist) / "runs" / name / "sim.log")
-    print(f"power: {window.tokens} tokens in {window.ns:.0f} ns simulated, VCD {vcd.stat().st_size / 1e6:.0f} MB, "
+    print(f"power: {window.tokens} tokens in {window.ns:.0f} ns at the bench's clock, VCD {vcd.stat().st_size / 1e6:.0f} MB, "
           f"{time.monotonic() - t0:.0f} s; OpenROAD read_vcd and report_power ...")
-    m = power_from_vcd(build, kit, openroad, not args.synth, vcd, window)
+    from sim.cocotb.tb_layer import CLOCK_NS
+    m = power_from_vcd(build, kit, openroad, not args.synth, vcd, window,
+                       scale=cfg.hw.clock_period_ns / CLOCK_NS)
     p = f"{stage}__power__vcd"
     print(f"power from activity: {m[p + '__total'] * 1e3:.1f} mW (activity {0.1} on inputs: "
           f"{m[stage + '__power__default__total'] * 1e3:.1f} mW); "

@@ -435,6 +435,8 @@ ACTIVITY_DUMP = """\
   reg activity_armed, activity_on;
   initial begin
     activity_armed = 0; activity_on = 0; activity_out = 0;
+    // %t in ps whatever time unit this module inherits from the files compiled before it
+    $timeformat(-12, 0, " ps", 0);
     if ($value$plusargs("activity_vcd=%s", activity_file)) begin
       if (!$value$plusargs("activity_tokens=%d", activity_tokens)) activity_tokens = 1;
       $dumpfile(activity_file);
@@ -447,14 +449,14 @@ ACTIVITY_DUMP = """\
     if (!activity_on && i__valid && i__ready) begin
       $dumpon;
       activity_on = 1;
-      $display("activity: dump on at %0t ps", $realtime * 1000);
+      $display("activity: dump on at %0t", $realtime);
     end
     if (activity_on && o__valid && o__ready) begin
       activity_out = activity_out + 1;
       if (activity_out == activity_tokens) begin
         $dumpoff;
         activity_armed = 0;
-        $display("activity: dump off at %0t ps after %0d tokens", $realtime * 1000, activity_out);
+        $display("activity: dump off at %0t after %0d tokens", $realtime, activity_out);
       end
     end
   end

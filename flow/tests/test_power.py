@@ -72,3 +72,14 @@ def test_power_tcl_runs_under_the_openroad_stand_ins(tmp_path, monkeypatch, kind
     names = [c.name for c in run.calls]
     assert names.index("set_power_activity") < names.index("read_vcd") < names.index("report_power")
     assert ("read_db" in names) == (kind == "odb") and ("link_design" in names) == (kind == "verilog")
+
+
+def test_the_window_is_cropped_and_time_scaled(tmp_path):
+    from flow.power import window_vcd
+    src = tmp_path / "a.vcd"
+    src.write_text(VCD_HEAD + "$dumpoff\nx!\n$end\n#5000\n#10000\n$dumpon\n1!\n1\"\n$end\n#15000\n0!\n"
+                   "#20000\n1!\n0\"\n$dumpoff\nx!\nx\"\n$end\n#25000\n")
+    out = window_vcd(src, tmp_path / "b.vcd", Window(10000, 20000, 1), scale=0.125)
+    assert out == Window(0, 1250, 1)
+    body = (tmp_path / "b.vcd").read_text().split("$enddefinitions $end\n")[1]
+    assert body == "#0\n1!\n1\"\n#625\n0!\n#1250\n1!\n0\"\n"     # Icarus's $dump sections dropped
