@@ -187,6 +187,18 @@ def _check_netlist(cfg: Config, build: BuildPaths):
                         f"({cfg.hash()}); run `{synth}` again")
 
 
+def _check_netlist_rtl(cfg: Config, build: BuildPaths):
+    """The netlist was synthesised from the RTL written now, where its metrics.json says (a
+    synthesis before rtl__verilog_digest was recorded is taken on its config hash alone)."""
+    from moekda.fingerprint import verilog_digest
+    recorded = json.loads(build.metrics.read_text()).get("rtl__verilog_digest")
+    if recorded and recorded != verilog_digest([build.rtl.read_text()]):
+        # ORFS would be handed RTL and a netlist of two different designs
+        raise UserError(f"orfs --netlist: {build.netlist} was synthesised from other RTL than "
+                        f"today's {build.rtl.name} (the generator changed); run "
+                        f"`moekda synth -c {cfg.name} --top {build.top}` again")
+
+
 def write_orfs_design(cfg: Config, build: BuildPaths, out: Path, with_netlist: bool = False,
                       progress: Callable[[str], None] = print) -> OrfsDesign:
     """Write the design directory `out` for top `build.top`; returns its files."""
@@ -201,6 +213,8 @@ def write_orfs_design(cfg: Config, build: BuildPaths, out: Path, with_netlist: b
     # timestamp), then a copy here so the directory stands on its own; first, so that an
     # unknown top fails before the directory exists
     write_rtl(cfg, build.top, build.rtl)
+    if with_netlist:
+        _check_netlist_rtl(cfg, build)
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(build.rtl, design.rtl)
     design.sdc.write_text(Constraints.from_config(cfg).sdc_text())

@@ -148,7 +148,18 @@ def test_errors_are_one_line(build_root, cfg_path, tmp_path, capsys):
     fake_synth(cfg, build_root, config_hash="0123456789ab")
     one_line_error(capsys, ["orfs", "-c", str(cfg_path), "--top", TOP, "--netlist", "-o", str(out)],
                    "0123456789ab", cfg.hash())
+    # a netlist of this config but of other RTL (the generator changed since the synthesis)
+    build = fake_synth(cfg, build_root)
+    build.metrics.write_text(json.dumps({"config__hash": cfg.hash(), "rtl__verilog_digest": "f" * 16}))
+    one_line_error(capsys, ["orfs", "-c", str(cfg_path), "--top", TOP, "--netlist", "-o", str(out)],
+                   "other RTL", "moekda synth")
+    assert not out.exists()
+    from moekda.fingerprint import verilog_digest
+    build.metrics.write_text(json.dumps({"config__hash": cfg.hash(),
+                                         "rtl__verilog_digest": verilog_digest([build.rtl.read_text()])}))
+    assert main(["orfs", "-c", str(cfg_path), "--top", TOP, "--netlist", "-o", str(out)]) == 0
     shutil.rmtree(build_root)
+    shutil.rmtree(out)
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     one_line_error(capsys, ["orfs", "-c", str(cfg_path), "--top", TOP, "-o", str(a_file)],
