@@ -127,10 +127,10 @@ def synth_metrics(cfg: Config, build_root: Path | None = None) -> tuple[dict | N
     from moekda.fingerprint import stale_reason
     from pdk.kit import KitError, find_kit
     try:
-        liberty = find_kit().liberty
+        kit = find_kit()
     except KitError as e:
         return None, f"cannot check {path}: {e}"
-    why = stale_reason(m, cfg.hash(), liberty, lambda: chip_verilog(cfg))
+    why = stale_reason(m, cfg.hash(), kit, lambda: chip_verilog(cfg))
     if why:
         return None, f"{path} is stale: {why} (re-run synth)"
     return m, ""

@@ -144,7 +144,7 @@ def cached(cfg: Config, root: Path = SWEEP_ROOT) -> dict | None:
     from flow.bench import chip_verilog
     from moekda.fingerprint import stale_reason
     from pdk.kit import find_kit
-    return None if stale_reason(rec, cfg.hash(), find_kit().liberty, lambda: chip_verilog(cfg)) else rec
+    return None if stale_reason(rec, cfg.hash(), find_kit(), lambda: chip_verilog(cfg)) else rec
 
 
 # ---- one point (runs in a worker) -----------------------------------------------------
@@ -191,7 +191,7 @@ def run_point(cfg_dict: dict, tokens: int, simulator: str, root: str) -> dict:
     # the generator just ran in this process: what it had loaded decides the Verilog
     generator = generator_record()
     if (m.get("design__name") != "layer" or m.get("rtl__fingerprint") != synthesis_fingerprint(
-            verilog_digest(paths.rtl.read_text()), cfg.hash(), kit.liberty)):
+            verilog_digest(paths.rtl.read_text()), cfg.hash(), kit)):
         # synthesis is the long step: kept when a later step of the point failed, or when the
         # Verilog came out the same after a source change
         m = synth_and_sta(cfg, kit, paths, [paths.rtl], FlowOptions(), steps,

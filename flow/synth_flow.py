@@ -117,7 +117,7 @@ def _synth_and_sta(cfg: Config, kit: Kit, paths: BuildPaths, rtl: list[Path], op
     # what decides this result (moekda/fingerprint.py): bench and sweep reuse it only for the same
     digest = verilog_digest([p.read_text() for p in rtl])
     extra["rtl__verilog_digest"] = digest
-    extra["rtl__fingerprint"] = synthesis_fingerprint(digest, cfg.hash(), kit.liberty)
+    extra["rtl__fingerprint"] = synthesis_fingerprint(digest, cfg.hash(), kit)
     m = steps.run("metrics", metrics_mod.compute, paths, kit.liberty, cons, cfg.name, cfg.hash(),
                   opts.activity, extra, opts.flatten)
     metrics_mod.write(m, paths.metrics)

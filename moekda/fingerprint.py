@@ -2,9 +2,9 @@
 
 A synthesis result (metrics.json, a sweep point) is decided by three things and
 nothing else: the Verilog it synthesised, the config (clock, I/O delay, the values
-the flow reads) and the cell library (the kit's Liberty and the platform facts of
-pdk/kit.py: dont-use cells, ABC driver and load).  Its fingerprint hashes exactly
-those: ``synthesis_fingerprint(verilog_digest(text), cfg.hash(), liberty)``.  So a
+the flow reads) and the cell library (the kit's Liberty, its SRAM macros' Liberty
+files and the platform facts of pdk/kit.py: dont-use cells, ABC driver and load).  Its fingerprint hashes exactly
+those: ``synthesis_fingerprint(verilog_digest(text), cfg.hash(), kit)``.  So a
 result is reused only when today's generator writes the same Verilog for the config
 (any source change that alters the RTL is seen, whichever file it is in), and an
 edit that leaves the Verilog as it was (a comment, a measurement script such as
@@ -51,16 +51,26 @@ def _file_sha(path: str, mtime_ns: int, size: int) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def kit_fingerprint(liberty: Path) -> str:
-    """The cell library a netlist is mapped to: the Liberty's bytes and the platform facts."""
+def _bytes_sha(path: Path) -> bytes:
+    st = Path(path).stat()
+    return _file_sha(str(path), st.st_mtime_ns, st.st_size).encode()
+
+
+def kit_fingerprint(kit) -> str:
+    """The cell library a netlist is mapped to: the platform facts (pdk/kit.py) and the bytes
+    of the standard-cell Liberty and of every SRAM macro's Liberty (an SRAM config maps to
+    those too).  ``kit``: a pdk.kit.Kit, or the path of a Liberty file alone."""
     from pdk.kit import Platform
-    st = Path(liberty).stat()
-    return _sha(_file_sha(str(liberty), st.st_mtime_ns, st.st_size).encode(), repr(Platform()).encode())
+    if isinstance(kit, (str, Path)):
+        return _sha(_bytes_sha(Path(kit)), repr(Platform()).encode())
+    macros = [m.name.encode() + b"\0" + _bytes_sha(m.liberty) for m in sorted(kit.macros, key=lambda m: m.name)]
+    return _sha(_bytes_sha(kit.liberty), repr(Platform()).encode(), kit.tapcell.encode(), *macros)
 
 
-def synthesis_fingerprint(digest: str, config_hash: str, liberty: Path) -> str:
-    """16 hex digits over what decides a synthesis result (see the module's doc)."""
-    return _sha(digest.encode(), config_hash.encode(), kit_fingerprint(liberty).encode())[:16]
+def synthesis_fingerprint(digest: str, config_hash: str, kit) -> str:
+    """16 hex digits over what decides a synthesis result (see the module's doc); ``kit`` as
+    for ``kit_fingerprint``."""
+    return _sha(digest.encode(), config_hash.encode(), kit_fingerprint(kit).encode())[:16]
 
 
 def _versions() -> dict[str, str]:
@@ -101,7 +111,7 @@ def generator_unchanged(record: dict | None, root: Path = REPO_ROOT) -> bool:
     return bool(record and record.get("files")) and _sources_hash(record["files"], root) == record.get("hash")
 
 
-def stale_reason(stored: dict, config_hash: str, liberty: Path, generate: Callable[[], str],
+def stale_reason(stored: dict, config_hash: str, kit, generate: Callable[[], str],
                  root: Path = REPO_ROOT) -> str | None:
     """None when a result still describes today's chip; else why not, in words.
 
@@ -114,6 +124,6 @@ def stale_reason(stored: dict, config_hash: str, liberty: Path, generate: Callab
     digest = stored.get("rtl__verilog_digest")
     if not (digest and generator_unchanged(stored.get("rtl__generator"), root)):
         digest = verilog_digest(generate())
-    if synthesis_fingerprint(digest, config_hash, liberty) != fp:
+    if synthesis_fingerprint(digest, config_hash, kit) != fp:
         return "its Verilog, config or cell library differs from today's"
     return None

@@ -64,10 +64,10 @@ def test_cache_hit_only_for_the_same_values(tmp_path, monkeypatch):
     assert sweep.cached(cfg, tmp_path) is None
     d = sweep.point_dir(cfg, tmp_path)
     d.mkdir(parents=True)
-    liberty = find_kit().liberty
+    kit = find_kit()
     verilog = "module layer();\nendmodule\n"
     digest = verilog_digest(verilog)
-    rtl = {"rtl__fingerprint": synthesis_fingerprint(digest, cfg.hash(), liberty), "rtl__verilog_digest": digest,
+    rtl = {"rtl__fingerprint": synthesis_fingerprint(digest, cfg.hash(), kit), "rtl__verilog_digest": digest,
            "rtl__generator": generator_record()}
     (d / sweep.RESULT_FILE).write_text(json.dumps({"config_hash": cfg.name, "config": cfg.to_dict(), **rtl}))
     assert sweep.cached(cfg, tmp_path)["config_hash"] == cfg.name

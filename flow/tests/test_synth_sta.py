@@ -187,7 +187,7 @@ def test_metrics_carry_the_fingerprint_of_what_was_synthesised(run):
     from moekda.fingerprint import synthesis_fingerprint, verilog_digest
     m, paths, cfg = run["metrics"], run["paths"], run["cfg"]
     assert m["rtl__verilog_digest"] == verilog_digest(paths.rtl.read_text())
-    assert m["rtl__fingerprint"] == synthesis_fingerprint(m["rtl__verilog_digest"], cfg.hash(), run["kit"].liberty)
+    assert m["rtl__fingerprint"] == synthesis_fingerprint(m["rtl__verilog_digest"], cfg.hash(), run["kit"])
 
 
 def test_metrics_are_rebuilt_from_the_raw_reports(run):

@@ -104,14 +104,31 @@ def test_bench_keeps_a_synthesis_of_todays_verilog_and_drops_another(tmp_path, m
     from flow.paths import BuildPaths
     from pdk.kit import find_kit
     cfg = load_config("tiny")
-    liberty = find_kit().liberty
+    kit = find_kit()
     digest = verilog_digest(VERILOG)
     metrics = BuildPaths.for_config(cfg, "layer", build_root=tmp_path).make_dirs().metrics
     metrics.write_text(json.dumps({"design__name": "layer", "config__hash": cfg.hash(), "rtl__verilog_digest": digest,
-                                   "rtl__fingerprint": synthesis_fingerprint(digest, cfg.hash(), liberty)}))
+                                   "rtl__fingerprint": synthesis_fingerprint(digest, cfg.hash(), kit)}))
     monkeypatch.setattr(bench, "chip_verilog", lambda c: VERILOG)       # today's chip, faked
     m, note = bench.synth_metrics(cfg, build_root=tmp_path)
     assert m is not None and note == ""
     monkeypatch.setattr(bench, "chip_verilog", lambda c: VERILOG + "wire w;\n")
     m, note = bench.synth_metrics(cfg, build_root=tmp_path)
     assert m is None and "stale" in note
+
+
+def test_an_sram_macro_library_is_part_of_the_kit(tmp_path):
+    """An SRAM config's netlist maps to the macros' Liberty too: a change there is a new kit."""
+    import dataclasses
+
+    from pdk.kit import find_kit
+    kit = find_kit()
+    if not kit.macros:
+        pytest.skip("this kit has no SRAM macros")
+    lib = tmp_path / "macro.lib"
+    lib.write_bytes(kit.macros[0].liberty.read_bytes())
+    mine = dataclasses.replace(kit, macros=(dataclasses.replace(kit.macros[0], liberty=lib), *kit.macros[1:]))
+    assert kit_fingerprint(mine) == kit_fingerprint(kit)
+    with open(lib, "a") as f:
+        f.write("\n/* edited */\n")
+    assert kit_fingerprint(mine) != kit_fingerprint(kit)
