@@ -54,7 +54,8 @@ register before the write-back when the clock's plan gives an even D).  A read a
 t is then in bank p(t), the write of a word read at t - D is in bank p(t - D) != p(t).
 Within a column the words alternate banks, and with d_k/lanes even a column ends on the
 other bank than the next one starts, so the only cost is a bubble of at most one cycle
-when issue resumes after waiting for u (measured below, docs/chip.md).  Nothing else
+when issue resumes after waiting for u (KDA unit per token: tiny 902 -> 903, small
+3386 -> 3419; docs/chip.md "KDA state in SRAM").  Nothing else
 changes: the same words are read and written with the same values, in the same order.
 
 Ports: ``start`` (strobe, when not ``busy``) runs one token over the vectors
