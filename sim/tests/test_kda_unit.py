@@ -140,6 +140,7 @@ def test_kda_512_tokens_verilator(config):
 
 @needs_verilator
 @pytest.mark.verilator
+@pytest.mark.slow
 def test_kda_tiny_sram_512_tokens_verilator():
     """The SRAM state over >= 512 tokens, stalls and back-pressure everywhere, a clear mid-run."""
     run_kda("tiny-sram", "verilator", 512, first=(0, 300), seed=1)
