@@ -141,7 +141,6 @@ def pnr_settings(cfg: Config, kit: Kit, paths: PnrPaths, netlist: Path, sdc: Pat
         "FILL_CELLS": platform.fill_cells,
         "TIE_HI": platform.tie_hi,
         "TIE_LO": platform.tie_lo,
-        "CTS_BUFFER": platform.cts_buffer,
         # power grid
         "POWER_NET": platform.power_net,
         "GROUND_NET": platform.ground_net,
@@ -153,9 +152,7 @@ def pnr_settings(cfg: Config, kit: Kit, paths: PnrPaths, netlist: Path, sdc: Pat
         "PIN_LAYER_H": platform.pin_layer_h,
         "PIN_LAYER_V": platform.pin_layer_v,
         "PLACE_DENSITY": pnr.place_density,
-        "LAYER_RC": platform.layer_rc,
-        "WIRE_RC_SIGNAL_LAYER": platform.wire_rc_signal_layer,
-        "WIRE_RC_CLOCK_LAYER": platform.wire_rc_clock_layer,
+        "SET_RC_TCL": kit.set_rc_tcl if kit.set_rc_tcl else "",
         "GRT_ADJUSTMENTS": platform.grt_layer_adjustments,
         "MIN_ROUTING_LAYER": platform.min_routing_layer,
         "MAX_ROUTING_LAYER": platform.max_routing_layer,

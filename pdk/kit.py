@@ -61,6 +61,7 @@ class Kit:
     klayout_tech: Path | None = None     # FreePDK45.lyt: LEF/DEF layer map
     rcx_rules: Path | None = None        # OpenRCX extraction rules (rcx_patterns.rules)
     drc_deck: Path | None = None         # KLayout DRC deck (drc/FreePDK45.lydrc)
+    set_rc_tcl: Path | None = None       # setRC.tcl: per-layer wire R and C for estimates
     macros: tuple[Macro, ...] = ()       # fakeram45_* SRAM macros
 
     def macro(self, name: str) -> Macro:
@@ -85,9 +86,6 @@ class Platform:
     dont_use: tuple[str, ...] = ("FILLCELL_X1", "AOI211_X1", "OAI211_X1")
     fill_cells: tuple[str, ...] = ("FILLCELL_X1", "FILLCELL_X2", "FILLCELL_X4",
                                    "FILLCELL_X8", "FILLCELL_X16", "FILLCELL_X32")
-    cts_buffer: str = "BUF_X4"
-    wire_rc_signal_layer: str = "metal3"
-    wire_rc_clock_layer: str = "metal5"
     min_routing_layer: str = "metal2"
     max_routing_layer: str = "metal10"
     pin_layer_h: str = "metal5"
@@ -112,13 +110,6 @@ class Platform:
     pdn_straps: tuple[tuple[str, float, float, float], ...] = (
         ("metal4", 0.48, 56.0, 2.0), ("metal7", 1.40, 30.0, 2.0))
     pdn_connects: tuple[tuple[str, str], ...] = (("metal1", "metal4"), ("metal4", "metal7"))
-    # per-layer wire R (kOhm/um) and C (pF/um) in liberty units, for estimate_parasitics
-    layer_rc: tuple[tuple[str, float, float], ...] = (
-        ("metal2", 3.69946e-03, 8.31598e-02), ("metal3", 3.59251e-03, 1.04578e-01),
-        ("metal4", 1.47169e-03, 1.16865e-01), ("metal5", 1.48720e-03, 1.10884e-01),
-        ("metal6", 1.49718e-03, 1.06865e-01), ("metal7", 2.16176e-04, 1.15007e-01),
-        ("metal8", 1.88720e-04, 9.22290e-02), ("metal9", 3.77464e-05, 1.19876e-01),
-        ("metal10", 3.54210e-05, 1.18534e-01))
     # global-route capacity kept free per layer: lower layers are crowded by cell pins
     grt_layer_adjustments: tuple[tuple[str, float], ...] = (
         ("metal2", 0.8), ("metal3", 0.7), ("metal4-metal10", 0.25))
@@ -163,6 +154,7 @@ def orfs_kit(root: Path, verilog_models: Path | None = None) -> Kit:
                klayout_tech=_optional(root / "FreePDK45.lyt"),
                rcx_rules=_optional(root / "rcx_patterns.rules"),
                drc_deck=_optional(root / "drc" / "FreePDK45.lydrc"),
+               set_rc_tcl=_optional(root / "setRC.tcl"),
                macros=macros)
 
 

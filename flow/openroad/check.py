@@ -100,6 +100,13 @@ proc stub_is_written {path} {
 proc stub_call {name keys flags pmin pmax reads writes ret argv} {
   set opts [dict create]
   set pos {}
+  # OpenSTA's report commands (proc_redirect) take a trailing `> file` or `>> file`
+  set n [llength $argv]
+  if {$n >= 2 && [lindex $argv end-1] in {> >>}} {
+    if {[lsearch -exact $writes redirect] < 0} { stub_fail "$name: no output redirection (> file) in OpenROAD" }
+    dict set opts [lindex $argv end-1] [lindex $argv end]
+    set argv [lrange $argv 0 end-2]
+  }
   for {set i 0} {$i < [llength $argv]} {incr i} {
     set a [lindex $argv $i]
     if {[string match -* $a] && ![string is double -strict $a]} {
@@ -134,7 +141,14 @@ proc stub_call {name keys flags pmin pmax reads writes ret argv} {
   }
   foreach w $writes {
     set targets {}
-    if {$w eq "positional"} { set targets $pos } elseif {[dict exists $opts $w]} { set targets [list [dict get $opts $w]] }
+    if {$w eq "positional"} {
+      set targets $pos
+    } elseif {$w eq "redirect"} {
+      set targets [concat [expr {[dict exists $opts >] ? [dict get $opts >] : {}}] \
+                          [expr {[dict exists $opts >>] ? [dict get $opts >>] : {}}]]
+    } elseif {[dict exists $opts $w]} {
+      set targets [list [dict get $opts $w]]
+    }
     foreach f $targets {
       if {![file isdirectory [file dirname $f]]} { stub_fail "$name writes $f: directory missing" }
       lappend ::stub_written [file normalize $f]

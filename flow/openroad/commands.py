@@ -171,6 +171,7 @@ NOTES: dict[str, Note] = {
     "place_pins": Note(),
     "detailed_placement": Note(),
     "optimize_mirroring": Note(),
+    "improve_placement": Note(),
     "check_placement": Note(),
     "filler_placement": Note(),
     "buffer_ports": Note(),
@@ -203,14 +204,15 @@ NOTES: dict[str, Note] = {
     "repair_antennas": Note(positionals=(0, 1)),   # the diode cell is found in the LEF when not given
     "define_process_corner": Note(),
     "extract_parasitics": Note(reads="-ext_model_file"),
-    # timing and power reports
-    "report_checks": Note(),
-    "report_tns": Note(),
-    "report_wns": Note(),
-    "report_worst_slack": Note(),
-    "report_check_types": Note(),
-    "report_clock_skew": Note(),
-    "report_power": Note(),
+    # timing and power reports: OpenSTA defines these with proc_redirect, so each takes a
+    # trailing `> file` / `>> file` (recorded as the pseudo-file "redirect")
+    "report_checks": Note(writes=("redirect",)),
+    "report_tns": Note(writes=("redirect",)),
+    "report_wns": Note(writes=("redirect",)),
+    "report_worst_slack": Note(writes=("redirect",)),
+    "report_check_types": Note(writes=("redirect",)),
+    "report_clock_skew": Note(writes=("redirect",)),
+    "report_power": Note(writes=("redirect",)),
     "set_power_activity": Note(),
     "read_vcd": Note(reads="positional"),
     "set_propagated_clock": Note(),

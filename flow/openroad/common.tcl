@@ -13,15 +13,11 @@ proc stage_odb {stage} {
   return $::cfg(ODB,$stage)
 }
 
-# Wire RC for estimates.  repair_design refuses to run before set_wire_rc, so
-# every stage sets it right after loading.
+# Wire RC for estimates: the platform's own setRC.tcl (per-layer R and C, signal
+# wires on metal3, clock on metal5), as ORFS sources it.  repair_design refuses to
+# run before set_wire_rc, so every stage sets it right after loading.
 proc set_platform_parasitics {} {
-  foreach rc $::cfg(LAYER_RC) {
-    lassign $rc layer res cap
-    set_layer_rc -layer $layer -resistance $res -capacitance $cap
-  }
-  set_wire_rc -signal -layer $::cfg(WIRE_RC_SIGNAL_LAYER)
-  set_wire_rc -clock -layer $::cfg(WIRE_RC_CLOCK_LAYER)
+  source $::cfg(SET_RC_TCL)
 }
 
 # Liberty timing and the SDC are not kept in the ODB: read them in every stage.
@@ -53,35 +49,41 @@ proc set_routing_resources {} {
 }
 
 proc banner {title} {
-  puts "\n=========================================================================="
-  puts $title
-  puts "--------------------------------------------------------------------------"
+  puts [banner_text $title]
 }
 
 # A stage's report (reports/<name>.rpt, also in the stage log) and its metrics
 # (reports/<name>.metrics, "name value" lines with ORFS's metric names).
+# (OpenROAD 26Q3's log_begin leaves the file empty, so every report is appended with
+# >> as ORFS's report_metrics does; the same text goes to the stage log.)
 proc report_stage {name metric_stage {extra {}}} {
-  log_begin [report_file $name.rpt]
-  banner "report_checks -path_delay max"
-  report_checks -path_delay max -fields {slew capacitance input_pin net fanout} -format full_clock_expanded
-  banner "report_checks -path_delay min"
-  report_checks -path_delay min -fields {slew capacitance input_pin net fanout} -format full_clock_expanded
-  banner "report_tns"
-  report_tns
-  banner "report_wns"
-  report_wns
-  banner "report_worst_slack"
-  report_worst_slack -max
-  report_worst_slack -min
-  banner "report_check_types -max_slew -max_capacitance -max_fanout -violators"
-  report_check_types -max_slew -max_capacitance -max_fanout -violators
-  foreach section $extra {
+  set file [report_file $name.rpt]
+  close [open $file w]
+  set sections [concat [list \
+    "report_checks -path_delay max -fields {slew capacitance input_pin net fanout} -format full_clock_expanded" \
+    "report_checks -path_delay min -fields {slew capacitance input_pin net fanout} -format full_clock_expanded" \
+    "report_tns" "report_wns" "report_worst_slack -max" "report_worst_slack -min" \
+    "report_check_types -max_slew -max_capacitance -max_fanout -violators"] $extra]
+  foreach section $sections {
     banner $section
+    report_append $file [banner_text $section]
     eval $section
+    eval "$section >> {$file}"
   }
-  banner "report_design_area"
-  report_design_area
-  log_end
-  write_metrics [report_file $name.metrics] \
-    [dict merge [timing_power_metrics $metric_stage] [physical_metrics $metric_stage $::cfg(FILL_CELLS)]]
+  set metrics [dict merge [timing_power_metrics $metric_stage] [physical_metrics $metric_stage $::cfg(FILL_CELLS)]]
+  report_append $file [banner_text "design area and cells"]
+  foreach key [lsort [dict keys $metrics]] {
+    report_append $file "$key [dict get $metrics $key]"
+  }
+  write_metrics [report_file $name.metrics] $metrics
+}
+
+proc banner_text {title} {
+  return "\n==========================================================================\n$title\n--------------------------------------------------------------------------"
+}
+
+proc report_append {file text} {
+  set stream [open $file a]
+  puts $stream $text
+  close $stream
 }

@@ -218,7 +218,7 @@ def test_every_site_layer_and_cell_exists_in_the_kit(tiny_runs, kit):
     used = check_kit_names(list(runs.values()), kit.tech_lef, kit.cell_lef)
     assert used["sites"] == {PLATFORM.site}
     assert {"metal1", "metal4", "metal7", "metal10"} <= used["layers"]
-    assert {kit.tapcell, PLATFORM.cts_buffer, *PLATFORM.fill_cells} <= used["cells"]
+    assert {kit.tapcell, *PLATFORM.fill_cells} <= used["cells"]
     assert used["lib_pins"] == {PLATFORM.tie_hi, PLATFORM.tie_lo}
 
 
@@ -239,7 +239,7 @@ def test_other_kits_tap_cell_name_fails_the_kit_check(tmp_path, kit):
 
 
 def test_unknown_site_and_layer_fail_the_kit_check(tmp_path, kit):
-    paths, _ = _setup(tmp_path, load_config("tiny"), kit, PLACE_SITE="CoreSite", WIRE_RC_SIGNAL_LAYER="met3")
+    paths, _ = _setup(tmp_path, load_config("tiny"), kit, PLACE_SITE="CoreSite", PIN_LAYER_H="met3")
     runs = run_stub_stages(paths.config_tcl, tmp_path / "stubs")
     with pytest.raises(CheckError, match="layer met3.*site CoreSite"):
         check_kit_names(runs, kit.tech_lef, kit.cell_lef)
