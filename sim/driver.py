@@ -103,7 +103,7 @@ class RunPlan:
 @dataclass
 class RunResult:
     want: np.ndarray                    # (T, d) integer model
-    idx: np.ndarray                     # (K,) input index of each output the chip gave
+    idx: np.ndarray                     # (K,) input index of each output the chip gave, by its tag
     got: np.ndarray                     # (K, d)
     counters: dict                      # CSR counters at the end (since the last reset)
     token_cycles: np.ndarray            # TOKEN_CYCLES after the outputs of plan.token_cycles (else the last)
@@ -115,6 +115,7 @@ class RunResult:
     sim_s: float = 0.0                  # the simulator's wall time for them
     token_cycles_idx: np.ndarray | None = None   # the token of each token_cycles value
     load_cycles: np.ndarray | None = None        # LOAD_CYCLES of each good LOAD (one, or two with a reset)
+    tags: np.ndarray | None = None               # the chip's tag (sequence position) of each output
 
     @property
     def cycles_per_s(self) -> float | None:
@@ -155,9 +156,56 @@ class RunResult:
                 + (f"\nwaveforms: {self.waves}" if self.waves else ""))
 
 
-def compare(plan: RunPlan, want: np.ndarray, idx: np.ndarray, got: np.ndarray) -> list[str]:
-    """Every required token's output exactly once, in order, equal to the model's."""
+def sequence_positions(plan: RunPlan) -> np.ndarray:
+    """Each input token's position in its sequence: the tag the chip must give its output
+    (hw/chip/layer.py token_out_layout, before the wrap at 2**SEQ_BITS)."""
+    pos = np.zeros(plan.tokens, np.int64)
+    starts = plan.model_resets()
+    for t in range(1, plan.tokens):
+        pos[t] = 0 if starts[t] else pos[t - 1] + 1
+    return pos
+
+
+def tag_indices(plan: RunPlan, tags) -> tuple[np.ndarray, list[str]]:
+    """The input index of each output by the chip's own tags (its position in its sequence):
+    a tag 0 starts the next sequence of the plan (unless it is the wrap of a sequence
+    longer than 2**SEQ_BITS), any other tag q is token q of the current sequence.  So a
+    duplicated or reordered output shows as indices that do not increase (compare), and a
+    tag beyond its sequence or a sequence that starts where the plan has none is a problem."""
+    from hw.chip.layer import SEQ_BITS
+    wrap = 1 << SEQ_BITS
+    starts = [int(t) for t in np.flatnonzero(plan.model_resets())] + [plan.tokens]
+    idx, problems = [], []
+    si, block, prev = -1, 0, None
+    for k, q in enumerate(int(v) for v in tags):
+        if q == 0 and not (prev is not None and si >= 0 and (prev - starts[si] + 1) % wrap == 0
+                           and prev + 1 < starts[si + 1]):
+            si, block = si + 1, 0
+        elif q == 0:
+            block += wrap
+        if si < 0 or si >= len(starts) - 1:
+            problems.append(f"output {k}: tag {q} " + ("before any sequence started (no tag 0)" if si < 0
+                                                       else "starts a sequence the inputs do not"))
+            si = max(si, 0) if si < 0 else len(starts) - 2
+            idx.append(-1 if prev is None else prev)
+            continue
+        t = starts[si] + block + q
+        if t >= starts[si + 1]:
+            problems.append(f"output {k}: tag {q} beyond its sequence (tokens {starts[si]}.."
+                            f"{starts[si + 1] - 1})")
+        idx.append(t)
+        prev = t
+    return np.array(idx, np.int64), problems
+
+
+def compare(plan: RunPlan, want: np.ndarray, idx: np.ndarray, got: np.ndarray, tags=None) -> list[str]:
+    """Every required token's output exactly once, in order, equal to the model's.  With the
+    chip's ``tags`` the outputs are placed by them (tag_indices), and the bench's own
+    numbering ``idx`` (the k-th output after a reset) is only reported beside them."""
     problems = []
+    if tags is not None:
+        idx, problems = tag_indices(plan, tags)
+        idx = np.clip(idx, 0, plan.tokens - 1)
     if len(idx) and np.any(np.diff(idx) <= 0):
         problems.append(f"outputs out of order or duplicated: input indices {idx.tolist()[:20]}...")
     seen = set(int(i) for i in idx)
@@ -346,16 +394,19 @@ class LayerDriver:
         z = np.load(result, allow_pickle=False)
         counters = {str(k): int(v) for k, v in zip(z["counter_names"], z["counter_values"])}
         problems += [str(p) for p in z["bench_problems"]]
-        problems += compare(plan, want, z["idx"], z["got"])
+        # the outputs are placed by the chip's tags (sequence positions), not by the bench's count
+        tags = z["tags"] if "tags" in z.files else None
+        problems += compare(plan, want, z["idx"], z["got"], tags)
+        idx = z["idx"] if tags is None else tag_indices(plan, tags)[0]
         wave_file = None
         if waves:       # Verilator dumps into the run directory, Icarus into the build directory
             found = [p for d in (run_dir, build_dir) for p in d.glob("*") if p.suffix in (".fst", ".vcd")]
             wave_file = max(found, key=lambda p: p.stat().st_mtime) if found else None
         sim_cycles, sim_s = _sim_time(run_dir / "results.xml")
-        return RunResult(want, z["idx"], z["got"], counters, z["token_cycles"], time.monotonic() - t0, problems,
+        return RunResult(want, idx, z["got"], counters, z["token_cycles"], time.monotonic() - t0, problems,
                          wave_file, z["out_cycles"] if "out_cycles" in z.files else None, sim_cycles, sim_s,
                          z["token_cycles_idx"] if "token_cycles_idx" in z.files else None,
-                         z["load_cycles"] if "load_cycles" in z.files else None)
+                         z["load_cycles"] if "load_cycles" in z.files else None, tags)
 
 
 def _runner(simulator: str, vcd: bool = False):

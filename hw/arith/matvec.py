@@ -17,6 +17,10 @@ Interface (amaranth.lib.stream, valid/ready):
   (int8, moekda/numerics.py) and ``acc``, the wrapped ``acc_bits`` sum, for
   consumers that need the wide value (the KDA state path).
 
+``beat`` (out, one bit) is high for one cycle per beat the engine takes, one cycle
+after it was taken (the input register's valid): ``lanes`` multiply-accumulates
+each, padding lanes included; a performance counter (the chip's MACS) counts it.
+
 Options (docs/matvec.md): several output widths chosen per row (``out_sel``),
 a ``tag`` carried from the ``last`` beat to the result, ``requantise=False``
 (accumulator only) and ``always_ready`` (no FIFO, for a consumer that never
@@ -318,6 +322,7 @@ class MatVecEngine(wiring.Component):
         super().__init__({
             "i": In(stream.Signature(fmt.beat_layout(), always_ready=always_ready)),
             "o": Out(stream.Signature(fmt.result_layout(), always_ready=always_ready)),
+            "beat": Out(1),
         })
         self.dot = DotProduct(fmt, self.plan, fmt.framing_layout())
         self.acc = Accumulator(fmt)
@@ -360,6 +365,7 @@ class MatVecEngine(wiring.Component):
         m.d.sync += [getattr(framing.scale, name).eq(getattr(p, name)) for name in f.row_fields()]
 
         m.d.comb += [dot.valid.eq(beat_valid), dot.w.eq(w), dot.x.eq(x), dot.tag.eq(framing)]
+        m.d.comb += self.beat.eq(beat_valid)     # a beat in the MAC lanes (performance counters)
         m.d.comb += [acc.valid.eq(dot.out_valid), acc.framing.eq(dot.out_tag), acc.dot.eq(dot.dot)]
         m.d.comb += [rq.valid.eq(acc.out_valid), rq.acc_sum.eq(acc.acc_sum), rq.acc_carry.eq(acc.acc_carry),
                      rq.scale.eq(acc.out_scale)]

@@ -30,10 +30,15 @@ word name           rw meaning
 0x03 CYCLES         r  clock cycles since reset / counter reset
 0x04 BUSY_CYCLES    r  cycles with a token inside the chip
 0x05 TOKENS         r  tokens delivered on the output stream
-0x06 MACS           r  int8 multiply-accumulates done (MACS_PER_TOKEN per token)
+0x06 MACS           r  int8 multiply-accumulates done: LANES per beat the matrix-vector
+                       engines (KDA's, MoE's) take, counted from their ``beat``
+                       outputs (padding lanes of a row included: per token
+                       MACS_PER_TOKEN + the padding lanes, hw/chip/layer.py
+                       engine_macs_per_token)
 0x07 WEIGHT_BYTES   r  bytes received on the weight port
 0x08 TOKEN_CYCLES   r  cycles the last token took, input accepted to output offered
-0x09 MACS_PER_TOKEN r  the per-token constant behind MACS
+0x09 MACS_PER_TOKEN r  weight elements used per token (analytic, hw/chip/layer.py
+                       macs_per_token; MACS grows by this plus the padding lanes)
 0x0A LOAD_CYCLES    r  cycles the last LOAD took
 0x0B LOAD_ERRORS    r  what the last LOAD found wrong, one bit each
                        (hw/chip/loader.py LOAD_ERRORS): bit0 MAGIC, bit1 VERSION,
@@ -111,13 +116,15 @@ class LayerCsr(wiring.Component):
 
     Events in (one cycle each): ``ev_busy`` (a token is inside this cycle),
     ``ev_token`` (a token left), ``ev_beat`` (a weight-port beat arrived),
+    ``ev_mac`` (one bit per matrix-vector engine: it took a beat of ``lanes`` MACs),
     ``token_cycles`` (latency of the last token, from the top).  Controls out:
     ``run`` (level), ``clear`` (one-cycle pulse on a CLEAR write); the top
     keeps the clear pending and reports it back on ``clear_pending``.
     """
 
-    def __init__(self, cfg, macs_per_token: int, image_bytes: int):
+    def __init__(self, cfg, macs_per_token: int, image_bytes: int, engines: int = 2):
         self.cfg, self.macs_per_token = cfg, int(macs_per_token)
+        self.lanes, self.engines = cfg.hw.lanes, engines
         self.port_bytes = cfg.hw.weight_port_bytes
         self.constants = {"ID": CHIP_ID, "MACS_PER_TOKEN": self.macs_per_token, "IMAGE_BYTES": int(image_bytes),
                           **config_words(cfg)}
@@ -129,21 +136,35 @@ class LayerCsr(wiring.Component):
             "run": Out(1), "clear": Out(1), "load": Out(1),
             "clear_pending": In(1), "busy": In(1), "in_waiting": In(1), "out_waiting": In(1),
             "loading": In(1), "loaded": In(1), "load_errors": In(8), "load_cycles": In(32),
-            "ev_token": In(1), "ev_beat": In(1), "token_cycles": In(32),
+            "ev_token": In(1), "ev_beat": In(1), "ev_mac": In(engines), "token_cycles": In(32),
         })
 
     def elaborate(self, platform):
         m = Module()
         bus = self.bus
         # chunked counters (hw/arith/counter.py): a 32-bit add in one cycle does not fit the clock
-        steps = {"CYCLES": 1, "BUSY_CYCLES": 1, "TOKENS": 1, "MACS": self.macs_per_token,
+        steps = {"CYCLES": 1, "BUSY_CYCLES": 1, "TOKENS": 1, "MACS": self.lanes,
                  "WEIGHT_BYTES": self.port_bytes}
         counters = {name: ChunkedCounter(DATA_BITS, step, name=name.lower()) for name, step in steps.items()}
         run = Signal()
         m.d.comb += self.run.eq(run)
 
         zero = Signal()
-        events = {"CYCLES": 1, "BUSY_CYCLES": self.busy, "TOKENS": self.ev_token, "MACS": self.ev_token,
+        # MACS: the engines' beats, one count of ``lanes`` per cycle.  Every engine beat is a
+        # weight-port beat of its block (one beat a cycle on the chip's one port), so two
+        # engines rarely beat in one cycle; when they do, the extra beats wait in ``owed`` and
+        # are counted in the following cycles (nothing is lost while the average is <= 1 and
+        # no more than 63 are owed at once)
+        owed = Signal(range(64))
+        beats = Signal(range(64 + self.engines))
+        m.d.comb += beats.eq(sum(self.ev_mac[n] for n in range(self.engines)) + owed)
+        mac_inc = Signal()
+        m.d.comb += mac_inc.eq(beats != 0)
+        with m.If(zero):
+            m.d.sync += owed.eq(0)
+        with m.Elif(mac_inc):
+            m.d.sync += owed.eq(beats - 1)
+        events = {"CYCLES": 1, "BUSY_CYCLES": self.busy, "TOKENS": self.ev_token, "MACS": mac_inc,
                   "WEIGHT_BYTES": self.ev_beat}
         for name, counter in counters.items():
             m.d.comb += counter.inc.eq(events[name])

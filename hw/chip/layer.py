@@ -24,7 +24,8 @@ Ports
 -----
 ``i``     stream, one beat per token: ``x`` (d_model x resid_bits signed, the
           residual stream) and ``first`` (a new sequence starts here).
-``o``     stream, one beat per token: ``y`` (d_model x resid_bits signed).
+``o``     stream, one beat per token: ``y`` (d_model x resid_bits signed) and ``seq``,
+          the token's position in its sequence (token_out_layout).
 ``wport`` the weight port (hw/chip/weight_port.py): every weight matrix of the layer
           is read from the external weight memory (hw/image/memory_map.py).
 ``bus``   Wishbone classic slave, the control and status registers (hw/chip/csr.py).
@@ -66,8 +67,18 @@ def token_in_layout(cfg) -> data.StructLayout:
     return data.StructLayout({"x": data.ArrayLayout(signed(fm.resid_bits), cfg.model.d_model), "first": 1})
 
 
-def token_out_layout(cfg) -> data.ArrayLayout:
-    return data.ArrayLayout(signed(formats_for(cfg).resid_bits), cfg.model.d_model)
+SEQ_BITS = 16     # the output tag's width (it wraps after 2**16 tokens of one sequence)
+
+
+def token_out_layout(cfg) -> data.StructLayout:
+    """One output token: ``y`` (d_model x resid_bits signed) and ``seq``, the chip's tag:
+    the token's position in its sequence, 0 for the token that starts one (``first`` set,
+    the first token after a CLEAR write, a LOAD or a reset: the tokens whose KDA state
+    starts from zero), then 1, 2, ... for the tokens after it (mod 2**SEQ_BITS).  The
+    bench maps each output to its input by this tag (sim/driver.py tag_indices), so
+    order and duplicates are checked by what the chip says."""
+    return data.StructLayout({"y": data.ArrayLayout(signed(formats_for(cfg).resid_bits), cfg.model.d_model),
+                              "seq": SEQ_BITS})
 
 
 def macs_per_token(cfg) -> int:
@@ -80,6 +91,32 @@ def macs_per_token(cfg) -> int:
     router = mm["moe.router"].rows * mm["moe.router"].cols
     expert = sum(mm[f"moe.expert0.{t}"].rows * mm[f"moe.expert0.{t}"].cols for t in ("gate", "up", "down"))
     return kda + router + (m.n_shared + m.top_k) * expert
+
+
+def engine_macs_per_token(cfg) -> int:
+    """What the MACS counter grows by per token: ``hw.lanes`` per beat the two matrix-vector
+    engines take, i.e. every row of every matrix used, padded to whole beats (a row of C
+    weights is ceil(C / lanes) beats).  Equals ``macs_per_token`` + ``padding_macs_per_token``."""
+    mm = memory_map(cfg)
+    m, lanes = cfg.model, cfg.hw.lanes
+    kda = sum(r.beats for name, r in mm.regions.items() if name.startswith("kda."))
+    router = mm["moe.router"].beats
+    expert = sum(mm[f"moe.expert0.{t}"].beats for t in ("gate", "up", "down"))
+    return lanes * (kda + router + (m.n_shared + m.top_k) * expert)
+
+
+def padding_macs_per_token(cfg) -> int:
+    """The lanes a token's beats carry beyond its rows' last weight (zero weights): the
+    difference between the MACS counter and the analytic MACs (tiny 0, small 1 024:
+    f_up and g_up rows of gate_rank 8 on 16 lanes)."""
+    mm = memory_map(cfg)
+    m, lanes = cfg.model, cfg.hw.lanes
+
+    def pad(r):
+        return r.rows * (-r.cols % lanes)
+    kda = sum(pad(r) for name, r in mm.regions.items() if name.startswith("kda."))
+    expert = sum(pad(mm[f"moe.expert0.{t}"]) for t in ("gate", "up", "down"))
+    return kda + pad(mm["moe.router"]) + (m.n_shared + m.top_k) * expert
 
 
 class LayerTop(wiring.Component):
@@ -147,6 +184,9 @@ class LayerTop(wiring.Component):
         HB = [Signal(signed(rb), name=f"hb{n}") for n in range(d)]   # h, then y
         NB = [Signal(signed(a), name=f"nb{n}") for n in range(d)]     # hn
         first = Signal()
+        # the output tag (token_out_layout): the accepted token's position in its sequence,
+        # moved to stage B with h
+        seq_a, seq_b = Signal(SEQ_BITS), Signal(SEQ_BITS)
         clear_pending = Signal(init=1)
         # cycles since the stage's token was accepted (chunked: no 32-bit carry chain)
         lat_a, lat_b = ChunkedCounter(32, name="lat_a"), ChunkedCounter(32, name="lat_b")
@@ -177,10 +217,11 @@ class LayerTop(wiring.Component):
         with m.If(res2.wr_en):
             m.d.sync += Array(HB)[res2.wr_idx].eq(res2.wr_y)
         with m.If(handoff):
-            m.d.sync += Cat(*HB).eq(Cat(*XA))
+            m.d.sync += [Cat(*HB).eq(Cat(*XA)), seq_b.eq(seq_a)]
 
         m.d.comb += [kda.i.payload.x.eq(Cat(*NA)), kda.i.payload.first.eq(first),
-                     moe.tokens.payload.eq(Cat(*NB)), self.o.payload.eq(Cat(*HB))]
+                     moe.tokens.payload.eq(Cat(*NB)), self.o.payload.y.eq(Cat(*HB)),
+                     self.o.payload.seq.eq(seq_b)]
 
         accept = self.i.valid & self.i.ready
         # LOAD waits until no token is inside (nothing else then uses the weight port, and no
@@ -203,8 +244,9 @@ class LayerTop(wiring.Component):
                 # not while norm1 runs early, nor before a good LOAD or while one is asked or runs
                 m.d.comb += self.i.ready.eq(csr.run & ~pre_run & loader.loaded & ~loading)
                 with m.If(accept):
-                    m.d.sync += [Cat(*XA).eq(self.i.payload.x),
-                                 first.eq(self.i.payload.first | clear_pending | csr.clear)]
+                    starts = self.i.payload.first | clear_pending | csr.clear
+                    m.d.sync += [Cat(*XA).eq(self.i.payload.x), first.eq(starts),
+                                 seq_a.eq(Mux(starts, 0, seq_a + 1))]
                     with m.If(pre_done):
                         m.next = "SEND"
                     with m.Else():
@@ -263,6 +305,7 @@ class LayerTop(wiring.Component):
                      csr.in_waiting.eq(self.i.valid), csr.out_waiting.eq(self.o.valid),
                      csr.ev_token.eq(self.o.valid & self.o.ready),
                      csr.ev_beat.eq(beat_r),
+                     csr.ev_mac.eq(Cat(kda.mac_beat, moe.mac_beat)),
                      csr.token_cycles.eq(token_cycles),
                      csr.loading.eq(loading), csr.loaded.eq(loader.loaded),
                      csr.load_errors.eq(loader.errors), csr.load_cycles.eq(loader.cycles)]

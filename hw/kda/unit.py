@@ -21,6 +21,7 @@ Ports
 ``cycles`` free-running cycle counter; ``token_cycles`` the cycles the last
         token took from its acceptance on ``i`` to its offer on ``o``;
         ``tokens`` tokens completed.  For tests and reports.
+``mac_beat`` the engine's ``beat``: one beat of hw.lanes MACs (the chip's MACS counter).
 
 Schedule of one token (all phases in sequence; W = weight_port_bytes = lanes)
 --------------------------------------------------------------------------
@@ -127,6 +128,7 @@ class KdaUnit(wiring.Component):
             "cycles": Out(32),
             "token_cycles": Out(32),
             "tokens": Out(32),
+            "mac_beat": Out(1),
         })
 
     # -- helpers ------------------------------------------------------------------
@@ -216,6 +218,7 @@ class KdaUnit(wiring.Component):
         # The unit requantises the raw accumulator itself (f_up adds a bias first), so the
         # engine is built accumulator-only: no requantiser, (M, s) ignored.
         m.submodules.engine = eng = MatVecEngine(cfg, requantise=False)
+        m.d.comb += self.mac_beat.eq(eng.beat)       # hw.lanes MACs (the chip's MACS counter)
         beat_go = feed_enable & self.wport.resp.valid & eng.i.ready
         m.d.comb += [
             self.wport.resp.ready.eq(feed_enable & eng.i.ready),

@@ -21,6 +21,7 @@ Ports
 ``cycles``  free-running cycle counter; ``tokens_done`` tokens delivered;
 ``weight_bytes`` bytes received on the weight port; ``hits[e]`` how often
 routed expert e was chosen.  For tests and reports.
+``mac_beat`` the engine's ``beat``: one beat of hw.lanes MACs (the chip's MACS counter).
 
 Schedule of one token
 ---------------------
@@ -152,6 +153,7 @@ class MoEUnit(wiring.Component):
             "tokens_done": Out(unsigned(counter_bits)),
             "weight_bytes": Out(unsigned(counter_bits + 8)),
             "hits": Out(unsigned(counter_bits)).array(self.E),
+            "mac_beat": Out(1),
             "params": In(param_layout(cfg, "moe")),
         })
         self.counter_bits = counter_bits
@@ -195,6 +197,7 @@ class MoEUnit(wiring.Component):
         m.submodules.silu_lut = silu_lut = LookupTable(fm.lut_in_bits, self.silu_shape)
         m.d.comb += [score_lut.table.eq(prm.score.table), silu_lut.table.eq(prm.silu.table)]
         m.submodules.engine = eng = self.engine
+        m.d.comb += self.mac_beat.eq(eng.beat)       # hw.lanes MACs (the chip's MACS counter)
         for i in range(E):
             m.d.comb += self.hits[i].eq(route.hits[i])
 

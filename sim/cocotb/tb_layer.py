@@ -10,8 +10,10 @@ time plus a few Python wake-ups per token.
 Driven by sim/driver.py: the case (.npz in LAYER_CASE: config, weight image,
 tokens, stream ``first`` bits, CSR clears, the reset plan, the integer
 model's outputs) comes in, the result (.npz in LAYER_RESULT: every output
-token with its input index, the CSR counters, TOKEN_CYCLES per token, the
-bench's own protocol findings) goes out; the driver compares with the model.
+token with its input index as the bench counts them and the chip's own tag
+(``seq``, hw/chip/layer.py token_out_layout), the CSR counters, TOKEN_CYCLES per
+token, the bench's own protocol findings) goes out; the driver maps the
+outputs to inputs by the chip's tags and compares with the model.
 
 What the bench checks by itself (protocol, not values):
 * the ID and configuration read-back registers equal the config;
@@ -22,7 +24,10 @@ What the bench checks by itself (protocol, not values):
 * after a reset the chip takes no token until it is LOADed again;
 * after the last input no extra output appears (none duplicated);
 * TOKENS, MACS and WEIGHT_BYTES agree with what the bench saw: outputs taken,
-  tokens x MACS_PER_TOKEN, bytes the weight memory served;
+  tokens x (MACS_PER_TOKEN + the padding lanes: hw/chip/layer.py
+  engine_macs_per_token, from the memory map), bytes the weight memory served;
+  MACS counts the engines' beats as they happen: while the first token is inside
+  (before its output) it is already above zero and at most one token's MACs;
 * the weight memory saw no request the port contract forbids (its error flags);
 * the output stream keeps valid and payload while it waits for ready.
 It also compares each output with the model as it arrives, so a failing run
@@ -44,7 +49,7 @@ from cocotb.triggers import ClockCycles, Event, FallingEdge, First, Lock, ReadOn
 from cocotb.utils import get_sim_time
 
 from hw.chip.csr import CHIP_ID, COUNTERS, CTRL_CLEAR, CTRL_LOAD, CTRL_RUN, REGISTERS, STATUS, config_words
-from hw.chip.layer import token_in_layout, token_out_layout
+from hw.chip.layer import engine_macs_per_token, token_in_layout, token_out_layout
 from moekda.config import config_from_dict
 from sim.cocotb.streams import EdgeStreamSink, EdgeStreamSource, LayoutCodec
 from sim.cocotb_util import cycle_limit, over_limit, roofline_cycles
@@ -142,7 +147,8 @@ async def layer_run(dut):
     def token(t):
         return {"x": [int(v) for v in xs[t]], "first": int(first[t])}
 
-    idx: list[int] = []         # input index of each output taken
+    idx: list[int] = []         # input index of each output taken, as the bench counts them
+    tags: list[int] = []        # the chip's tag of each output (its position in its sequence)
     outputs: list[list[int]] = []
     out_cycles: list[int] = []  # clock cycle at which each output was collected
     token_cycles: list[tuple[int, int]] = []  # (token, TOKEN_CYCLES read after its output)
@@ -150,7 +156,9 @@ async def layer_run(dut):
     failed = Event()
     failure: list[str] = []
 
-    def on_output(y):
+    def on_output(item):
+        y = item["y"]
+        tags.append(int(item["seq"]))
         t = seg["base"] + seg["taken"]
         seg["taken"] += 1
         idx.append(t)
@@ -252,6 +260,13 @@ async def layer_run(dut):
                 problems.append("the chip took a token after a refused LOAD")
         await load_good(CTRL_RUN)
         await src.wait_sent(1)
+        # MACS is counted from the engines' beats, not per token delivered: with the first
+        # token inside and its projections under way it is above zero, TOKENS still zero
+        await ClockCycles(dut.clk, 200)
+        macs, tokens_out = await bus.read("MACS"), await bus.read("TOKENS")
+        if tokens_out == 0 and not 0 < macs <= engine_macs_per_token(cfg):
+            problems.append(f"MACS = {macs} while the first token is inside (200 cycles after it was "
+                            f"taken; one token is {engine_macs_per_token(cfg)})")
         seg_end = T if reset_at < 0 else reset_at
         await stream(1, seg_end)
         await sink.wait_items(seg_end)
@@ -314,8 +329,10 @@ async def layer_run(dut):
         seg_tokens = T - seg["base"]
         if counters["TOKENS"] != seg_tokens:
             problems.append(f"TOKENS = {counters['TOKENS']}, {seg_tokens} outputs taken since reset")
-        if counters["MACS"] != (seg_tokens * counters["MACS_PER_TOKEN"]) & 0xFFFF_FFFF:
-            problems.append(f"MACS = {counters['MACS']} != TOKENS x MACS_PER_TOKEN")
+        engine_macs = engine_macs_per_token(cfg)
+        if counters["MACS"] != (seg_tokens * engine_macs) & 0xFFFF_FFFF:
+            problems.append(f"MACS = {counters['MACS']} != TOKENS x {engine_macs} (MACS_PER_TOKEN "
+                            f"{counters['MACS_PER_TOKEN']} + {engine_macs - counters['MACS_PER_TOKEN']} padding lanes)")
         served = int(dut.mem_bytes.value)
         if counters["WEIGHT_BYTES"] != served & 0xFFFF_FFFF:
             problems.append(f"WEIGHT_BYTES = {counters['WEIGHT_BYTES']}, the memory served {served}")
@@ -327,7 +344,7 @@ async def layer_run(dut):
     problems += sink.problems
     if not token_cycles:
         token_cycles = [(T - 1, counters.get("TOKEN_CYCLES", 0))]
-    np.savez(os.environ["LAYER_RESULT"], idx=np.array(idx, np.int64),
+    np.savez(os.environ["LAYER_RESULT"], idx=np.array(idx, np.int64), tags=np.array(tags, np.int64),
              got=np.array(outputs, np.int64).reshape(len(idx), want.shape[1]),
              counter_names=np.array(list(counters), dtype=str),
              counter_values=np.array(list(counters.values()), np.int64),

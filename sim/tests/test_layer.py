@@ -39,6 +39,10 @@ def test_layer_short_icarus(driver):
     _check(res)
     # the counters count the part after the reset: tokens 5..7
     assert res.counters["TOKENS"] == 3
+    # the chip's tags (token_out_layout seq): positions in the sequences 0 | 1 | 2 3 4 | 5 6 7,
+    # token 4 possibly lost to the reset; the driver placed the outputs by them
+    assert res.tags is not None and res.tags[:4].tolist() == [0, 1, 0, 1] and res.tags[-3:].tolist() == [0, 1, 2]
+    assert res.idx[:4].tolist() == [0, 1, 2, 3] and res.idx[-3:].tolist() == [5, 6, 7]
 
 
 @needs_verilator
