@@ -54,13 +54,28 @@ def find_klayout(env: dict[str, str] | None = None) -> str:
     return found
 
 
+_GATE = re.compile(r"^gate\s*=.*$", re.M)
+
+
 def deck_for_group(deck_text: str, group: str) -> str:
-    """The deck with only `group` switched on; fails if the deck has no such switch."""
+    """The deck with only `group` switched on; fails if the deck has no such switch.
+
+    The platform's deck defines the `gate` layer (poly and active) inside its FEOL
+    block and its antenna rules connect from it, so the ANTENNA-only copy repeats
+    that one definition (the deck's own line) just before the ANTENNA block."""
     names = {m.group("name") for m in _SWITCH.finditer(deck_text)}
     if group not in names:
         raise UserError(f"DRC deck: no `{group} = true|false` switch (has {', '.join(sorted(names)) or 'none'})")
-    return _SWITCH.sub(lambda m: f"{m.group('name')}{m.group('pad')}= {'true' if m.group('name') == group else 'false'}",
+    text = _SWITCH.sub(lambda m: f"{m.group('name')}{m.group('pad')}= {'true' if m.group('name') == group else 'false'}",
                        deck_text)
+    if group == "ANTENNA":
+        gate = _GATE.search(text)
+        block = re.search(r"^if ANTENNA\b", text, re.M)
+        if gate is None or block is None:
+            raise UserError("DRC deck: its antenna rules need the FEOL block's `gate = ...` definition, "
+                            "which this deck does not have")
+        text = text[:block.start()] + gate.group(0) + "\n" + text[block.start():]
+    return text
 
 
 def count_violations(lyrdb: Path) -> Counter:
@@ -123,11 +138,16 @@ def run_drc(gds: Path, deck: Path, workdir: Path, logs: Path, metrics_json: Path
         r = run_group(klayout, deck, gds, workdir, group, logs / f"drc_{group.lower()}.log")
         results.append(r)
         progress(f"drc [{i}/{len(groups)}] {group}: {r.violations} violations in {r.seconds:.0f} s")
-    metrics: dict[str, object] = {"drc__klayout__violations": sum(r.violations for r in results)}
+    metrics: dict[str, object] = {}
     for r in results:
         metrics[f"drc__klayout__{r.group.lower()}__violations"] = r.violations
         metrics[f"drc__klayout__{r.group.lower()}__runtime__s"] = round(r.seconds, 1)
     merged = json.loads(metrics_json.read_text()) if metrics_json.is_file() else {}
+    merged.update(metrics)
+    # the total over every group checked so far on this GDS (a run may check some groups only)
+    checked = [g for g in GROUPS if f"drc__klayout__{g.lower()}__violations" in merged]
+    metrics["drc__klayout__violations"] = sum(merged[f"drc__klayout__{g.lower()}__violations"] for g in checked)
+    metrics["drc__klayout__groups"] = ",".join(checked)
     merged.update(metrics)
     metrics_json.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
     report_md.write_text(drc_markdown(gds, deck, results))

@@ -29,8 +29,10 @@ def test_the_platform_deck_has_every_group_switch():
             state = "true" if other == group else "false"
             assert f"{other}" in variant and any(
                 line.split("#")[0].replace(" ", "") == f"{other}={state}" for line in variant.splitlines()), other
-        # nothing but the four switches changes
-        assert len(variant.splitlines()) == len(deck.splitlines())
+        # nothing but the four switches changes (and, for ANTENNA, the gate layer it needs)
+        assert len(variant.splitlines()) == len(deck.splitlines()) + (group == "ANTENNA")
+    antenna = deck_for_group(deck, "ANTENNA")
+    assert antenna.index("gate = poly") < antenna.index("if ANTENNA") < antenna.index("connect(gate, poly)")
 
 
 def test_a_deck_without_the_switch_is_refused():
