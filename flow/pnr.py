@@ -278,11 +278,13 @@ def count_drc_violations(drc_report: Path, route_log: Path) -> int | None:
     return None
 
 
-def merge_metrics(metrics_json: Path, new: dict[str, object]) -> dict[str, object]:
-    """Add the place-and-route metrics to reports/metrics.json, keeping what synthesis wrote."""
+def merge_metrics(metrics_json: Path, new: dict[str, object], drop: tuple[str, ...] = ()) -> dict[str, object]:
+    """Add the place-and-route metrics to reports/metrics.json, keeping what synthesis wrote
+    (metrics whose name starts with one of `drop` are removed first: they describe a layout
+    that no longer exists)."""
     merged: dict[str, object] = {}
     if metrics_json.is_file():
-        merged = json.loads(metrics_json.read_text())
+        merged = {k: v for k, v in json.loads(metrics_json.read_text()).items() if not k.startswith(drop)}
     merged.update(new)
     metrics_json.parent.mkdir(parents=True, exist_ok=True)
     metrics_json.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
@@ -435,7 +437,8 @@ def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: in
         merge_metrics(build.metrics, metrics)
         raise UserError(f"pnr: {paths.final_spef} holds no extracted nets (see {paths.log(STAGES[-1])}): "
                         "post-route timing and power would be of unloaded wires")
-    merged = merge_metrics(build.metrics, metrics)   # first: a GDS problem must not lose them
+    # first: a GDS problem must not lose them; a new layout makes the last DRC and power stale
+    merged = merge_metrics(build.metrics, metrics, drop=("drc__", "finish__power__vcd", "route__", "finish__"))
     gds_error = None
     try:
         from flow.gds import def_to_gds, gds_to_png
