@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from sim.cocotb_util import sim_config, simulator_available
+from sim.coverage import holes, layer_coverage, record
 from sim.driver import LayerDriver, RunPlan, compare
 
 CONFIG = sim_config("tiny")
@@ -51,9 +52,14 @@ def test_layer_short_icarus(driver):
 def test_layer_256_tokens_verilator(driver):
     """>= 256 tokens with stalls on both streams and the weight port, a CSR clear, a
     stream-marked sequence start and a reset in the middle."""
-    res = driver.run(RunPlan(tokens=256, first=(0, 40), clears=(85,), reset_at=170, abandon=2, seed=5),
-                     simulator="verilator", name="long256")
+    plan = RunPlan(tokens=256, first=(0, 40), clears=(85,), reset_at=170, abandon=2, seed=5)
+    res = driver.run(plan, simulator="verilator", name="long256")
     _check(res)
+    # functional coverage (sim/coverage.py) into build/<cfg>/reports/coverage.md; what this
+    # test claims to exercise must be there: each kind of restart, every expert
+    cov = layer_coverage(driver, plan, res)
+    print(record(CONFIG, "test_layer_256_tokens_verilator", cov, note="256 tokens, seed 0, stalls"))
+    assert not holes(cov, ("restart_first", "restart_clear", "restart_reset", "every_expert", "tokens"))
 
 
 @needs_verilator
@@ -93,9 +99,12 @@ def test_one_build_runs_three_models():
     assert len(texts) == 1
     dirs = set()
     for d in drivers:
-        res = d.run(RunPlan(tokens=256, first=(0, 100), clears=(170,), seed=int(d.label[len("seed"):])),
-                    simulator="verilator", name=f"three_{d.label}")
+        plan = RunPlan(tokens=256, first=(0, 100), clears=(170,), seed=int(d.label[len("seed"):]))
+        res = d.run(plan, simulator="verilator", name=f"three_{d.label}")
         _check(res)
+        cov = layer_coverage(d, plan, res)
+        record(CONFIG, f"test_one_build_runs_three_models[{d.label}]", cov, note="256 tokens, stalls")
+        assert not holes(cov, ("restart_first", "restart_clear", "every_expert", "tokens"))
         dirs.add(d.build("verilator"))
     assert len(dirs) == 1
 
