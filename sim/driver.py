@@ -292,6 +292,11 @@ class LayerDriver:
         if netlist is not None:
             from pdk.kit import find_kit
             models = _cell_models(find_kit(required=("verilog_models",)))
+            # a netlist with SRAM macros: `moekda synth` writes their behavioural models beside it
+            # (flow/synth.py macro_models_path: <top>.netlist.v -> <top>.macros.v)
+            macro_models = Path(netlist).with_name(Path(netlist).name.replace(".netlist.v", ".macros.v"))
+            if macro_models != Path(netlist) and macro_models.is_file():
+                models = [*models, macro_models]
             kind = "gl"
             key_text = "".join(p.read_text() for p in (Path(netlist), *models))
         elif verilog_file is not None:
