@@ -263,6 +263,16 @@ def read_metrics_file(path: Path) -> dict[str, float | int | None]:
 
 
 _DRT_VIOLATIONS = re.compile(r"Number of violations\s*=\s*(\d+)")
+# the global router's final congestion table: "Total  <resource> <demand> <usage>%  <H> / <V> / <total>"
+_GRT_OVERFLOW = re.compile(r"^Total\s+\d+\s+\d+\s+[\d.]+%\s+\d+\s*/\s*\d+\s*/\s*(\d+)\s*$", re.M)
+
+
+def global_route_overflow(route_log: Path) -> int | None:
+    """Overflowing global-routing edges left by the last route of the stage (None: no table)."""
+    if not route_log.is_file():
+        return None
+    found = _GRT_OVERFLOW.findall(route_log.read_text(errors="replace"))
+    return int(found[-1]) if found else None
 
 
 def count_drc_violations(drc_report: Path, route_log: Path) -> int | None:
@@ -299,6 +309,9 @@ def collect_metrics(paths: PnrPaths) -> dict[str, object]:
     drc = count_drc_violations(paths.drc_report, paths.log(stage_named("detail_route")))
     if drc is not None:
         metrics["route__drc_errors"] = drc
+    overflow = global_route_overflow(paths.log(stage_named("global_route")))
+    if overflow is not None:
+        metrics["globalroute__congestion__overflow"] = overflow
     return metrics
 
 

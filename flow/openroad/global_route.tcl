@@ -8,8 +8,12 @@ set_propagated_clock [all_clocks]
 
 set_routing_resources
 pin_access
+# -allow_congestion: the tiny layer's first route ended with 167 overflowing edges of
+# 4.3 million (GRT-0116, an error without it); the detailed router clears an overflow
+# that small, and its DRC count (which must be 0) is the judge.  The overflow left is
+# recorded (globalroute__congestion__overflow, from the log).
 global_route -congestion_report_file [report_file 5_global_route_congestion.rpt] \
-  -congestion_iterations 30 -verbose
+  -congestion_iterations 30 -allow_congestion -verbose
 estimate_parasitics -global_routing
 report_stage 5_global_route_pre_repair globalroute_pre_repair
 

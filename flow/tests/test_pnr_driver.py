@@ -278,3 +278,18 @@ def test_the_record_of_a_run_names_its_commit_and_tool(synthesised, tmp_path):
     assert "synth__design__instance__area__stdcell" in rec["metrics"]
     text = files[1].read_text()
     assert "| routing DRC violations | 2 |" in text and "| total |" in text and "![layout](pnr-tiny.png)" in text
+
+
+def test_the_global_routers_overflow_is_read_from_its_log(tmp_path):
+    from flow.pnr import global_route_overflow
+    log = tmp_path / "pnr_global_route.log"
+    log.write_text("""[INFO GRT-0096] Final congestion report:
+Layer         Resource        Demand        Usage (%)    Max H / Max V / Total Congestion
+metal2          241162        170657           70.76%             0 /  2 / 10
+Total          4333243       1239688           28.61%             7 / 11 / 167
+...
+Total          4333243       1239000           28.60%             0 /  0 / 0
+""")
+    assert global_route_overflow(log) == 0          # the last route of the stage counts
+    log.write_text("no table\n")
+    assert global_route_overflow(log) is None and global_route_overflow(tmp_path / "none.log") is None
