@@ -2,8 +2,9 @@
 
 Three sources, each the single owner of its facts:
 
-* analytic traffic: MACs per token (hw.layer.macs_per_token, the constant behind
-  the chip's MACS counter) and weight bytes per token (hw.image.memory_map regions,
+* analytic traffic: MACs per token (hw.chip.layer.macs_per_token; the chip's MACS
+  counter, counted from the engines' beats, equals it plus the padding lanes)
+  and weight bytes per token (hw.image.memory_map regions,
   padding included: what the port really fetches);
 * the chip's simulation (sim.driver.LayerDriver, no stalls): cycles per token from
   the BUSY_CYCLES / TOKENS counters, per-token cycles (TOKEN_CYCLES) at each context

@@ -32,7 +32,7 @@ def booth_multiply(pipe, live: dict, multiplicand, multiplier, width: int, out_k
     and carried through any register this call inserts, so they must be
     values of that stage.  The result must fit ``width`` signed bits to be read back exact.
     ``digits``: the multiplier as Booth digits already decoded, (neg, one, two) per
-    digit (hw.carry_save.static_booth_digits); ``multiplier`` is then ignored.
+    digit (hw.arith.carry_save.static_booth_digits); ``multiplier`` is then ignored.
     """
     a = Value.cast(multiplicand)
     if not a.shape().signed:      # the Booth multiplicand is taken as signed: a zero on top

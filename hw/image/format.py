@@ -122,9 +122,9 @@ def word_sum(image: bytes) -> int:
 
 def pack_image(cfg, flat: Mapping[str, np.ndarray], tensors: Mapping[str, np.ndarray]) -> bytes:
     """The whole image from the integer parameters ``flat`` (QLayer.to_flat() names) and the
-    weight matrices ``tensors`` (memory-map region names, hw.memory_map.qlayer_tensors).
+    weight matrices ``tensors`` (memory-map region names, hw.image.memory_map.qlayer_tensors).
     ValueError naming the field when a value does not fit its field, or when a value the
-    config fixes (hw.param_map.structural) differs."""
+    config fixes (hw.image.param_map.structural) differs."""
     from hw.image.memory_map import build_weights, memory_map
     for name, want in model_structural(cfg).items():
         if name in flat and int(np.asarray(flat[name])) != want:

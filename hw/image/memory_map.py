@@ -194,7 +194,7 @@ def memory_map(cfg) -> MemoryMap:
 def build_image(cfg, tensors: Mapping[str, np.ndarray], mmap: MemoryMap | None = None) -> bytes:
     """Memory contents with every matrix at its address and zeros below ``base``: what the
     block benches (KDA, MoE alone, which take their parameters on a port) read.  The chip's
-    image, header and parameters included, is hw.image_format.pack_image."""
+    image, header and parameters included, is hw.image.format.pack_image."""
     mmap = mmap or memory_map(cfg)
     return bytes(mmap.base) + build_weights(cfg, tensors, mmap)
 

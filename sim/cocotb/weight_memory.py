@@ -5,7 +5,7 @@ bench uses its HDL twin sim/hdl/weight_memory.py (same timing rule, checked
 against it in sim/tests/test_layer_weight_memory.py), which needs no Python per
 cycle.
 
-It answers read requests from a byte image (hw.memory_map.build_image) with
+It answers read requests from a byte image (hw.image.memory_map.build_image) with
 a fixed latency, inserts random stalls on both streams, honours
 ``resp.ready``, keeps several requests in flight, and counts what it serves,
 so tests can check the bytes a block fetches per token against the analytic
