@@ -25,6 +25,7 @@ import numpy as np
 from moekda.config import Config
 from sim.models.float_layer import KDAState, layer_step, rms_unit
 from sim.models.params import ModelParams
+from sim.models.sequence import greedy, run_sequence
 
 
 def argmax_lowest(logits) -> int:
@@ -80,14 +81,6 @@ def model_step(mp: ModelParams, cfg: Config, state: ModelState, token, trace=Non
     return state, head_step(mp, cfg, xL, trace)
 
 
-def _resetting(n: int, resets):
-    if resets is None:
-        return [False] * n
-    if len(resets) != n:
-        raise ValueError(f"resets: {len(resets)} flags for {n} tokens")
-    return [bool(r) for r in resets]
-
-
 def run_model(mp: ModelParams, cfg: Config, tokens, resets=None, traces: list | None = None) -> np.ndarray:
     """Decode a token sequence (T,) teacher-forced: logits (T, V), row t the prediction of
     the token after tokens[t].  ``resets[t]`` true starts a new sequence at token t (every
@@ -96,32 +89,16 @@ def run_model(mp: ModelParams, cfg: Config, tokens, resets=None, traces: list | 
     if m.vocab == 0:
         raise ValueError(f"config {cfg.name}: vocab = 0, no tokens (run_stack takes residual streams)")
     tokens = np.asarray(tokens, dtype=np.int64)
-    out = np.zeros((len(tokens), m.vocab))
-    state = ModelState.zeros(cfg)
-    for i, (tok, r) in enumerate(zip(tokens, _resetting(len(tokens), resets))):
-        if r:
-            state = ModelState.zeros(cfg)
-        tr = {} if traces is not None else None
-        state, out[i] = model_step(mp, cfg, state, tok, tr)
-        if traces is not None:
-            traces.append(tr)
-    return out
+    return run_sequence(lambda st, tok, tr: model_step(mp, cfg, st, tok, tr), lambda: ModelState.zeros(cfg),
+                        tokens, np.zeros((len(tokens), m.vocab)), resets, traces)
 
 
 def run_stack(mp: ModelParams, cfg: Config, xs, resets=None, traces: list | None = None) -> np.ndarray:
     """The layers alone on residual-stream inputs xs (T, d): x_L (T, d).  For a one-layer
     stack this is float_layer.run_layer."""
     xs = np.asarray(xs, dtype=np.float64)
-    ys = np.zeros_like(xs)
-    state = ModelState.zeros(cfg)
-    for i, (x, r) in enumerate(zip(xs, _resetting(len(xs), resets))):
-        if r:
-            state = ModelState.zeros(cfg)
-        tr = {} if traces is not None else None
-        state, ys[i] = stack_step(mp, cfg, state, x, tr)
-        if traces is not None:
-            traces.append(tr)
-    return ys
+    return run_sequence(lambda st, x, tr: stack_step(mp, cfg, st, x, tr), lambda: ModelState.zeros(cfg),
+                        xs, np.zeros_like(xs), resets, traces)
 
 
 def next_tokens(logits) -> np.ndarray:
@@ -132,14 +109,5 @@ def next_tokens(logits) -> np.ndarray:
 def generate(mp: ModelParams, cfg: Config, prompt, n_new: int) -> list[int]:
     """Greedy decoding: the prompt (a new sequence), then ``n_new`` tokens each fed back.
     Returns the generated ids (n_new)."""
-    state = ModelState.zeros(cfg)
-    logits = None
-    for tok in prompt:
-        state, logits = model_step(mp, cfg, state, tok)
-    if logits is None:
-        raise ValueError("generate: the prompt is empty")
-    out = []
-    for _ in range(n_new):
-        out.append(argmax_lowest(logits))
-        state, logits = model_step(mp, cfg, state, out[-1])
-    return out
+    return greedy(lambda st, tok, tr: model_step(mp, cfg, st, tok, tr), lambda: ModelState.zeros(cfg),
+                  argmax_lowest, prompt, n_new, "generate")

@@ -26,6 +26,7 @@ from sim.models.int_kda import IntKDAState
 from sim.models.int_layer import int_layer_step
 from sim.models.int_ops import check_width, int_rmsnorm
 from sim.models.qparams import QHead, QModel
+from sim.models.sequence import greedy, run_sequence
 
 
 def int_argmax(logits) -> int:
@@ -88,61 +89,28 @@ def int_model_step(qm: QModel, cfg: Config, state: IntModelState, token, trace=N
     return state, int_head_step(qm.head, cfg, xL, trace)
 
 
-def _flags(n: int, resets):
-    if resets is None:
-        return [False] * n
-    if len(resets) != n:
-        raise ValueError(f"resets: {len(resets)} flags for {n} tokens")
-    return [bool(r) for r in resets]
-
-
 def int_run_model(qm: QModel, cfg: Config, tokens, resets=None, traces: list | None = None) -> np.ndarray:
     """Token ids (T,) teacher-forced: integer logits (T, V).  ``resets[t]``: a new sequence at
     token t.  One trace dict per token appended to ``traces``."""
     if qm.head is None:
         raise ValueError(f"config {cfg.name}: vocab = 0, no tokens (int_run_stack takes residual streams)")
     tokens = np.asarray(tokens, dtype=np.int64)
-    out = np.zeros((len(tokens), cfg.model.vocab), dtype=np.int64)
-    state = IntModelState.zeros(cfg)
-    for i, (tok, r) in enumerate(zip(tokens, _flags(len(tokens), resets))):
-        if r:
-            state = IntModelState.zeros(cfg)
-        tr = {} if traces is not None else None
-        state, out[i] = int_model_step(qm, cfg, state, tok, tr)
-        if traces is not None:
-            traces.append(tr)
-    return out
+    return run_sequence(lambda st, tok, tr: int_model_step(qm, cfg, st, tok, tr), lambda: IntModelState.zeros(cfg),
+                        tokens, np.zeros((len(tokens), cfg.model.vocab), dtype=np.int64), resets, traces)
 
 
 def int_run_stack(qm: QModel, cfg: Config, xs, resets=None, traces: list | None = None) -> np.ndarray:
     """The layers alone on resid_bits inputs xs (T, d): x_L (T, d)."""
     xs = np.asarray(xs, dtype=np.int64)
-    ys = np.zeros_like(xs)
-    state = IntModelState.zeros(cfg)
-    for i, (x, r) in enumerate(zip(xs, _flags(len(xs), resets))):
-        if r:
-            state = IntModelState.zeros(cfg)
-        tr = {} if traces is not None else None
-        state, ys[i] = int_stack_step(qm, cfg, state, x, tr)
-        if traces is not None:
-            traces.append(tr)
-    return ys
+    return run_sequence(lambda st, x, tr: int_stack_step(qm, cfg, st, x, tr), lambda: IntModelState.zeros(cfg),
+                        xs, np.zeros_like(xs), resets, traces)
 
 
 def int_generate(qm: QModel, cfg: Config, prompt, n_new: int) -> list[int]:
     """Greedy decoding on the integer model: the prompt as a new sequence, then ``n_new``
     ids each fed back (what ``moekda run --prompt-ids`` will compare the chip against)."""
-    state = IntModelState.zeros(cfg)
-    logits = None
-    for tok in prompt:
-        state, logits = int_model_step(qm, cfg, state, tok)
-    if logits is None:
-        raise ValueError("int_generate: the prompt is empty")
-    out = []
-    for _ in range(n_new):
-        out.append(int_argmax(logits))
-        state, logits = int_model_step(qm, cfg, state, out[-1])
-    return out
+    return greedy(lambda st, tok, tr: int_model_step(qm, cfg, st, tok, tr), lambda: IntModelState.zeros(cfg),
+                  int_argmax, prompt, n_new, "int_generate")
 
 
 def dequantize_logits(qm: QModel, logits) -> np.ndarray:
