@@ -56,8 +56,18 @@ def run(args) -> int:
         raise UserError("-o/--output: needed with --seed or --params")
     if args.seed is not None and args.seed < 0:
         raise UserError(f"--seed = {args.seed}: allowed range is 0 or more")
-    if not cfg.model.is_layer_chip:
-        return _model_image(cfg, args, lay)
+    image = _layer_image(cfg, args) if cfg.model.is_layer_chip else _model_image(cfg, args)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(image)
+    layers = "" if cfg.model.is_layer_chip else f", {cfg.model.n_layers} layers"
+    print(f"moekda image: {out}: {len(image)} bytes for {cfg.name} (config hash {cfg.hash()[:8]}){layers}; "
+          f"parameters {lay.params_bytes} bytes, matrices {lay.length - lay.weights_base} bytes")
+    return 0
+
+
+def _layer_image(cfg, args) -> bytes:
+    """The layer chip: the seeded random layer, or a float layer file quantised here."""
     from sim.models.image import model_from_file, qlayer_image
     if args.params:
         try:
@@ -68,18 +78,12 @@ def run(args) -> int:
         from sim.models.quantize import quantize_random_layer
         q = quantize_random_layer(cfg, args.seed)
     try:
-        image = qlayer_image(cfg, q)
+        return qlayer_image(cfg, q)
     except (ValueError, KeyError) as e:
         raise UserError(f"{args.params or 'model'}: {e}") from None
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(image)
-    print(f"moekda image: {out}: {len(image)} bytes for {cfg.name} (config hash {cfg.hash()[:8]}); "
-          f"parameters {lay.params_bytes} bytes, matrices {lay.length - lay.weights_base} bytes")
-    return 0
 
 
-def _model_image(cfg, args, lay) -> int:
+def _model_image(cfg, args) -> bytes:
     """A model config (issue 14): the image of the seeded random model, or of a float model
     file (ModelParams names, quantised here on calibration tokens of --calib-seed's language)."""
     from sim.models.image import qmodel_image
@@ -93,12 +97,6 @@ def _model_image(cfg, args, lay) -> int:
     else:
         qm = quantize_random_model(cfg, args.seed)
     try:
-        image = qmodel_image(cfg, qm)
+        return qmodel_image(cfg, qm)
     except (ValueError, KeyError) as e:
         raise UserError(f"{args.params or 'model'}: {e}") from None
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(image)
-    print(f"moekda image: {out}: {len(image)} bytes for {cfg.name} (config hash {cfg.hash()[:8]}), "
-          f"{cfg.model.n_layers} layers; parameters {lay.params_bytes} bytes, matrices {lay.length - lay.weights_base} bytes")
-    return 0
