@@ -171,29 +171,7 @@ class QLayer:
     def from_flat(cls, flat: dict, prefix: str = "") -> "QLayer":
         """From flat names (``prefix`` before each: ``layers.2.`` in a model).  An optional
         part (the mixer not used) is None when none of its names is there."""
-        def build(kind, prefix):
-            kw = {}
-            for f in fields(kind):
-                name = f"{prefix}{f.name}"
-                t = f.type
-                opt = [a for a in typing.get_args(t) if dataclasses.is_dataclass(a)]
-                if opt:
-                    has = any(k.startswith(name + ".") for k in flat)
-                    kw[f.name] = build(opt[0], name + ".") if has else None
-                elif dataclasses.is_dataclass(t):
-                    kw[f.name] = build(t, name + ".")
-                elif t is dict:
-                    kw[f.name] = {k[len(name) + 1:]: float(v) for k, v in flat.items() if k.startswith(name + ".")}
-                elif name not in flat:
-                    if f.default is None:
-                        kw[f.name] = None
-                    else:
-                        raise KeyError(f"integer parameters: missing {name}")
-                else:
-                    v = np.asarray(flat[name])
-                    kw[f.name] = int(v) if t is int else v.astype(np.int64)
-            return kind(**kw)
-        return build(cls, prefix)
+        return _build(cls, flat, prefix)
 
 
 @dataclass
@@ -246,18 +224,26 @@ class QModel:
         layers = [QLayer.from_flat(flat, f"layers.{l}.") for l in range(n_layers)]
         head = None
         if any(k.startswith("head.") for k in flat):
-            head = _build_plain(QHead, flat, "head.")
+            head = _build(QHead, flat, "head.")
         scales = {k[len("scales."):]: float(v) for k, v in flat.items() if k.startswith("scales.")}
         return cls(layers=layers, head=head, scales=scales)
 
 
-def _build_plain(kind, flat: dict, prefix: str):
-    """A dataclass of ints, int arrays, optional arrays and nested such dataclasses from flat names."""
+def _build(kind, flat: dict, prefix: str):
+    """A dataclass from flat names: ints, int arrays, optional arrays (None when absent), nested
+    dataclasses, optional nested ones (None when none of their names is there) and float dicts."""
     kw = {}
     for f in fields(kind):
-        name = prefix + f.name
-        if dataclasses.is_dataclass(f.type):
-            kw[f.name] = _build_plain(f.type, flat, name + ".")
+        name = f"{prefix}{f.name}"
+        t = f.type
+        opt = [a for a in typing.get_args(t) if dataclasses.is_dataclass(a)]
+        if opt:
+            has = any(k.startswith(name + ".") for k in flat)
+            kw[f.name] = _build(opt[0], flat, name + ".") if has else None
+        elif dataclasses.is_dataclass(t):
+            kw[f.name] = _build(t, flat, name + ".")
+        elif t is dict:
+            kw[f.name] = {k[len(name) + 1:]: float(v) for k, v in flat.items() if k.startswith(name + ".")}
         elif name not in flat:
             if f.default is None:
                 kw[f.name] = None
@@ -265,5 +251,5 @@ def _build_plain(kind, flat: dict, prefix: str):
                 raise KeyError(f"integer parameters: missing {name}")
         else:
             v = np.asarray(flat[name])
-            kw[f.name] = int(v) if f.type is int else v.astype(np.int64)
+            kw[f.name] = int(v) if t is int else v.astype(np.int64)
     return kind(**kw)
