@@ -7,25 +7,18 @@ import struct
 import numpy as np
 import pytest
 
-from moekda.config import config_from_dict, load_config
+from moekda.config import load_config
 from sim.models import float_layer as fl
 from sim.models.float_model import (ModelState, argmax_lowest, generate, model_step, next_tokens, run_model,
                                     run_stack)
 from sim.models.params import (ModelParams, dense_chunks, load_model_params, random_inputs, random_model_params,
                                random_params, random_tokens, save_model_params)
-
-
-def _cfg(name="model-tiny", **model):
-    if not model:
-        return load_config(name)
-    raw = load_config(name).to_dict()
-    raw["model"].update(model)
-    return config_from_dict({"name": "t", **raw})
+from sim.tests.model_cases import model_config
 
 
 def test_shapes_and_next_token():
     for name in ("model-tiny", "model-small"):
-        cfg = _cfg(name)
+        cfg = model_config(name)
         mp = random_model_params(cfg, 0)
         assert [lp.mixer for lp in mp.layers] == list(cfg.model.mixers) == ["dense", "moe", "moe", "moe"]
         toks = random_tokens(cfg, 12, seed=1)
@@ -60,7 +53,7 @@ def test_one_layer_stack_is_the_layer():
 def test_stack_runs_layer_step_per_layer():
     """Each layer of the stack is float_layer.layer_step on the previous layer's output, with
     its own parameters and state; the head is RMSNorm + matrix."""
-    cfg = _cfg()
+    cfg = model_config()
     mp = random_model_params(cfg, 2)
     toks = random_tokens(cfg, 6, seed=3, model_seed=2)
     traces = []
@@ -74,7 +67,7 @@ def test_stack_runs_layer_step_per_layer():
 
 
 def test_tied_and_untied_head():
-    tied, untied = _cfg("model-tiny"), _cfg("model-tiny", tie_embedding=False)
+    tied, untied = model_config("model-tiny"), model_config("model-tiny", tie_embedding=False)
     mt, mu = random_model_params(tied, 0), random_model_params(untied, 0)
     assert mt.lm_head is None and mt.head() is mt.embedding
     assert mu.lm_head.shape == (64, 16) and not np.allclose(mu.head(), mu.embedding)
@@ -84,7 +77,7 @@ def test_tied_and_untied_head():
 
 
 def test_reset_starts_a_new_sequence():
-    cfg = _cfg()
+    cfg = model_config()
     mp = random_model_params(cfg, 1)
     toks = random_tokens(cfg, 16, seed=4, model_seed=1)
     k = 7
@@ -100,7 +93,7 @@ def test_reset_starts_a_new_sequence():
 
 
 def test_generate_is_greedy_decode():
-    cfg = _cfg()
+    cfg = model_config()
     mp = random_model_params(cfg, 3)
     prompt = [5, 17, 2]
     out = generate(mp, cfg, prompt, 5)
@@ -110,7 +103,7 @@ def test_generate_is_greedy_decode():
 
 
 def test_token_out_of_range():
-    cfg = _cfg()
+    cfg = model_config()
     mp = random_model_params(cfg, 0)
     with pytest.raises(ValueError, match=r"token id 64: allowed range is 0 to 63"):
         model_step(mp, cfg, ModelState.zeros(cfg), 64)
@@ -119,7 +112,7 @@ def test_token_out_of_range():
 def test_dense_mixer_is_the_sum_of_its_chunks():
     """The dense SwiGLU of width d_ff_dense equals the sum of d_ff-wide SwiGLUs (the shape the
     shared-expert path runs), with the chunks dense_chunks cuts."""
-    cfg = _cfg("model-small")
+    cfg = model_config("model-small")
     p = random_model_params(cfg, 0).layers[0]
     assert p.mixer == "dense" and p.moe is None
     g, u, dn = dense_chunks(p.dense, cfg)
@@ -144,7 +137,7 @@ def _write_safetensors(path, flat):
 
 
 def test_params_files_round_trip_and_errors(tmp_path):
-    cfg = _cfg()
+    cfg = model_config()
     mp = random_model_params(cfg, 4)
     f = tmp_path / "m.npz"
     save_model_params(mp, f)
@@ -181,7 +174,7 @@ def test_params_files_round_trip_and_errors(tmp_path):
 
 
 def test_model_params_from_flat_of_a_layer_stack():
-    cfg = _cfg("tiny", n_layers=2)
+    cfg = model_config("tiny", n_layers=2)
     mp = random_model_params(cfg, 0)
     assert set(mp.to_flat()) == {f"layers.{l}.{k}" for l in range(2) for k in random_params(cfg, 0).to_flat()}
     back = ModelParams.from_flat(mp.to_flat(), cfg)
@@ -189,7 +182,7 @@ def test_model_params_from_flat_of_a_layer_stack():
 
 
 def test_random_tokens_text_like():
-    cfg = _cfg("model-small")
+    cfg = model_config("model-small")
     t = random_tokens(cfg, 4096, seed=1)
     counts = np.sort(np.bincount(t, minlength=256))[::-1]
     assert counts[0] > 10 * np.median(counts)            # Zipf: a few frequent ids

@@ -5,7 +5,7 @@ accuracy against the float model on seeds never used for calibration."""
 import numpy as np
 import pytest
 
-from moekda.config import config_from_dict, load_config
+from moekda.config import load_config
 from moekda.numerics import sat_bounds
 from sim.models import float_layer as fl
 from sim.models.float_model import next_tokens, run_model
@@ -14,27 +14,14 @@ from sim.models.int_model import (IntModelState, dequantize_logits, int_argmax, 
                                   int_next_tokens, int_run_model, int_run_stack)
 from sim.models.params import random_inputs, random_model_params, random_params, random_tokens
 from sim.models.qparams import QLayer, QModel
-from sim.models.quantize import calibration_tokens, quantize_layer, quantize_model, quantize_random_layer
-
-
-def _cfg(name="model-tiny", **model):
-    if not model:
-        return load_config(name)
-    raw = load_config(name).to_dict()
-    raw["model"].update(model)
-    return config_from_dict({"name": "t", **raw})
-
-
-def _quick(cfg, seed):
-    """A model quantised on short calibration sequences (fast; accuracy is not the point)."""
-    mp = random_model_params(cfg, seed)
-    return mp, quantize_model(mp, cfg, calibration_tokens(cfg, n_seq=2, n_tokens=48, model_seed=seed))
+from sim.models.quantize import quantize_layer, quantize_model, quantize_random_layer
+from sim.tests.model_cases import model_config, quick_model
 
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    cfg = _cfg()
-    mp, qm = _quick(cfg, 7)
+    cfg = model_config()
+    mp, qm = quick_model(cfg, 7)
     return cfg, mp, qm
 
 
@@ -49,7 +36,7 @@ def test_tie_rule_in_the_head(tiny_model):
     """An LM head whose rows 3 and 7 are equal and every other row zero: the two logits are
     always equal, so the next token is 3 (when they are the largest) or 0 (all others tie at 0)."""
     cfg, mp, qm = tiny_model
-    ucfg = _cfg(tie_embedding=False)
+    ucfg = model_config(tie_embedding=False)
     head = qm.head
     w = np.zeros((64, 16), np.int64)
     w[3] = w[7] = np.arange(16) - 8
@@ -93,11 +80,11 @@ def test_shapes_formats_and_stack_wiring(tiny_model):
 
 
 def test_tied_head_is_the_embedding_untied_folds_the_norm():
-    tied = _cfg()
-    _, qt = _quick(tied, 1)
+    tied = model_config()
+    _, qt = quick_model(tied, 1)
     assert qt.head.lm_head is None and not np.all(qt.head.norm_w == qt.head.norm_w[0])
-    untied = _cfg(tie_embedding=False)
-    _, qu = _quick(untied, 1)
+    untied = model_config(tie_embedding=False)
+    _, qu = quick_model(untied, 1)
     assert qu.head.lm_head.shape == (64, 16) and np.all(qu.head.norm_w == 1 << qu.head.norm_w_shift)
 
 

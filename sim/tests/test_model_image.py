@@ -9,30 +9,18 @@ import pytest
 from hw.image.format import ImageError, check_image, image_layout, param_blocks
 from hw.image.memory_map import memory_map, model_tensors
 from hw.image.param_map import model_param_maps, param_map
-from moekda.config import config_from_dict, load_config
+from moekda.config import load_config
 from sim.models.image import qlayer_image, qmodel_from_image, qmodel_image, with_word
 from sim.models.int_model import int_run_model, int_run_stack
 from sim.models.params import random_model_params, random_tokens
-from sim.models.quantize import calibration_tokens, quantize_model, quantize_random_layer
-
-
-def _cfg(name="model-tiny", **model):
-    if not model:
-        return load_config(name)
-    raw = load_config(name).to_dict()
-    raw["model"].update(model)
-    return config_from_dict({"name": "t", **raw})
-
-
-def _quick(cfg, seed):
-    return quantize_model(random_model_params(cfg, seed), cfg,
-                          calibration_tokens(cfg, n_seq=2, n_tokens=48, model_seed=seed))
+from sim.models.quantize import quantize_model, quantize_random_layer
+from sim.tests.model_cases import model_config, quick_model
 
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_model_image_round_trip(tied):
-    cfg = _cfg(tie_embedding=tied)
-    qm = _quick(cfg, 2)
+    cfg = model_config(tie_embedding=tied)
+    qm = quick_model(cfg, 2)[1]
     img = qmodel_image(cfg, qm)
     check_image(cfg, img)
     assert len(img) == image_layout(cfg).length
@@ -59,7 +47,7 @@ def test_layer_chip_image_unchanged():
 
 
 def test_model_layout():
-    cfg = _cfg()
+    cfg = model_config()
     m = cfg.model
     pb = cfg.hw.weight_port_bytes
     blocks = param_blocks(cfg)
@@ -78,7 +66,7 @@ def test_model_layout():
     assert names[-1] == "embedding" and "lm_head" not in names           # tied
     emb = mm["embedding"]
     assert (emb.rows, emb.cols) == (m.vocab, m.d_model) and emb.addr % pb == 0
-    assert "lm_head" in memory_map(_cfg(tie_embedding=False)).regions
+    assert "lm_head" in memory_map(model_config(tie_embedding=False)).regions
     # a layer's matrices are contiguous, in the one-layer order (mixer, then KDA)
     l2 = [n for n in names if n.startswith("layers.2.")]
     mm.span(l2)
@@ -86,7 +74,7 @@ def test_model_layout():
 
 
 def test_stack_without_vocab_image():
-    cfg = _cfg("tiny", n_layers=2)
+    cfg = model_config("tiny", n_layers=2)
     qm = quantize_model(random_model_params(cfg, 0), cfg, model_seed=0)
     img = qmodel_image(cfg, qm)
     back = qmodel_from_image(cfg, img)
@@ -96,11 +84,11 @@ def test_stack_without_vocab_image():
 
 
 def test_bad_model_images_refused():
-    cfg = _cfg()
-    qm = _quick(cfg, 3)
+    cfg = model_config()
+    qm = quick_model(cfg, 3)[1]
     img = qmodel_image(cfg, qm)
     with pytest.raises(ImageError, match="made for config hash"):
-        check_image(_cfg(tie_embedding=False), img)
+        check_image(model_config(tie_embedding=False), img)
     with pytest.raises(ImageError, match="bad checksum"):
         check_image(cfg, with_word(img, len(img) // 2 & ~3, 0x12345678))
     flat = qm.to_flat()
