@@ -36,6 +36,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.arith.carry_save import booth_partial_products, pipelined_add, reduce_to_two
 from hw.arith.pipeline import Pipe, plan_pipeline
+from hw.arith.reduce import or_tree
 
 
 def conv_acc_bits(in_bits: int, weight_bits: int, kernel: int) -> int:
@@ -91,11 +92,7 @@ class ShortConv(wiring.Component):
         m.d.sync += s1_valid.eq(accept)
 
         def one_hot_read(words):
-            picked = [Mux(sel[c], Value.cast(words[c]), 0) for c in range(C)]
-            while len(picked) > 1:
-                picked = [picked[i] | picked[i + 1] if i + 1 < len(picked) else picked[i]
-                          for i in range(0, len(picked), 2)]
-            return picked[0]
+            return or_tree(Mux(sel[c], Value.cast(words[c]), 0) for c in range(C))
         with m.If(accept):
             m.d.sync += [s1_x.eq(self.i.payload), s1_seen.eq(seen),
                          hist_rd_data.eq(one_hot_read(hist)), s1_taps.eq(one_hot_read(self.taps)),

@@ -57,6 +57,7 @@ from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
+from hw.arith.reduce import or_tree
 from hw.mem.fakeram import FakeRam, choose_macros
 
 STATE_MEMORY_KINDS = ("flops", "sram")
@@ -124,12 +125,8 @@ class StateMemory(wiring.Component):
         select = Signal(self.words)
         m.d.sync += select.eq(Mux(self.rd_en & ~self.cleared, Const(1, self.words) << self.rd_addr, 0))
         # cycle 2: AND-OR of the words, registered
-        picked = [Mux(select[w], store[w], 0) for w in range(self.words)]
-        while len(picked) > 1:
-            picked = [picked[i] | picked[i + 1] if i + 1 < len(picked) else picked[i]
-                      for i in range(0, len(picked), 2)]
         rd_word = Signal(wb)
-        m.d.sync += rd_word.eq(picked[0])
+        m.d.sync += rd_word.eq(or_tree(Mux(select[w], store[w], 0) for w in range(self.words)))
         m.d.comb += self.rd_data.eq(rd_word)
 
     def _sram(self, m):
@@ -167,9 +164,6 @@ class StateMemory(wiring.Component):
                                  ram.w_mask_in.eq(-1)]
                     outs.append(ram.rd_out)
                 picks.append(Mux(picked, Cat(*outs)[:wb], 0))
-        while len(picks) > 1:
-            picks = [picks[i] | picks[i + 1] if i + 1 < len(picks) else picks[i]
-                     for i in range(0, len(picks), 2)]
         rd_word = Signal(wb)
-        m.d.sync += rd_word.eq(picks[0])
+        m.d.sync += rd_word.eq(or_tree(picks))
         m.d.comb += self.rd_data.eq(rd_word)
