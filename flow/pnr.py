@@ -333,15 +333,21 @@ SUMMARY_ROWS = (   # metric, label, unit, scale
 )
 
 
-def summary_markdown(metrics: dict[str, object], paths: PnrPaths) -> str:
-    """The place-and-route section of the report page (reports/pnr.md), from the merged metrics."""
-    lines = ["## Place and route (OpenROAD, Nangate45)", "",
-             "Post-route values; every stage's report is in `pnr/reports/`, its log in `logs/pnr_<stage>.log`.",
-             "", "| | value |", "|---|---|"]
+def summary_table(metrics: dict[str, object]) -> list[str]:
+    """The post-route values as markdown table lines (SUMMARY_ROWS)."""
+    lines = ["| | value |", "|---|---|"]
     for name, label, unit, scale in SUMMARY_ROWS:
         value = metrics.get(name)
         shown = "n/a" if value is None else (f"{value * scale:.4g}" if isinstance(value, float) else str(value))
         lines.append(f"| {label} | {shown}{' ' + unit if unit and value is not None else ''} |")
+    return lines
+
+
+def summary_markdown(metrics: dict[str, object], paths: PnrPaths) -> str:
+    """The place-and-route section of the report page (reports/pnr.md), from the merged metrics."""
+    lines = ["## Place and route (OpenROAD, Nangate45)", "",
+             "Post-route values; every stage's report is in `pnr/reports/`, its log in `logs/pnr_<stage>.log`.",
+             "", *summary_table(metrics)]
     outputs = [p for p in (paths.final_odb, paths.final_def, paths.final_netlist, paths.final_spef, paths.gds)
                if p.is_file()]
     lines += ["", "Outputs: " + ", ".join(f"`{p.relative_to(paths.build.root)}`" for p in outputs) + "."]
@@ -387,7 +393,8 @@ def record(cfg: Config, build: BuildPaths, out_dir: Path, openroad_version_text:
           f"`{command}` at commit `{str(rec['run_commit'])[:12]}`"
           + (" (working tree changed)" if rec["run_working_tree_changed"] else "")
           + f", {rec['date']}, {openroad_version_text}.", "",
-          summary_markdown(metrics, paths).split("\n", 2)[2].split("\nOutputs:")[0].strip(), "",
+          "Post-route values; every stage's report is in `pnr/reports/`, its log in `logs/pnr_<stage>.log`.",
+          "", *summary_table(metrics), "",
           "| stage | wall time s |", "|---|---|"]
     md += [f"| {s.name} | {metrics[f'pnr__{s.name}__runtime__s']:,.0f} |" for s in STAGES
            if f"pnr__{s.name}__runtime__s" in metrics]
