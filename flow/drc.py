@@ -16,7 +16,7 @@ table into reports/drc.md.
 """
 from __future__ import annotations
 
-import json
+import os
 import re
 import shutil
 import subprocess
@@ -45,7 +45,6 @@ class GroupResult:
 
 
 def find_klayout(env: dict[str, str] | None = None) -> str:
-    import os
     env = os.environ if env is None else env
     named = env.get("KLAYOUT")
     found = shutil.which(named or "klayout", path=env.get("PATH"))
@@ -132,23 +131,21 @@ def run_drc(gds: Path, deck: Path, workdir: Path, logs: Path, metrics_json: Path
     klayout = klayout or find_klayout()
     workdir.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
-    results = []
+    from flow.pnr import merge_metrics
+    results, metrics = [], {}
     for i, group in enumerate(groups, 1):
         progress(f"drc [{i}/{len(groups)}] {group} ...")
         r = run_group(klayout, deck, gds, workdir, group, logs / f"drc_{group.lower()}.log")
         results.append(r)
         progress(f"drc [{i}/{len(groups)}] {group}: {r.violations} violations in {r.seconds:.0f} s")
-    metrics: dict[str, object] = {}
-    for r in results:
-        metrics[f"drc__klayout__{r.group.lower()}__violations"] = r.violations
-        metrics[f"drc__klayout__{r.group.lower()}__runtime__s"] = round(r.seconds, 1)
-    merged = json.loads(metrics_json.read_text()) if metrics_json.is_file() else {}
-    merged.update(metrics)
-    # the total over every group checked so far on this GDS (a run may check some groups only)
-    checked = [g for g in GROUPS if f"drc__klayout__{g.lower()}__violations" in merged]
-    metrics["drc__klayout__violations"] = sum(merged[f"drc__klayout__{g.lower()}__violations"] for g in checked)
-    metrics["drc__klayout__groups"] = ",".join(checked)
-    merged.update(metrics)
-    metrics_json.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
-    report_md.write_text(drc_markdown(gds, deck, results))
+        # each group's result is kept as soon as it is known: FEOL can take hours, and a
+        # later group that fails must not lose the earlier ones
+        merged = merge_metrics(metrics_json, {f"drc__klayout__{group.lower()}__violations": r.violations,
+                                              f"drc__klayout__{group.lower()}__runtime__s": round(r.seconds, 1)})
+        # the total over every group checked so far on this GDS (a run may check some groups only)
+        checked = [g for g in GROUPS if f"drc__klayout__{g.lower()}__violations" in merged]
+        metrics = {"drc__klayout__violations": sum(merged[f"drc__klayout__{g.lower()}__violations"] for g in checked),
+                   "drc__klayout__groups": ",".join(checked)}
+        metrics = {k: v for k, v in merge_metrics(metrics_json, metrics).items() if k.startswith("drc__")}
+        report_md.write_text(drc_markdown(gds, deck, results))
     return metrics

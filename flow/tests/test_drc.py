@@ -64,3 +64,34 @@ def test_cli_refuses_an_unknown_group(capsys):
     assert cli.main(["drc", "-c", "tiny", "--groups", "BEOL,METAL"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--groups BEOL,METAL: allowed are BEOL, FEOL, OFFGRID, ANTENNA" in err
+
+
+def test_a_failing_group_keeps_the_groups_before_it(tmp_path):
+    """A stand-in klayout: the BEOL copy of the deck reports two violations, FEOL crashes."""
+    import json
+    import stat
+    import sys
+
+    from flow.drc import run_drc
+    fake = tmp_path / "klayout"
+    fake.write_text(f"""#!{sys.executable}
+import sys
+args = dict(a.split("=", 1) for a in sys.argv if "=" in a)
+deck = open(sys.argv[sys.argv.index("-r") + 1]).read()
+if "FEOL    = true" in deck:
+    print("ERROR: stand-in failure"); sys.exit(1)
+open(args["report_file"], "w").write('''{LYRDB.replace("'METAL1.1'", "METAL2.1").replace("VIA1.1", "METAL2.1")}''')
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    gds = tmp_path / "chip.gds"
+    gds.write_bytes(b"gds")
+    deck = find_kit(("drc_deck",)).drc_deck
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text(json.dumps({"synth__x": 1}))
+    with pytest.raises(UserError, match="drc FEOL failed"):
+        run_drc(gds, deck, tmp_path / "work", tmp_path / "logs", metrics, tmp_path / "drc.md",
+                groups=("BEOL", "FEOL"), klayout=str(fake), progress=lambda _: None)
+    kept = json.loads(metrics.read_text())
+    assert kept["drc__klayout__beol__violations"] == 3 and kept["drc__klayout__violations"] == 3
+    assert kept["drc__klayout__groups"] == "BEOL" and kept["synth__x"] == 1
+    assert "| BEOL | 3 |" in (tmp_path / "drc.md").read_text()
