@@ -57,8 +57,9 @@ from hw.image.param_map import param_layout
 from hw.image.format import image_layout
 from hw.chip.loader import ImageLoader
 from hw.chip.residual import ResidualAdd
+from hw.chip.skid import SkidBuffer
 from hw.chip.weight_arbiter import WeightArbiter
-from hw.chip.weight_port import WeightPortSignature
+from hw.chip.weight_port import WeightPortSignature, WeightRequest, response_layout
 from moekda.formats import derived_widths, formats_for
 
 
@@ -150,19 +151,18 @@ class LayerTop(wiring.Component):
         connect(m, kda.wport, arb.up[0])
         connect(m, moe.wport, arb.up[1])
         connect(m, loader.wport, arb.up[2])
-        # the request leaves the chip from a register: the grant logic of three clients plus a
-        # block's request logic did not fit small's 1 ns with the output delay (-0.094 ns);
-        # requests are rare (a few per token), so a one-entry register taking a new one only
-        # when empty (at most one every other cycle) costs one cycle of latency per request
-        req_valid = Signal()
-        req_payload = Signal.like(arb.down.req.payload)
-        m.d.comb += [arb.down.req.ready.eq(~req_valid), self.wport.req.valid.eq(req_valid),
-                     self.wport.req.payload.eq(req_payload)]
-        with m.If(arb.down.req.valid & ~req_valid):
-            m.d.sync += [req_valid.eq(1), req_payload.eq(arb.down.req.payload)]
-        with m.Elif(self.wport.req.ready):
-            m.d.sync += req_valid.eq(0)
-        connect(m, arb.down.resp, wiring.flipped(self.wport.resp))
+        # both directions of the port cross the chip boundary through a register slice
+        # (hw/chip/skid.py): the grant logic of three clients plus a block's request logic
+        # did not fit small's 1 ns with the output delay (-0.094 ns), and a block's
+        # resp.ready through the arbiter to the pin was the routed tiny layer's worst path
+        # once the clock tree's insertion delay was in it (-0.08 ns); one cycle of latency
+        # each way, full rate
+        m.submodules.req_slice = req_slice = SkidBuffer(WeightRequest)
+        m.submodules.resp_slice = resp_slice = SkidBuffer(response_layout(cfg.hw.weight_port_bytes))
+        connect(m, arb.down.req, req_slice.i)
+        connect(m, req_slice.o, wiring.flipped(self.wport.req))
+        connect(m, wiring.flipped(self.wport.resp), resp_slice.i)
+        connect(m, resp_slice.o, arb.down.resp)
         ss_bits = derived_widths(cfg)["ss_rmsnorm"]
         period = cfg.hw.clock_period_ns
         m.submodules.norm1 = norm1 = Normalizer(fm, d, rb, ss_bits, [a], param_layout(cfg, "attn_norm"),
