@@ -35,7 +35,7 @@ import numpy as np
 from hw.image.param_map import model_param_maps, model_structural, params_bytes
 
 MAGIC = int.from_bytes(b"MKDI", "little")
-VERSION = 1
+VERSION = 2              # 2: a model's layer parameter blocks are padded to one size
 HEADER_WORDS = ("MAGIC", "VERSION", "CONFIG_HASH", "LENGTH", "CHECKSUM", "X_SCALE", "Y_SCALE")
 HOST_SCALES = {"X_SCALE": "scales.x", "Y_SCALE": "scales.y"}   # header word -> QLayer.to_flat() name
 HEADER_MIN_BYTES = 32          # 8 words: room for later fields without moving the regions

@@ -311,3 +311,32 @@ def model_tensors_flat(cfg, tensors: Mapping[str, np.ndarray]) -> dict[str, np.n
         else:
             out.setdefault(name, []).append(np.asarray(tensors[region], dtype=np.int64))
     return {k: (np.stack(v) if isinstance(v, list) else v) for k, v in out.items()}
+
+
+# ---- per-layer addressing: what a block on the shared datapath needs to know of the stack ---
+# The layer chip is a stack of one layer whose names carry no prefix; a model's layer l has
+# its matrices (and parameter block, hw/image/format.py param_blocks) under ``layers.<l>.``.
+# A block that runs every layer (KdaUnit, MoEUnit) takes the layer's index on a ``layer``
+# port of ``layer_bits(cfg)`` bits and bakes one address per layer from ``layer_prefix``.
+
+def layer_count(cfg) -> int:
+    """Layers the datapath runs per token (1 on the layer chip)."""
+    return 1 if cfg.model.is_layer_chip else cfg.model.n_layers
+
+
+def layer_bits(cfg) -> int:
+    """Width of a ``layer`` index port (at least 1 bit, so the port exists on the layer chip)."""
+    return max(1, (layer_count(cfg) - 1).bit_length())
+
+
+def layer_prefix(cfg, l: int) -> str:
+    """The memory-map (and parameter) name prefix of layer ``l``."""
+    if not 0 <= l < layer_count(cfg):
+        raise ValueError(f"layer {l}: this config has {layer_count(cfg)} layers")
+    return "" if cfg.model.is_layer_chip else f"layers.{l}."
+
+
+def layer_mixer(cfg, l: int) -> str:
+    """Channel mixer kind of layer ``l``: "moe" or "dense"."""
+    layer_prefix(cfg, l)
+    return cfg.model.mixers[l]

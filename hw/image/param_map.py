@@ -244,10 +244,18 @@ def model_param_maps(cfg) -> list[tuple[str, "ParamMap"]]:
     if cfg.model.is_layer_chip:
         return [("", param_map(cfg))]
     pb = cfg.hw.weight_port_bytes
-    out = [(f"layers.{l}.", ParamMap(tuple(param_fields(cfg, mx)), pb)) for l, mx in enumerate(cfg.model.mixers)]
+    # every layer's block has the size of the largest kind's, so the chip fetches any layer's
+    # block into one bank with the block's first byte at bit 0 (hw/chip/loader.py)
+    size = layer_block_bytes(cfg)
+    out = [(f"layers.{l}.", ParamMap(tuple(param_fields(cfg, mx)), pb, size)) for l, mx in enumerate(cfg.model.mixers)]
     if cfg.model.vocab:
         out.append(("", ParamMap(tuple(head_param_fields(cfg)), pb)))
     return out
+
+
+def layer_block_bytes(cfg) -> int:
+    """Bytes of one layer's parameter block in a model's image: the largest mixer kind's."""
+    return max(ParamMap(tuple(param_fields(cfg, mx)), cfg.hw.weight_port_bytes).nbytes for mx in set(cfg.model.mixers))
 
 
 def model_structural(cfg) -> dict[str, int]:
@@ -269,6 +277,7 @@ def params_bytes(cfg) -> int:
 class ParamMap:
     fields: tuple
     port_bytes: int
+    min_bytes: int = 0       # padded to at least this many bytes (a model's layer blocks)
 
     @property
     def bits(self) -> int:
@@ -277,7 +286,7 @@ class ParamMap:
     @property
     def nbytes(self) -> int:
         """The region's size in the image: whole port beats."""
-        raw = -(-self.bits // 8)
+        raw = max(-(-self.bits // 8), self.min_bytes)
         return -(-raw // self.port_bytes) * self.port_bytes
 
     @property
@@ -342,19 +351,27 @@ def _under(name: str, prefix: str) -> bool:
     return not prefix or name == prefix or name.startswith(prefix + ".")
 
 
-def param_map(cfg) -> ParamMap:
-    return ParamMap(tuple(param_fields(cfg)), cfg.hw.weight_port_bytes)
+def param_map(cfg, mixer: str = "moe") -> ParamMap:
+    """One layer's map (the layer chip's whole parameter region; a model's layer of that
+    mixer kind, before the padding of ``model_param_maps``)."""
+    return ParamMap(tuple(param_fields(cfg, mixer)), cfg.hw.weight_port_bytes)
 
 
-def param_layout(cfg, prefix: str = ""):
+def _fields_for(cfg, mixer: str) -> list[ParamField]:
+    return head_param_fields(cfg) if mixer == "head" else param_fields(cfg, mixer)
+
+
+def param_layout(cfg, prefix: str = "", mixer: str = "moe"):
     """The Amaranth layout of the fields under ``prefix`` (``""``: all, ``"kda"``, ``"moe"``,
     ``"res1"``, ...): nested StructLayouts following the dotted names, arrays as
     ArrayLayouts, in region order, so ``Cat`` of the whole bank is the region's bits.
-    A block's ``params`` port has ``param_layout(cfg, "<block>")``."""
+    A block's ``params`` port has ``param_layout(cfg, "<block>")``.  ``mixer``: the fields
+    of a layer with that channel mixer ("moe", "dense"), or "head" for the model's head
+    block (``param_layout(cfg, "head", mixer="head")``)."""
     from amaranth import signed, unsigned
     from amaranth.lib import data
 
-    fields = [f for f in param_fields(cfg) if _under(f.name, prefix)]
+    fields = [f for f in _fields_for(cfg, mixer) if _under(f.name, prefix)]
     if not fields:
         raise KeyError(f"no parameters under {prefix!r}")
     skip = len(prefix) + 1 if prefix else 0
@@ -374,11 +391,11 @@ def param_layout(cfg, prefix: str = ""):
     return build(tree)
 
 
-def region_value(cfg, flat: Mapping[str, np.ndarray], prefix: str = "") -> int:
+def region_value(cfg, flat: Mapping[str, np.ndarray], prefix: str = "", mixer: str = "moe") -> int:
     """The bits of the fields under ``prefix`` as one integer, LSB first: the constant a
-    test drives on a block's ``params`` port (the same bits LOAD puts in the bank)."""
-    pm = param_map(cfg)
-    sub = ParamMap(tuple(f for f in pm.fields if _under(f.name, prefix)), pm.port_bytes)
+    test drives on a block's ``params`` port (the same bits LOAD puts in the bank).
+    ``flat``: one layer's (or the head's) unprefixed names; ``mixer`` as for param_layout."""
+    sub = ParamMap(tuple(f for f in _fields_for(cfg, mixer) if _under(f.name, prefix)), cfg.hw.weight_port_bytes)
     return int.from_bytes(sub.pack(flat), "little")
 
 
