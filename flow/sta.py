@@ -249,7 +249,9 @@ def parse_endpoints(text: str) -> list[Endpoint]:
             for line in text.splitlines() if (m := _ENDPOINT.match(line))]
 
 
-_SUMMARY = re.compile(r"^(wns|tns|worst slack) (-?[\d.]+|INF|-INF)\s*$")
+# OpenSTA 2019 prints "wns -0.012"; newer ones (OpenROAD's sta) name the path group's
+# delay kind, "wns max -0.012": both are read, the setup (max) value is the summary's
+_SUMMARY = re.compile(r"^(wns|tns|worst slack)(?: max)? (-?[\d.]+|INF|-INF)\s*$")
 
 
 def parse_summary(text: str) -> dict[str, float]:

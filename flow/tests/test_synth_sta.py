@@ -217,3 +217,11 @@ def test_a_second_run_on_the_same_top_is_refused(tmp_path):
                           Steps(lambda s: None, lambda s, t: None))
     with build_lock(paths):  # released: free again
         pass
+
+
+def test_summary_of_old_and_new_opensta():
+    """OpenSTA 2019 (apt) and OpenROAD's sta word the summary differently; both parse."""
+    old = "wns -0.012\ntns -0.340\nworst slack -0.012\n"
+    new = "wns max -0.012\ntns max -0.340\nworst slack max -0.012\n"
+    want = {"wns": -0.012, "tns": -0.34, "worst slack": -0.012}
+    assert parse_summary(old) == parse_summary(new) == want
