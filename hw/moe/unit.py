@@ -1,15 +1,44 @@
 """The MoE channel mixer: one int8 token in, one int8 token out, weights streamed.
 
-Implements ``sim.models.int_moe.int_moe_step`` bit for bit.  The RTL is a
-function of the config alone: the weight matrices live in the external weight
-memory (hw/image/memory_map.py) and are read through ``wport``; every other
-per-model value (requantisation (m, s) per matrix, the selection bias, the
-sigmoid and SiLU tables, routed_scaling, the combine (m, s)) comes in on
-``params``, the MoE's slice of the chip's parameter bank (hw/image/param_map.py,
-``param_layout(cfg, "moe")``; a test drives ``region_value(cfg, flat, "moe")``).
-The parameters are static while tokens flow (the bank changes only at LOAD,
-with the chip idle), so they are read where they are used and not carried
-through pipeline registers.
+Implements ``sim.models.int_moe.int_moe_step`` bit for bit, and on a model
+whose config has dense layers (``model.mixers``) ``int_dense_step`` for the
+tokens of those layers.  The RTL is a function of the config alone: the weight
+matrices live in the external weight memory (hw/image/memory_map.py) and are
+read through ``wport``; every other per-model value (requantisation (m, s) per
+matrix, the selection bias, the sigmoid and SiLU tables, routed_scaling, the
+combine (m, s)) comes in on ``params``, the MoE's slice of the chip's parameter
+bank (hw/image/param_map.py, ``param_layout(cfg, "moe")``; a test drives
+``region_value(cfg, flat, "moe")``), and for a dense layer on ``dense_params``.
+The parameters are static while a token is inside the unit (the bank changes
+only between tokens: at LOAD, and on a model when the chip loads the next
+layer's block), so they are read where they are used and not carried through
+pipeline registers.
+
+Layers (issue 14)
+-----------------
+On a model the L layers of the stack run one after another on this one unit.
+The token's layer index comes in on ``layer`` and is registered when the token
+is accepted; everything of the token follows that register, so the top may
+change ``layer`` afterwards.  Every weight address is a per-layer constant of
+the memory map (``layer_prefix``): the router's and each bank's address are a
+lookup of constants by (layer, bank) in front of the request, and the layer's
+mixer kind is a constant bit per layer, registered (``dense_r``) with the index.
+On the layer chip (one layer) ``layer`` is unused and the logic is the
+one-layer unit's.
+
+A dense layer (int_dense_step) runs no router and no routed expert: its C =
+d_ff_dense / d_ff chunks are segments 1..C, each exactly a shared expert
+(weight 1 << wn_frac, no wait for a routing weight), read from
+``layers.<l>.dense.chunk<c>.*``.  They use the same engine, SiLU pipeline,
+products, exponent, conversion and combine; what the mode changes is the
+segment count (the last segment is C instead of S + k), the bank of a segment
+(banks E + S .. E + S + C - 1: the chunks' (m, s) from ``dense_params``), the
+combine (m, s), and the SiLU table.  The SiLU read is the one doubled piece:
+``dense_params``' table has its own 256:1 read mux, the byte picked by
+``dense_r`` behind both reads; a mux of the two tables in front of one read
+costs the same area (lut_size x 8 two-way muxes) but puts ``dense_r``'s
+2048-way fan-out in front of the read's eight levels.  The accumulators are
+``dense_combine_bits`` wide when the chunks' sum needs more than the MoE's.
 
 Ports
 -----
@@ -18,6 +47,13 @@ Ports
             output, at the scale the residual add takes).
 ``wport``   weight port (hw/chip/weight_port.py).
 ``params``  the per-model values (hw/image/param_map.py), one vector in the Verilog.
+``dense_params`` (only when a layer of the config is dense) the dense layer's values,
+            ``param_layout(cfg, "dense", mixer="dense")``; ``params`` is then unused for
+            that layer's tokens, and ``dense_params`` for a MoE layer's.
+``layer``   the token's layer, ``layer_bits(cfg)`` bits, sampled with the token
+            (``tokens.valid & tokens.ready``); unused on the layer chip.  An index >= L
+            is the top's error.  ``params`` / ``dense_params`` must hold the token's
+            layer's values from acceptance until its output is taken.
 ``cycles``  free-running cycle counter; ``tokens_done`` tokens delivered;
 ``weight_bytes`` bytes received on the weight port; ``hits[e]`` how often
 routed expert e was chosen.  For tests and reports.
@@ -30,7 +66,9 @@ chosen experts in rank order.  The router and shared-expert weights are
 requested as soon as the token arrives; each chosen expert is one more
 request (its gate, up and down matrices are contiguous), issued as soon as
 the top-k selector has its indices - while the shared experts still stream,
-so the memory latency is hidden when n_shared >= 1.
+so the memory latency is hidden when n_shared >= 1.  A dense layer's token:
+the C chunks, segments 1..C, every request issued as soon as the port takes
+it (nothing to wait for), so its latency shows once per token.
 
 Every projection (router, and gate, up, down of every shared and chosen
 expert) runs on ONE matrix-vector engine (hw/arith/matvec.py), shared in time:
@@ -71,7 +109,7 @@ from hw.arith.booth_multiply import barrel_shift_saturate, booth_multiply, clamp
 from hw.arith.carry_save import sign_extend
 from hw.arith.lut import LookupTable
 from hw.arith.matvec import MatVecEngine, MatVecFormats, saturate
-from hw.image.memory_map import memory_map
+from hw.image.memory_map import layer_bits, layer_count, layer_mixer, layer_prefix, memory_map
 from hw.moe.arith import chunked_counter, prefix_add
 from hw.moe.route import RouteWeights
 from hw.image.param_map import EXPERT_MATS, param_map, param_layout, table_fields
@@ -79,7 +117,7 @@ from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.moe.topk import TopK
 from hw.chip.weight_port import MAX_BEATS, WeightPortSignature, beats_per_row
 from moekda.config import ConfigError
-from moekda.formats import derived_widths, formats_for
+from moekda.formats import clog2, derived_widths, formats_for
 
 ROUTER, GATE, UP, DOWN = range(4)
 PROD_BITS = 15   # |SiLU(gate) * up| of two int8 values < 2**15
@@ -102,18 +140,40 @@ class MoEUnit(wiring.Component):
         self.mmap = memory_map(cfg)
         self.nb_d = beats_per_row(self.d, self.pb)
         self.nb_f = beats_per_row(self.f, self.pb)
-        self.router_beats = self.mmap["moe.router"].beats
+        self.router_beats = self.E * self.nb_d
         self.expert_beats = 2 * self.f * self.nb_d + self.d * self.nb_f
-        names = [f"moe.expert{e}" for e in range(self.E)] + [f"moe.shared{s}" for s in range(self.S)]
-        self.bank_addr = []
-        for p in names:
-            addr, nbytes = self.mmap.span([f"{p}.gate", f"{p}.up", f"{p}.down"])
-            assert nbytes == self.expert_beats * self.pb
-            self.bank_addr.append(addr)
+        # the stack: L layers on this unit, each its mixer kind and its own addresses
+        self.L = layer_count(cfg)
+        self.mixers = [layer_mixer(cfg, l) for l in range(self.L)]
+        self.has_dense = "dense" in self.mixers
+        self.C = m.dense_chunks if self.has_dense else 0
+        # banks: 0..E-1 routed experts, E..E+S-1 shared, E+S..E+S+C-1 dense chunks; per layer
+        # the address of each bank that layer has (0 for the others: never requested)
+        self.nbanks = self.E + self.S + self.C
+        self.router_addr, self.bank_addr = [], []
+        for l in range(self.L):
+            pre = layer_prefix(cfg, l)
+            banks = [0] * self.nbanks
+            if self.mixers[l] == "moe":
+                router = self.mmap[f"{pre}moe.router"]
+                assert router.beats == self.router_beats
+                self.router_addr.append(router.addr)
+                names = [(b, f"{pre}moe.expert{b}") for b in range(self.E)] + \
+                        [(self.E + j, f"{pre}moe.shared{j}") for j in range(self.S)]
+            else:
+                self.router_addr.append(0)
+                names = [(self.E + self.S + c, f"{pre}dense.chunk{c}") for c in range(self.C)]
+            for b, p in names:
+                addr, nbytes = self.mmap.span([f"{p}.gate", f"{p}.up", f"{p}.down"])
+                assert nbytes == self.expert_beats * self.pb
+                banks[b] = addr
+            self.bank_addr.append(banks)
         if max(self.router_beats, self.expert_beats) > MAX_BEATS:
             raise ConfigError(f"model.d_ff = {self.f}: an expert needs {self.expert_beats} beats, more than one "
                               f"weight request carries ({MAX_BEATS}); use a smaller d_ff/d_model")
-        self.nseg = 1 + self.S + self.k
+        # segments of a token: MoE 0 (router), 1..S shared, S+1..S+k chosen; dense 1..C
+        self.nseg_moe = 1 + self.S + self.k
+        self.nseg = max(self.nseg_moe, 1 + self.C)
         self.plan = plan_pipeline(cfg.hw.clock_period_ns)
         # the parameter fields' widths (hw/image/param_map.py) size the datapath
         self.pmap = pm = param_map(cfg)
@@ -137,15 +197,28 @@ class MoEUnit(wiring.Component):
         ef = self.engine.fmt
         engine_fields = ["moe.router"] + [f"moe.{b}.{mat}" for b in ("routed", "shared")[:1 + (self.S > 0)]
                                           for mat in EXPERT_MATS]
-        for name in engine_fields:
-            mf, sf = (pm[name + ".m"], pm[name + ".s"]) if name == "moe.router" else \
-                (pm[name + "_m"], pm[name + "_s"])
+        engine_fields = [(pm, name) for name in engine_fields]
+        if self.has_dense:
+            self.dmap = param_map(cfg, "dense")
+            engine_fields += [(self.dmap, f"dense.chunks.{mat}") for mat in EXPERT_MATS]
+        for fmap, name in engine_fields:
+            mf, sf = (fmap[name + ".m"], fmap[name + ".s"]) if name == "moe.router" else \
+                (fmap[name + "_m"], fmap[name + "_s"])
             if mf.bits > ef.mult_bits or sf.bits > ef.shift_bits:
                 raise ConfigError(f"parameter {mf.name}/{sf.name}: {mf.bits}/{sf.bits} bits do not fit the "
                                   f"engine's ({ef.mult_bits}/{ef.shift_bits})")
+        # the combine accumulators: sum_i wt_i e_i + shared << wn_frac, and on a model with a
+        # dense layer also sum_c e_c << wn_frac, which needs more bits for many chunks (model-tiny:
+        # from C = 16 on); the formula of sim/models/int_moe.py dense_combine_bits, which hw/ may
+        # not import (test_moe.py compares the two)
+        self.acc_bits = self.widths["moe_combine_acc"]
+        if self.has_dense:
+            self.acc_bits = max(self.acc_bits, fm.expert_out_bits + fm.wn_frac + clog2(self.C + 1))
+            if self.dmap["dense.comb_m"].bits != pm["moe.comb_m"].bits:
+                raise ConfigError("parameters dense.comb_m and moe.comb_m: the combine needs one width")
         # the output goes straight into the residual add: resid_bits wide
         self.out_bits = fm.resid_bits
-        super().__init__({
+        ports = {
             "tokens": In(stream.Signature(data.ArrayLayout(signed(fm.act_bits), self.d))),
             "out": Out(stream.Signature(data.ArrayLayout(signed(self.out_bits), self.d))),
             "wport": Out(WeightPortSignature(self.pb)),
@@ -155,11 +228,18 @@ class MoEUnit(wiring.Component):
             "hits": Out(unsigned(counter_bits)).array(self.E),
             "mac_beat": Out(1),
             "params": In(param_layout(cfg, "moe")),
-        })
+            "layer": In(layer_bits(cfg)),
+        }
+        if self.has_dense:
+            ports["dense_params"] = In(param_layout(cfg, "dense", mixer="dense"))
+        super().__init__(ports)
         self.counter_bits = counter_bits
 
     # ---- analytic counts (the tests compare the port's counters against these) ----
-    def bytes_per_token(self) -> int:
+    def bytes_per_token(self, mixer: str = "moe") -> int:
+        """Weight bytes a token of a layer with channel mixer ``mixer`` fetches."""
+        if mixer == "dense":
+            return self.C * self.expert_beats * self.pb
         return (self.router_beats + (self.S + self.k) * self.expert_beats) * self.pb
 
     def dense_bytes_per_token(self) -> int:
@@ -171,16 +251,46 @@ class MoEUnit(wiring.Component):
         cfg, fm, plan = self.cfg, self.fm, self.plan
         E, k, S, d, f, pb = self.E, self.k, self.S, self.d, self.f, self.pb
         nseg, nb_d, nb_f = self.nseg, self.nb_d, self.nb_f
+        L, C = self.L, self.C
         delays = plan.delays
         prm = self.params
+        dprm = self.dense_params if self.has_dense else None
 
         def per_bank(name):
-            """The E routed experts' then the S shared experts' ``name`` (gate_m, ...): banks
-            0..E-1 routed, E..E+S-1 shared, indexed by ``bank``."""
+            """The E routed experts' then the S shared experts' (then the C dense chunks')
+            ``name`` (gate_m, ...): banks 0..E-1 routed, E..E+S-1 shared, E+S.. dense,
+            indexed by ``bank``."""
             vals = [prm.routed[name][e] for e in range(E)]
             if S:
                 vals += [prm.shared[name][j] for j in range(S)]
+            if C:
+                vals += [dprm.chunks[name][c] for c in range(C)]
             return Array(Value.cast(v) for v in vals)
+
+        # ---- the token's layer: its index and mixer kind, registered when the token is
+        # accepted (nothing after acceptance decodes the port).  Per-layer values that are
+        # the same for every layer are constants: on the layer chip no layer logic at all.
+        start = Signal()     # the token is accepted (driven below, with tokens.ready)
+        if L > 1:
+            layer_r = Signal(len(self.layer), name="layer_r")
+            with m.If(start):
+                m.d.sync += layer_r.eq(self.layer)
+        kinds = {mx == "dense" for mx in self.mixers}
+        if len(kinds) == 1:
+            dense_now = dense_r = Const(int(self.has_dense), 1)
+        else:
+            dense_now = Array(Const(int(mx == "dense"), 1) for mx in self.mixers)[self.layer]
+            dense_r = Signal(name="dense_r")
+            with m.If(start):
+                m.d.sync += dense_r.eq(dense_now)
+
+        def mode(dense, moe, sel=dense_r):
+            """The dense layer's value or the MoE layer's, by the token's mixer kind."""
+            if len(kinds) == 1:
+                return dense if self.has_dense else moe
+            return Mux(sel, dense, moe)
+        # the token's last segment (S + k, or C for a dense layer's token)
+        seg_last = mode(C, self.nseg_moe - 1)
 
         # ---- submodules ----
         score_bits = self.score_shape.width          # U0.score_frac, 0..2**score_frac
@@ -196,6 +306,12 @@ class MoEUnit(wiring.Component):
         m.submodules.score_lut = score_lut = LookupTable(fm.lut_in_bits, self.score_shape)
         m.submodules.silu_lut = silu_lut = LookupTable(fm.lut_in_bits, self.silu_shape)
         m.d.comb += [score_lut.table.eq(prm.score.table), silu_lut.table.eq(prm.silu.table)]
+        silu_luts = [silu_lut]
+        if self.has_dense:
+            # the dense layer's table: its own read (see the docstring), the same stage
+            m.submodules.dense_silu_lut = dense_silu_lut = LookupTable(fm.lut_in_bits, self.silu_shape)
+            m.d.comb += dense_silu_lut.table.eq(dprm.silu.table)
+            silu_luts.append(dense_silu_lut)
         m.submodules.engine = eng = self.engine
         m.d.comb += self.mac_beat.eq(eng.beat)       # hw.lanes MACs (the chip's MACS counter)
         for i in range(E):
@@ -215,7 +331,7 @@ class MoEUnit(wiring.Component):
         conv_busy = Signal()
         conv_j = Signal(range(nb_f))
         conv_seg = Signal(range(nseg))
-        acc = Array(Signal(signed(self.widths["moe_combine_acc"]), name=f"acc{i}") for i in range(d))
+        acc = Array(Signal(signed(self.acc_bits), name=f"acc{i}") for i in range(d))
         y_out = Signal(data.ArrayLayout(signed(self.out_bits), d))
         busy = Signal()
         out_valid = Signal()
@@ -227,7 +343,7 @@ class MoEUnit(wiring.Component):
 
         def bank_of(seg):
             rank = (seg - 1 - S)[:len(route.idx[0]) + 8]
-            return Mux(seg <= S, E + seg - 1, idx[rank])
+            return mode(E + S + seg - 1, Mux(seg <= S, E + seg - 1, idx[rank]))
 
         # ---- counters: carries registered between chunks that fit the clock ----
         m.d.comb += self.cycles.eq(chunked_counter(m, plan, self.counter_bits, Const(1), "cycles"))
@@ -241,7 +357,6 @@ class MoEUnit(wiring.Component):
         # ---- token in / out ----
         m.d.comb += [self.tokens.ready.eq(~busy & ~out_valid),
                      self.out.valid.eq(out_valid), self.out.payload.eq(y_out)]
-        start = Signal()
         m.d.comb += start.eq(self.tokens.valid & self.tokens.ready)
         with m.If(start):
             m.d.sync += [busy.eq(1), h_ok.eq(0), x.as_value().eq(self.tokens.payload.as_value())]
@@ -254,21 +369,38 @@ class MoEUnit(wiring.Component):
         # ---- requests: router, shared experts, then the chosen experts ----
         rq_seg = Signal(range(nseg + 1))
         rq_busy = Signal()
-        bank_addr = Array(Const(a, range(max(self.bank_addr) + 1)) for a in self.bank_addr)
+        addr_shape = range(max(max(b) for b in self.bank_addr) + 1)
         req = self.wport.req
+        if L == 1:
+            bank_addr = Array(Const(a, addr_shape) for a in self.bank_addr[0])
+            router_addr = self.router_addr[0]
+            rq_addr = bank_addr[bank_of(rq_seg)]
+        else:
+            # one constant per (layer, bank): a lookup of a few address bits by the registered
+            # layer and the bank, no adder (a dense layer's layout is not a MoE layer's)
+            rq_bank = Signal(range(self.nbanks), name="rq_bank")
+            m.d.comb += rq_bank.eq(bank_of(rq_seg))
+            nb = 1 << len(rq_bank)
+            bank_addr = Array(Const(self.bank_addr[l][b] if l < L and b < self.nbanks else 0, addr_shape)
+                              for l in range(1 << len(layer_r)) for b in range(nb))
+            router_addr = Array(Const(self.router_addr[min(l, L - 1)], addr_shape)
+                                for l in range(1 << len(layer_r)))[layer_r]
+            rq_addr = bank_addr[Cat(rq_bank, layer_r)]
         # rq_seg <= S as a register (the compare in front of the arbiter's grant and the
-        # chip's request register was on small's worst path with run-time parameters)
+        # chip's request register was on small's worst path with run-time parameters);
+        # a dense layer's segments never wait for the router
         rq_fixed = Signal()
         m.d.comb += [
             req.valid.eq(rq_busy & (rq_fixed | route.idx_valid)),
-            req.payload.addr.eq(Mux(rq_seg == 0, self.mmap["moe.router"].addr, bank_addr[bank_of(rq_seg)])),
+            req.payload.addr.eq(Mux(rq_seg == 0, router_addr, rq_addr)),
             req.payload.beats.eq(Mux(rq_seg == 0, self.router_beats, self.expert_beats)),
         ]
         with m.If(start):
-            m.d.sync += [rq_seg.eq(0), rq_busy.eq(1), rq_fixed.eq(1)]      # segment 0 <= S
+            # MoE: segment 0 (<= S); dense: segment 1, the first chunk
+            m.d.sync += [rq_seg.eq(mode(1, 0, dense_now)), rq_busy.eq(1), rq_fixed.eq(1)]
         with m.If(req.valid & req.ready):
-            m.d.sync += [rq_seg.eq(rq_seg + 1), rq_fixed.eq(rq_seg < S)]   # (rq_seg + 1) <= S
-            with m.If(rq_seg == nseg - 1):
+            m.d.sync += [rq_seg.eq(rq_seg + 1), rq_fixed.eq(mode(1, rq_seg < S))]   # (rq_seg + 1) <= S
+            with m.If(rq_seg == seg_last):
                 m.d.sync += rq_busy.eq(0)
 
         # ---- beat sequencer: response beats -> engine beats ----
@@ -278,7 +410,8 @@ class MoEUnit(wiring.Component):
         c_beat = Signal(range(max(nb_d, nb_f)))
         c_busy = Signal()
         with m.If(start):
-            m.d.sync += [c_seg.eq(0), c_mat.eq(ROUTER), c_row.eq(0), c_beat.eq(0), c_busy.eq(1)]
+            m.d.sync += [c_seg.eq(mode(1, 0, dense_now)), c_mat.eq(mode(GATE, ROUTER, dense_now)),
+                         c_row.eq(0), c_beat.eq(0), c_busy.eq(1)]
         is_down = Signal()
         m.d.comb += is_down.eq(c_mat == DOWN)
         row_beats = Mux(is_down, nb_f, nb_d)
@@ -289,7 +422,7 @@ class MoEUnit(wiring.Component):
         # (b) a routed expert's down results need its routing weight.
         hold = Signal()
         m.d.comb += hold.eq(is_down & ((c_row == 0) & (c_beat == 0)) &
-                            ~(h_ok & (h_seg == c_seg) & ((c_seg <= S) | route.wt_valid)))
+                            ~(h_ok & (h_seg == c_seg) & mode(1, (c_seg <= S) | route.wt_valid)))
         resp = self.wport.resp
         beat = Signal()
         # the engine is always ready (its results go into a pipeline that never stalls)
@@ -332,7 +465,7 @@ class MoEUnit(wiring.Component):
                     m.d.sync += c_row.eq(0)
                     with m.If((c_mat == ROUTER) | is_down):
                         m.d.sync += [c_seg.eq(c_seg + 1), c_mat.eq(GATE)]
-                        with m.If(c_seg == nseg - 1):
+                        with m.If(c_seg == seg_last):
                             m.d.sync += c_busy.eq(0)
                     with m.Else():
                         m.d.sync += c_mat.eq(c_mat + 1)
@@ -360,6 +493,8 @@ class MoEUnit(wiring.Component):
         # stage C: tables addressed by the requantised code
         m.d.comb += [score_lut.addr.eq(c_y), score_lut.en.eq(c_valid & (c_kind == ROUTER)),
                      silu_lut.addr.eq(c_y), silu_lut.en.eq(c_valid & (c_kind == GATE))]
+        for lut in silu_luts[1:]:
+            m.d.comb += [lut.addr.eq(c_y), lut.en.eq(c_valid & (c_kind == GATE))]
 
         t_valid = reg("t_valid", 1, c_valid, reset_less=False)
         t_kind = reg("t_kind", 2, c_kind)
@@ -380,10 +515,11 @@ class MoEUnit(wiring.Component):
                      topk.inp.payload.tag.eq(k_tag)]
         for j in range(f):
             with m.If(t_valid & (t_kind == GATE) & (t_row == j)):
-                m.d.sync += buf[j].eq(silu_lut.data)
+                m.d.sync += buf[j].eq(mode(silu_luts[-1].data, silu_lut.data))
         rank = (t_seg - 1 - S)[:max(1, (k - 1).bit_length())]
         # down: routed experts weigh by wt, shared ones by 1.0 = 1 << wn_frac
-        weight = Mux(t_seg <= S, 1 << fm.wn_frac, wt[rank])
+        # (a dense layer's chunks all weigh 1.0)
+        weight = mode(1 << fm.wn_frac, Mux(t_seg <= S, 1 << fm.wn_frac, wt[rank]))
         o_valid = reg("o_valid", 1, t_valid & ((t_kind == UP) | (t_kind == DOWN)), reset_less=False)
         o_kind = reg("o_kind", 2, t_kind)
         o_row = reg("o_row", t_row.shape(), t_row)
@@ -396,7 +532,7 @@ class MoEUnit(wiring.Component):
         # output + the row's running sum (one more word of the same carry-save
         # tree; the first contributing segment starts from zero).  Registers
         # where the clock needs them (hw/arith/pipeline.py).
-        acc_bits = self.widths["moe_combine_acc"]
+        acc_bits = self.acc_bits
         prod_bits = acc_bits + 1
         mul = Pipe(m, plan, "mul")
         live = {"valid": o_valid, "kind": o_kind, "row": o_row, "seg": o_seg, "a": o_a, "b": o_b}
@@ -471,7 +607,7 @@ class MoEUnit(wiring.Component):
         # (clamped to the product's width: a larger shift gives 0 as well),
         # saturation in its own stage, then into the output
         comb = Pipe(m, plan, "comb")
-        last_seg = u_seg == nseg - 1
+        last_seg = u_seg == seg_last
         live = {"valid": u_valid & (u_kind == DOWN) & last_seg, "row": u_row}
         comb_m_bits = self.pmap["moe.comb_m"].bits
         prod_signed = acc_bits + comb_m_bits          # |acc * comb_m| < 2**(prod_signed - 1)
@@ -482,8 +618,11 @@ class MoEUnit(wiring.Component):
         comb_m = Signal(comb_m_bits, name="comb_mult", reset_less=True)
         comb_s = Signal(range(prod_signed + 1), name="comb_shift", reset_less=True)
         comb_rnd = Signal(rq_bits, name="comb_rounding", reset_less=True)
-        m.d.sync += [comb_m.eq(prm.comb_m), comb_s.eq(clamp_shift(prm.comb_s, prod_signed)),
-                     comb_rnd.eq(rounding_word(clamp_shift(prm.comb_s, prod_signed), rq_bits))]
+        # (and behind dense_r: a dense layer's token takes dense_params' pair)
+        prm_comb_m = mode(dprm.comb_m, prm.comb_m) if dprm is not None else prm.comb_m
+        prm_comb_s = mode(dprm.comb_s, prm.comb_s) if dprm is not None else prm.comb_s
+        m.d.sync += [comb_m.eq(prm_comb_m), comb_s.eq(clamp_shift(prm_comb_s, prod_signed)),
+                     comb_rnd.eq(rounding_word(clamp_shift(prm_comb_s, prod_signed), rq_bits))]
         live = booth_multiply(comb, live, u_val[:acc_bits].as_signed(), comb_m, rq_bits, "p",
                               extra_words=[comb_rnd])
         # the shift travels with the value (a copy per stage) rather than being read from

@@ -14,6 +14,15 @@ engine takes one beat per cycle); MOEKDA_RESP_STALL overrides the case's
 response stall (1.0: the memory never answers, how
 sim/tests/test_bench_limits.py makes the unit hang).
 
+A model's case (meta ``layers``, issue 14) gives each token a layer: the
+source offers a token only when the unit is empty (every earlier output taken),
+with ``layer`` and that layer's values on ``params`` / ``dense_params`` (as the
+chip reloads its bank between layers), holds them while the token is inside,
+drives random bits every cycle on the port the layer has no values for, and a
+random ``layer`` whenever no token is offered (the unit samples it on
+acceptance only).  On the layer chip ``layer`` is left undriven (Icarus: z), so
+an output that depended on it would carry X and fail.
+
 Every signal is driven after the falling edge and handshakes are sampled in
 the ReadOnly phase of that step (see weight_memory.py).
 """
@@ -41,19 +50,49 @@ def unpack(word: int, n: int, bits: int) -> list[int]:
     return [(((word >> (bits * i)) & mask) ^ sign) - sign for i in range(n)]
 
 
+class LayerPorts:
+    """A model's per-token ports: ``layer``, ``params`` and (with a dense layer) ``dense_params``."""
+
+    def __init__(self, dut, meta, rng):
+        self.dut, self.rng = dut, rng
+        self.layers = meta["layers"]
+        self.values = [{k: (None if v is None else int(v, 16)) for k, v in p.items()} for p in meta["layer_ports"]]
+        self.ports = [n for n in ("params", "dense_params") if hasattr(dut, n)]
+        self.bits = meta["port_bits"]
+        self.layer_bits = len(dut.layer.value)
+        self.cur = None          # the layer of the token offered or inside
+
+    def drive(self, offered: bool):
+        """Every cycle: the current layer's values held, random bits where it has none, and
+        a random layer index while no token is offered."""
+        for name in self.ports:
+            v = None if self.cur is None else self.values[self.cur][name]
+            getattr(self.dut, name).value = self.rng.getrandbits(self.bits[name]) if v is None else v
+        self.dut.layer.value = self.cur if offered else self.rng.getrandbits(self.layer_bits)
+
+
 class TokenSource:
-    def __init__(self, dut, tokens, stall, rng):
+    def __init__(self, dut, tokens, stall, rng, layer_ports=None, outputs_taken=None):
         self.dut, self.tokens, self.stall, self.rng = dut, tokens, stall, rng
+        self.layer_ports, self.outputs_taken = layer_ports, outputs_taken
         self.sent = 0
 
     async def run(self):
         dut = self.dut
+        lp = self.layer_ports
         offered = False
         while self.sent < len(self.tokens):
             await FallingEdge(dut.clk)
-            if not offered and self.rng.random() >= self.stall:
+            # a model's token waits until the unit is empty: its layer's parameters replace the
+            # previous token's only then (the unit reads them while a token is inside)
+            empty = lp is None or self.outputs_taken() == self.sent
+            if not offered and empty and self.rng.random() >= self.stall:
                 dut.tokens__payload.value = pack(self.tokens[self.sent])
                 offered = True
+                if lp is not None:
+                    lp.cur = lp.layers[self.sent]
+            if lp is not None:
+                lp.drive(offered)
             dut.tokens__valid.value = int(offered)
             await ReadOnly()
             if offered and int(dut.tokens__ready.value):
@@ -107,8 +146,10 @@ async def moe_tokens_bit_exact(dut):
     d, pb = meta["d"], meta["port_bytes"]
     rng = random.Random(meta["seed"])
     # the model's values on the parameter port (hw/image/param_map.py region_value), static
-    # for the whole run like the chip's parameter bank
-    dut.params.value = int(meta["params"], 16)
+    # for the whole run like the chip's parameter bank; a model's: per token (LayerPorts)
+    layered = meta.get("layers") is not None
+    if not layered:
+        dut.params.value = int(meta["params"], 16)
     cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
     cycle = [0]
 
@@ -121,6 +162,10 @@ async def moe_tokens_bit_exact(dut):
     resp_stall = tb_param("resp_stall", meta["resp_stall"], float)
     bound = meta["bytes_per_token"] / pb
 
+    def new_source(toks, sink):
+        lp = LayerPorts(dut, meta, rng) if layered else None
+        return TokenSource(dut, toks, meta["in_stall"], rng, lp, lambda: len(sink.got))
+
     def new_memory(seed):
         return WeightMemory(dut, case["image"].tobytes(), pb, meta["latency"], prefix="wport",
                             req_stall=meta["req_stall"], resp_stall=resp_stall, seed=seed).start()
@@ -129,8 +174,8 @@ async def moe_tokens_bit_exact(dut):
     if meta["reset_after"]:
         # first pass: some tokens, then a reset while a token is in flight
         mem = new_memory(meta["seed"] + 1)
-        src = TokenSource(dut, tokens[:meta["reset_after"] + 1], meta["in_stall"], rng)
         sink = TokenSink(dut, d, meta["out_bits"], meta["out_stall"], rng)
+        src = new_source(tokens[:meta["reset_after"] + 1], sink)
         src_task = cocotb.start_soon(src.run())
         await sink.run(meta["reset_after"], lambda: cycle[0], cycle_limit(bound, meta["reset_after"]), bound)
         await ClockCycles(dut.clk, rng.randrange(5, 60))
@@ -142,16 +187,17 @@ async def moe_tokens_bit_exact(dut):
 
     mem = new_memory(meta["seed"] + 2)
     c0 = cycle[0]
-    src = TokenSource(dut, tokens, meta["in_stall"], rng)
     sink = TokenSink(dut, d, meta["out_bits"], meta["out_stall"], rng)
+    src = new_source(tokens, sink)
     cocotb.start_soon(src.run())
     limit = cycle_limit(bound, len(tokens))
     await sink.run(len(tokens), lambda: cycle[0], limit, bound)
     cycles = cycle[0] - c0
     dut._log.info(f"{len(tokens)} tokens: cycles used {cycles} of limit {limit}")
     for i, (got, want) in enumerate(zip(sink.got, expected)):
+        where = f" of layer {meta['layers'][i]}" if layered else ""
         assert got == [int(v) for v in want], \
-            f"token {i}: got {got}, model {[int(v) for v in want]} (input {[int(v) for v in tokens[i]]})"
+            f"token {i}{where}: got {got}, model {[int(v) for v in want]} (input {[int(v) for v in tokens[i]]})"
 
     await ReadOnly()
     hits = [int(getattr(dut, f"hits__{e}").value) for e in range(meta["E"])] if hasattr(dut, "hits__0") else None
@@ -161,6 +207,7 @@ async def moe_tokens_bit_exact(dut):
         "weight_bytes": int(dut.weight_bytes.value),
         "memory_bytes": mem.counters.bytes,
         "requests": mem.counters.requests,
+        "request_log": mem.counters.log,
         "hits": hits,
         "cycles": cycles,
         "dut_cycles": int(dut.cycles.value),

@@ -11,6 +11,12 @@ router scores; all +127 / all -128 / alternating -> saturated engine
 outputs), then tokens taken from the integer layer model running on
 residual-stream-like inputs (the distribution the router really sees), then
 uniform random int8 vectors.
+
+A model's case (``build_model_case``, issue 14): tokens of every layer of the
+stack in a mixed order, each with its layer index; the weight memory is the
+model's image (every layer's matrices at their addresses), the ports carry the
+token's layer's values (``params`` of a MoE layer, ``dense_params`` of a dense
+one), and the expected output is int_moe_step or int_dense_step of that layer.
 """
 from __future__ import annotations
 
@@ -21,11 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from hw.image.memory_map import build_image, memory_map, qlayer_tensors
-from hw.image.param_map import region_value
+from hw.image.param_map import param_layout, region_value
 from moekda.config import Config, config_from_dict, load_config
 from moekda.formats import formats_for
+from sim.models.image import qmodel_image
 from sim.models.int_layer import int_run_layer, quantize_input
-from sim.models.int_moe import int_moe_step
+from sim.models.int_model import int_run_model
+from sim.models.int_moe import int_dense_step, int_moe_step
 from sim.models.params import random_inputs, random_params
 from sim.models.quantize import quantize_layer
 
@@ -41,6 +49,10 @@ class MoECase:
     score: np.ndarray       # (T, E)
     saturated: np.ndarray   # (T,) engine outputs of this token hit the int8 rails
     image: bytes
+    # a model's case: the layer of each token, and per layer the value of each parameter
+    # port (None where the layer has no such mixer); None on the layer chip
+    layers: np.ndarray | None = None
+    layer_ports: list | None = None
 
 
 def make_config(base: str = "tiny", **model) -> Config:
@@ -82,7 +94,6 @@ def build_case(cfg: Config, n_tokens: int, seed: int = 0, zero_bias: bool = Fals
     tokens = np.concatenate([np.array(corners, dtype=np.int64), layer_hn(q, cfg, n_layer, seed + 1),
                              rng.integers(-128, 128, size=(n_rand, d))])[:n_tokens].astype(np.int64)
     exp, idx, choice, score, sat = [], [], [], [], []
-    lo, hi = -(1 << (fm.act_bits - 1)), (1 << (fm.act_bits - 1)) - 1
     for hn in tokens:
         t: dict = {}
         out, (i, _w) = int_moe_step(q.moe, cfg, fm, hn, trace=t)
@@ -90,11 +101,59 @@ def build_case(cfg: Config, n_tokens: int, seed: int = 0, zero_bias: bool = Fals
         idx.append(i)
         score.append(t["score"])
         choice.append(t["score"] + q.moe.bias)
-        vals = np.concatenate([np.concatenate([e["gate"], e["up"], e["hid"], e["out"]]) for e in t["experts"]])
-        sat.append(bool(np.any((vals == lo) | (vals == hi))))
+        sat.append(_saturated(t, fm))
     image = build_image(cfg, qlayer_tensors(q), memory_map(cfg))
     return MoECase(cfg, q, tokens, np.array(exp), np.array(idx), np.array(choice), np.array(score),
                    np.array(sat), image)
+
+
+def _saturated(t: dict, fm) -> bool:
+    lo, hi = -(1 << (fm.act_bits - 1)), (1 << (fm.act_bits - 1)) - 1
+    vals = np.concatenate([np.concatenate([e["gate"], e["up"], e["hid"], e["out"]]) for e in t["experts"]])
+    return bool(np.any((vals == lo) | (vals == hi)))
+
+
+def build_model_case(cfg: Config, qm, per_layer: int, seed: int = 0) -> MoECase:
+    """``per_layer`` tokens of each layer of the quantised model ``qm`` (sim.models.qparams.QModel),
+    in a shuffled order: per layer the all-zero and the alternating corner, hn of the integer
+    model's own forward pass (the layer's real input distribution), one uniform random vector.
+    ``idx`` is -1 and ``choice``/``score`` 0 for a dense layer's tokens (no router)."""
+    fm, m = formats_for(cfg), cfg.model
+    d, L, rng = m.d_model, m.n_layers, np.random.default_rng(seed + 7)
+    traces: list = []
+    int_run_model(qm, cfg, rng.integers(0, m.vocab, size=max(0, per_layer - 3)), traces=traces)
+    corners = [np.zeros(d), np.where(np.arange(d) % 2, 127, -128)]
+    hn = {l: np.concatenate([np.array(corners, dtype=np.int64),
+                             np.array([t["layers"][l]["hn_unit"] for t in traces], dtype=np.int64).reshape(-1, d),
+                             rng.integers(-128, 128, size=(1, d))])[:per_layer] for l in range(L)}
+    order = [(l, i) for l in range(L) for i in range(per_layer)]
+    order = [order[j] for j in rng.permutation(len(order))]
+    tokens, layers, exp, idx, choice, score, sat = [], [], [], [], [], [], []
+    for l, i in order:
+        q, x = qm.layers[l], hn[l][i]
+        t: dict = {}
+        if q.mixer == "dense":
+            out = int_dense_step(q.dense, cfg, fm, x, trace=t)
+            idx.append(np.full(m.top_k, -1))
+            score.append(np.zeros(m.n_experts, dtype=np.int64))
+            choice.append(np.zeros(m.n_experts, dtype=np.int64))
+        else:
+            out, (sel, _w) = int_moe_step(q.moe, cfg, fm, x, trace=t)
+            idx.append(sel)
+            score.append(t["score"])
+            choice.append(t["score"] + q.moe.bias)
+        tokens.append(x)
+        layers.append(l)
+        exp.append(out)
+        sat.append(_saturated(t, fm))
+    ports = []
+    for q in qm.layers:
+        flat = q.to_flat()
+        ports.append({"params": region_value(cfg, flat, "moe") if q.mixer == "moe" else None,
+                      "dense_params": region_value(cfg, flat, "dense", mixer="dense") if q.mixer == "dense"
+                      else None})
+    return MoECase(cfg, qm, np.array(tokens, dtype=np.int64), np.array(exp), np.array(idx), np.array(choice),
+                   np.array(score), np.array(sat), qmodel_image(cfg, qm), np.array(layers), ports)
 
 
 def moe_params(case: MoECase) -> int:
@@ -112,6 +171,15 @@ def save_case(case: MoECase, path: Path, *, req_stall: float, resp_stall: float,
             "in_stall": in_stall, "out_stall": out_stall, "reset_after": reset_after, "seed": seed,
             "bytes_per_token": bytes_per_token, "out_bits": out_bits,
             # the MoE's slice of the parameter bank for this model, as hex (wider than json ints)
-            "params": format(moe_params(case), "x")}
+            "params": None if case.layers is not None else format(moe_params(case), "x")}
+    if case.layers is not None:
+        # a model: each token's layer, and per layer each port's value (hex) or None (the
+        # bench drives random bits there: the unit must not read it), and the ports' widths
+        meta.update({
+            "layers": [int(l) for l in case.layers], "n_layers": cfg.model.n_layers,
+            "layer_ports": [{k: (None if v is None else format(v, "x")) for k, v in p.items()}
+                            for p in case.layer_ports],
+            "port_bits": {"params": param_layout(cfg, "moe").size,
+                          "dense_params": param_layout(cfg, "dense", mixer="dense").size}})
     np.savez(path, tokens=case.tokens, expected=case.expected, idx=case.idx,
              image=np.frombuffer(case.image, dtype=np.uint8), meta=json.dumps(meta))

@@ -4,8 +4,10 @@ Each case builds the RTL from a config alone (hw.tops, the `moe` top), runs the
 bench sim/cocotb/tb_moe.py with stalls on every stream and a reset in the
 middle of a token, and checks here what the bench measured: tokens, weight
 bytes per token (against the analytic count for k + shared experts, which is
-also printed next to a dense layer's), per-expert hit counters, and the
-coverage of the routing corner cases by the token set.
+also printed next to a dense layer's), per-expert hit counters, the address of
+every weight request (from the memory map), and the coverage of the routing
+corner cases by the token set.  A model's case (issue 14) runs tokens of every
+layer of model-tiny, its dense layer among them, in a mixed order on one unit.
 """
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ import numpy as np
 import pytest
 from cocotb_tools.runner import get_runner
 
+from hw.image.memory_map import layer_mixer, layer_prefix, memory_map
 from hw.moe.unit import MoEUnit
 from moekda.config import REPO_ROOT
 from sim.cocotb_util import sim_config, sim_configs, simulator_available
-from sim.cocotb.tb_moe_case import build_case, make_config, moe_params, save_case
+from sim.cocotb.tb_moe_case import build_case, build_model_case, make_config, moe_params, save_case
 
 BENCH_DIR = REPO_ROOT / "sim" / "cocotb"
 # the benches build a unit only for its analytic counts (the Verilog comes from hw.tops)
@@ -55,8 +58,10 @@ def run_moe_case(case, built, workdir: Path, sim: str = "icarus", stalls: float 
     workdir.mkdir(parents=True, exist_ok=True)
     runner, build_dir, _ = built
     unit = MoEUnit(case.cfg)     # for the analytic counts only
+    # the roofline of the bench's cycle limit: the heavier token kind
+    per_token = max(unit.bytes_per_token(mx) for mx in set(case.cfg.model.mixers))
     save_case(case, workdir / "case.npz", req_stall=stalls, resp_stall=stalls, in_stall=stalls,
-              out_stall=stalls, reset_after=reset_after, seed=seed, bytes_per_token=unit.bytes_per_token(),
+              out_stall=stalls, reset_after=reset_after, seed=seed, bytes_per_token=per_token,
               out_bits=unit.out_bits)
     result_path = workdir / "result.json"
     if result_path.exists():
@@ -122,6 +127,39 @@ def check_counters(case, res):
           f"({per_token / dense:.2f}x); {res['cycles'] / n:.1f} cycles/token with stalls")
 
 
+def expected_requests(case) -> list[tuple[int, int]]:
+    """(addr, beats) of every weight request of the case's tokens, in order, from the memory
+    map alone: a MoE layer's token its router, its shared experts, its chosen experts in rank
+    order; a dense layer's token its chunks (each gate, up, down: one request)."""
+    cfg, m = case.cfg, case.cfg.model
+    mmap = memory_map(cfg)
+    out = []
+
+    def block(name):
+        addr, nbytes = mmap.span([f"{name}.gate", f"{name}.up", f"{name}.down"])
+        return addr, nbytes // cfg.hw.weight_port_bytes
+
+    layers = case.layers if case.layers is not None else np.zeros(len(case.tokens), dtype=int)
+    for l, sel in zip(layers, case.idx):
+        pre = layer_prefix(cfg, int(l))
+        if layer_mixer(cfg, int(l)) == "dense":
+            out += [block(f"{pre}dense.chunk{c}") for c in range(m.dense_chunks)]
+        else:
+            router = mmap[f"{pre}moe.router"]
+            out.append((router.addr, router.beats))
+            out += [block(f"{pre}moe.shared{j}") for j in range(m.n_shared)]
+            out += [block(f"{pre}moe.expert{int(e)}") for e in sel]
+    return out
+
+
+def check_requests(case, res):
+    got = [tuple(r) for r in res["request_log"]]
+    want = expected_requests(case)
+    assert len(got) == len(want), f"{len(got)} weight requests, the tokens need {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"weight request {i}: (addr, beats) {g}, the memory map says {w}"
+
+
 def check_coverage(case, *, all_equal: bool):
     E, k = case.cfg.model.n_experts, case.cfg.model.top_k
     assert set(case.idx.reshape(-1)) == set(range(E)), "not every expert was chosen"
@@ -160,6 +198,7 @@ def test_moe_bit_exact_icarus(name, tmp_path):
     case = build_case(cfg, n, seed=3, zero_bias=zero_bias)
     res = run_moe_bench(case, tmp_path, "icarus")
     check_counters(case, res)
+    check_requests(case, res)
     if zero_bias:
         assert any(len(set(c)) == 1 for c in case.choice)
 
@@ -243,3 +282,72 @@ def test_moe_cycles_per_token_without_stalls(config, tmp_path):
     print(f"\n{config}: {steady:.1f} cycles/token without stalls, {beats} weight beats/token, "
           f"bound {bound}; {unit.bytes_per_token()} B/token vs dense {unit.dense_bytes_per_token()} B")
     assert beats <= steady <= bound
+
+
+# ---- a model: every layer of the stack on one unit (issue 14) ---------------------------
+
+def check_model_counters(case, res):
+    """Bytes per token by the token's mixer kind (analytic, independent of the RTL), hits of
+    the MoE layers' tokens only."""
+    cfg, m = case.cfg, case.cfg.model
+    unit = res["unit"]
+    pb = cfg.hw.weight_port_bytes
+    pad = lambda c: -(-c // pb) * pb  # noqa: E731
+    expert = 2 * m.d_ff * pad(m.d_model) + m.d_model * pad(m.d_ff)
+    per_kind = {"moe": m.n_experts * pad(m.d_model) + (m.top_k + m.n_shared) * expert,
+                "dense": m.dense_chunks * expert}
+    for kind, n in per_kind.items():
+        assert unit.bytes_per_token(kind) == n
+    want = sum(per_kind[layer_mixer(cfg, int(l))] for l in case.layers)
+    assert res["tokens_done"] == len(case.tokens)
+    assert res["weight_bytes"] == want == res["memory_bytes"]
+    moe_idx = case.idx[case.idx[:, 0] >= 0]
+    assert res["hits"] == [int(v) for v in np.bincount(moe_idx.reshape(-1), minlength=m.n_experts)]
+
+
+def layer_order_coverage(layers, mixers) -> dict:
+    """What the token order exercises: a dense token after a MoE one and the reverse, two
+    different MoE layers back to back, and one layer twice in a row."""
+    pairs = list(zip(layers, layers[1:]))
+    kind = lambda l: mixers[int(l)]  # noqa: E731
+    return {"moe_to_dense": any(kind(a) == "moe" and kind(b) == "dense" for a, b in pairs),
+            "dense_to_moe": any(kind(a) == "dense" and kind(b) == "moe" for a, b in pairs),
+            "moe_to_other_moe": any(kind(a) == kind(b) == "moe" and a != b for a, b in pairs),
+            "same_layer": any(a == b for a, b in pairs)}
+
+
+def test_moe_model_tiny_icarus(tmp_path):
+    """model-tiny's four layers (layer 0 dense, 1..3 MoE) on one unit: tokens of every layer in
+    a mixed order, each with its layer index and that layer's parameters on the ports (random
+    bits on the port of the other kind, a random ``layer`` while no token is offered), the
+    model's image as the weight memory, stalls on every stream and a reset in the middle of a
+    token; bit-exact with int_dense_step / int_moe_step of the token's layer, every weight
+    request at the address the memory map gives that layer."""
+    from sim.tests.model_cases import model_config, quick_model
+    cfg = model_config(sim_config("model-tiny"))
+    if cfg.model.is_layer_chip:
+        pytest.skip(f"{cfg.name} is a layer chip: no layers to sequence (the cases above run it)")
+    _, qm = quick_model(cfg, seed=4)
+    case = build_model_case(cfg, qm, per_layer=4, seed=4)
+    cover = layer_order_coverage(list(case.layers), cfg.model.mixers)
+    assert all(cover.values()), f"token order does not cover {[k for k, v in cover.items() if not v]}"
+    assert case.saturated.any(), "no token saturated an engine output"
+    res = run_moe_bench(case, tmp_path, "icarus", stalls=0.25, reset_after=2, seed=4)
+    check_model_counters(case, res)
+    check_requests(case, res)
+
+
+@pytest.mark.parametrize("chunks", [3, 16])
+def test_dense_accumulator_width(chunks):
+    """The unit's combine accumulators are as wide as int_moe.dense_combine_bits says a dense
+    layer's sum needs (on model-tiny wider than the MoE's from 16 chunks on), the
+    same formula written twice because hw/ may not import sim/."""
+    from moekda.formats import derived_widths, formats_for
+    from sim.models.int_moe import dense_combine_bits
+    from sim.tests.model_cases import model_config
+    cfg = model_config("model-tiny", d_ff_dense=chunks * 16)
+    unit = MoEUnit(cfg)
+    assert unit.acc_bits == dense_combine_bits(cfg, formats_for(cfg))
+    assert (unit.acc_bits > derived_widths(cfg)["moe_combine_acc"]) == (chunks == 16)
+    tiny = make_config("tiny")
+    assert MoEUnit(tiny).acc_bits == derived_widths(tiny)["moe_combine_acc"]
