@@ -24,6 +24,10 @@ from flow.synth import SynthStats
 
 TOP = "(top)"
 UNMAPPED = "unmapped"
+# the layer datapath (hw/chip/datapath.py) is one level of both chips' hierarchy; the
+# patterns name what is inside it (``kda/...`` is ``datapath/kda/...``), its own logic
+# (the stage FSMs and token buffers) is ``datapath``
+DATAPATH = "datapath"
 
 
 @dataclass(frozen=True)
@@ -48,9 +52,9 @@ CATEGORIES: tuple[Category, ...] = (
     Category("experts", "experts' datapath (MoE control, SiLU, combine)",
              ("moe", "moe/silu_lut/**")),
     Category("residual", "token buffers and residual adds (top)",
-             (TOP, "res1/**", "res2/**")),
-    Category("control", "control (weight arbiter, CSRs)",
-             ("arbiter/**", "csr/**")),
+             (TOP, DATAPATH, "res1/**", "res2/**")),
+    Category("control", "control (weight arbiter, port slices, CSRs)",
+             ("arbiter/**", "req_slice/**", "resp_slice/**", "csr/**")),
     Category("params", "parameter bank and LOAD (hw/chip/loader.py)",
              ("loader/**",)),
 )
@@ -70,6 +74,8 @@ def category_of(path: str) -> str:
     """The key of the first category with a pattern matching ``path``, else ``unmapped``.
     ``path`` is an instance path (a/b/c, ``#i`` suffixes of repeated instances ignored)."""
     clean = "/".join(part.split("#", 1)[0] for part in path.split("/"))
+    if clean.startswith(DATAPATH + "/"):
+        clean = clean[len(DATAPATH) + 1:]
     for cat in CATEGORIES:
         if any(_matches(p, clean) for p in cat.patterns):
             return cat.key

@@ -156,7 +156,7 @@ def _category_section(stats: SynthStats) -> list[str]:
     lines = ["## Area by category", "",
              "Each instance's own cells (not its children's) go to the first category of the table "
              "in `flow/categories.py` whose pattern matches its path; `unmapped` collects the rest "
-             "and is always listed.  **KDA state** is the named submodule `kda/delta/mem` "
+             "and is always listed.  **KDA state** is the named submodule `datapath/kda/delta/mem` "
              "(hw/kda/state.py: the state registers, their write decode and the registered one-hot read select and AND-OR tree); the "
              "delta rule's arithmetic is KDA datapath.  The top's own logic `(top)` (the token "
              "buffers of both stages, their FSMs and counters) is counted with the residual adds.  "

@@ -30,7 +30,7 @@ def test_each_issue_category_owns_a_block_of_the_tiny_layer(tiny_instances):
 
 def test_kda_state_is_the_state_memory_alone(tiny_instances):
     state = [p for p in tiny_instances if category_of(p) == "kda_state"]
-    assert state == ["kda/delta/mem"]
+    assert state == ["datapath/kda/delta/mem"]
     assert category_of("kda/delta") == "kda_datapath"
 
 

@@ -21,7 +21,10 @@ word name           rw meaning
                        bit2 COUNTERS_RESET (write 1): zero every counter;
                        bit3 LOAD (write 1): read the memory image into the
                        parameter bank (hw/chip/loader.py), as soon as no token is
-                       inside; the next token starts a new sequence
+                       inside; the next token starts a new sequence; bit4 LOGITS
+                       (the model chip): every logit goes out on the ``logits``
+                       stream too, which then holds the chip until it is read
+                       (reset 0: the stream stays idle and never stalls)
 0x02 STATUS         r  bit0 BUSY (a token is inside), bit1 CLEAR pending,
                        bit2 input token waiting (i.valid), bit3 output token
                        waiting (o.valid), bit4 LOADING (LOAD asked or
@@ -44,10 +47,13 @@ word name           rw meaning
                        (hw/chip/loader.py LOAD_ERRORS): bit0 MAGIC, bit1 VERSION,
                        bit2 CONFIG_HASH, bit3 LENGTH, bit4 CHECKSUM
 0x0C IMAGE_BYTES    r  the image length this chip expects
+0x0D FETCH_CYCLES   r  model chip: cycles spent fetching layer parameter blocks
+0x0E LAYER_CYCLES   r  model chip: cycles with a token in the layer datapath
+0x0F HEAD_CYCLES    r  model chip: cycles with a token in the head (LM head, argmax)
 0x10 D_MODEL ...    r  configuration read-back: D_MODEL, N_HEADS, HEAD_DIM,
-     0x1A              N_EXPERTS, TOP_K, D_FF, N_SHARED, GATE_RANK,
+     0x1C              N_EXPERTS, TOP_K, D_FF, N_SHARED, GATE_RANK,
                        PORT_BYTES, LANES, CONFIG_HASH (first 8 hex digits of
-                       the config hash)
+                       the config hash), N_LAYERS, VOCAB
 ==== ============== == ======================================================
 
 Counters are 32 bits and wrap.
@@ -64,11 +70,14 @@ ADDR_BITS = 6
 DATA_BITS = 32
 CHIP_ID = 0x4D4B4441
 
-CTRL_RUN, CTRL_CLEAR, CTRL_COUNTERS_RESET, CTRL_LOAD = 1, 2, 4, 8
+CTRL_RUN, CTRL_CLEAR, CTRL_COUNTERS_RESET, CTRL_LOAD, CTRL_LOGITS = 1, 2, 4, 8, 16
 STATUS_BITS = ("BUSY", "CLEAR_PENDING", "IN_WAITING", "OUT_WAITING", "LOADING", "LOADED", "LOAD_ERROR")
 STATUS = {name: 1 << n for n, name in enumerate(STATUS_BITS)}
 
 COUNTERS = ("CYCLES", "BUSY_CYCLES", "TOKENS", "MACS", "WEIGHT_BYTES", "TOKEN_CYCLES")
+# the model chip's phase counters (hw/chip/model.py): cycles spent fetching layer parameter
+# blocks, in the layers, and in the head, summed over tokens (per layer: / (TOKENS x N_LAYERS))
+STAGE_COUNTERS = ("FETCH_CYCLES", "LAYER_CYCLES", "HEAD_CYCLES")
 CONFIG_FIELDS = (("D_MODEL", "model.d_model"), ("N_HEADS", "model.n_heads"), ("HEAD_DIM", "model.head_dim"),
                  ("N_EXPERTS", "model.n_experts"), ("TOP_K", "model.top_k"), ("D_FF", "model.d_ff"),
                  ("N_SHARED", "model.n_shared"), ("GATE_RANK", "model.gate_rank"),
@@ -78,8 +87,11 @@ REGISTERS: dict[str, int] = {"ID": 0x00, "CTRL": 0x01, "STATUS": 0x02,
                              **{name: 0x03 + n for n, name in enumerate(COUNTERS)},
                              "MACS_PER_TOKEN": 0x09, "LOAD_CYCLES": 0x0A, "LOAD_ERRORS": 0x0B,
                              "IMAGE_BYTES": 0x0C,
+                             **{name: 0x0D + n for n, name in enumerate(STAGE_COUNTERS)},
                              **{name: 0x10 + n for n, (name, _) in enumerate(CONFIG_FIELDS)},
-                             "CONFIG_HASH": 0x10 + len(CONFIG_FIELDS)}
+                             "CONFIG_HASH": 0x10 + len(CONFIG_FIELDS),
+                             # after CONFIG_HASH, so the layer chip's map is unchanged
+                             "N_LAYERS": 0x11 + len(CONFIG_FIELDS), "VOCAB": 0x12 + len(CONFIG_FIELDS)}
 
 
 def config_words(cfg) -> dict[str, int]:
@@ -89,6 +101,7 @@ def config_words(cfg) -> dict[str, int]:
         section, field = path.split(".")
         out[name] = int(getattr(getattr(cfg, section), field))
     out["CONFIG_HASH"] = int(cfg.hash()[:8], 16)
+    out["N_LAYERS"], out["VOCAB"] = int(cfg.model.n_layers), int(cfg.model.vocab)
     return out
 
 
@@ -122,7 +135,7 @@ class LayerCsr(wiring.Component):
     keeps the clear pending and reports it back on ``clear_pending``.
     """
 
-    def __init__(self, cfg, macs_per_token: int, image_bytes: int, engines: int = 2):
+    def __init__(self, cfg, macs_per_token: int, image_bytes: int, engines: int = 2, stages: bool = False):
         self.cfg, self.macs_per_token = cfg, int(macs_per_token)
         self.lanes, self.engines = cfg.hw.lanes, engines
         self.port_bytes = cfg.hw.weight_port_bytes
@@ -131,9 +144,11 @@ class LayerCsr(wiring.Component):
         for name, value in self.constants.items():
             if not 0 <= value < 1 << DATA_BITS:
                 raise ValueError(f"CSR {name} = {value} does not fit {DATA_BITS} bits")
+        self.stages = stages
         super().__init__({
+            **({"ev_fetch": In(1), "ev_layer": In(1), "ev_head": In(1)} if stages else {}),
             "bus": In(WishboneSignature()),
-            "run": Out(1), "clear": Out(1), "load": Out(1),
+            "run": Out(1), "clear": Out(1), "load": Out(1), "logits_en": Out(1),
             "clear_pending": In(1), "busy": In(1), "in_waiting": In(1), "out_waiting": In(1),
             "loading": In(1), "loaded": In(1), "load_errors": In(8), "load_cycles": In(32),
             "ev_token": In(1), "ev_beat": In(1), "ev_mac": In(engines), "token_cycles": In(32),
@@ -144,10 +159,10 @@ class LayerCsr(wiring.Component):
         bus = self.bus
         # chunked counters (hw/arith/counter.py): a 32-bit add in one cycle does not fit the clock
         steps = {"CYCLES": 1, "BUSY_CYCLES": 1, "TOKENS": 1, "MACS": self.lanes,
-                 "WEIGHT_BYTES": self.port_bytes}
+                 "WEIGHT_BYTES": self.port_bytes, **({n: 1 for n in STAGE_COUNTERS} if self.stages else {})}
         counters = {name: ChunkedCounter(DATA_BITS, step, name=name.lower()) for name, step in steps.items()}
-        run = Signal()
-        m.d.comb += self.run.eq(run)
+        run, logits = Signal(), Signal()
+        m.d.comb += [self.run.eq(run), self.logits_en.eq(logits)]
 
         zero = Signal()
         # MACS: the engines' beats, one count of ``lanes`` per cycle.  Every engine beat is a
@@ -166,6 +181,8 @@ class LayerCsr(wiring.Component):
             m.d.sync += owed.eq(beats - 1)
         events = {"CYCLES": 1, "BUSY_CYCLES": self.busy, "TOKENS": self.ev_token, "MACS": mac_inc,
                   "WEIGHT_BYTES": self.ev_beat}
+        if self.stages:
+            events.update({"FETCH_CYCLES": self.ev_fetch, "LAYER_CYCLES": self.ev_layer, "HEAD_CYCLES": self.ev_head})
         for name, counter in counters.items():
             m.d.comb += counter.inc.eq(events[name])
             counter.load(zero, 0)
@@ -176,7 +193,7 @@ class LayerCsr(wiring.Component):
         readable[REGISTERS["TOKEN_CYCLES"]] = self.token_cycles
         readable[REGISTERS["LOAD_CYCLES"]] = self.load_cycles
         readable[REGISTERS["LOAD_ERRORS"]] = self.load_errors
-        readable[REGISTERS["CTRL"]] = run | (self.clear_pending << 1) | (self.loading << 3)
+        readable[REGISTERS["CTRL"]] = run | (self.clear_pending << 1) | (self.loading << 3) | (logits << 4)
         status = {"BUSY": self.busy, "CLEAR_PENDING": self.clear_pending, "IN_WAITING": self.in_waiting,
                   "OUT_WAITING": self.out_waiting, "LOADING": self.loading, "LOADED": self.loaded,
                   "LOAD_ERROR": self.load_errors.any()}
@@ -194,6 +211,6 @@ class LayerCsr(wiring.Component):
                     with m.Case(addr):
                         m.d.sync += bus.dat_r.eq(value)
             with m.If(bus.we & bus.sel[0] & (bus.adr == REGISTERS["CTRL"])):
-                m.d.sync += run.eq(bus.dat_w[0])
+                m.d.sync += [run.eq(bus.dat_w[0]), logits.eq(bus.dat_w[4])]
                 m.d.comb += [self.clear.eq(bus.dat_w[1]), zero.eq(bus.dat_w[2]), self.load.eq(bus.dat_w[3])]
         return m

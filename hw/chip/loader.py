@@ -16,6 +16,13 @@ port's own request order, one beat per cycle when the memory keeps up:
   hw/image/param_map.py packs it, so every block reads its fields from a fixed
   slice (no address decoder, one flip-flop with enable per bit).
 
+On a model (hw/chip/model.py) the bank holds ONE layer's parameter block (every
+layer's block has one size, hw/image/param_map.py layer_block_bytes): LOAD leaves
+layer 0's block there and the head's block in its own bank (``head``), and FETCH
+(``fetch`` strobe with ``fetch_layer``, while idle) reads another layer's block,
+one request of the block's beats, into the bank the same way, with no checks (the
+image was checked by LOAD).  ``busy`` covers both.
+
 ``loaded`` is high after a LOAD with no error and stays high until the next
 LOAD starts (or reset); the layer takes tokens only while it is high.
 Cycles: the image's beats, the memory's latency and the checksum's few
@@ -23,14 +30,15 @@ pipeline stages (``cycles`` counts them; CSR LOAD_CYCLES).
 """
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Signal
+from amaranth import Array, Cat, Const, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.arith.carry_save import compress_3_2, pipelined_add, reduce_to_two
 from hw.arith.counter import ChunkedCounter
-from hw.image.format import MAGIC, VERSION, config_hash_word, image_layout
-from hw.image.param_map import param_layout, param_map
+from hw.image.format import MAGIC, VERSION, config_hash_word, image_layout, param_blocks
+from hw.image.memory_map import layer_bits
+from hw.image.param_map import layer_bank_bits, layer_block_bytes, param_layout, param_map
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.chip.weight_port import WeightPortSignature, split_request
 
@@ -46,15 +54,30 @@ class ImageLoader(wiring.Component):
         self.layout = image_layout(cfg)
         self.pmap = param_map(cfg)
         self.reqs = split_request(0, self.layout.beats, W)
-        super().__init__({
+        self.model = not cfg.model.is_layer_chip
+        ports = {
             "start": In(1),
             "wport": Out(WeightPortSignature(W)),
             "busy": Out(1),
             "loaded": Out(1),
             "errors": Out(len(LOAD_ERRORS)),
             "cycles": Out(32),
-            "bank": Out(param_layout(cfg)),
-        })
+        }
+        if self.model:
+            # a model: the bank holds ONE layer's block (bit 0 = its first byte), LOAD leaves
+            # layer 0's there and FETCH puts another's; the head's block has its own bank
+            blocks = param_blocks(cfg)
+            self.layer_blocks = [(addr, pm.nbytes) for prefix, pm, addr in blocks if prefix.startswith("layers.")]
+            self.head_block = [(addr, pm) for prefix, pm, addr in blocks if not prefix.startswith("layers.")]
+            self.block_bytes = layer_block_bytes(cfg)
+            assert all(nb == self.block_bytes for _, nb in self.layer_blocks)
+            ports.update({"bank": Out(layer_bank_bits(cfg)),
+                          "fetch": In(1), "fetch_layer": In(layer_bits(cfg)), "fetching": Out(1)})
+            if self.head_block:
+                ports["head"] = Out(param_layout(cfg, "head", mixer="head"))
+        else:
+            ports["bank"] = Out(param_layout(cfg))
+        super().__init__(ports)
 
     def header_checks(self) -> list[tuple[int, int]]:
         """(header word index, expected value) of the words the chip compares."""
@@ -69,7 +92,8 @@ class ImageLoader(wiring.Component):
         running = Signal()
         loaded = Signal()
         errors = Signal(len(LOAD_ERRORS))
-        m.d.comb += [self.busy.eq(running), self.loaded.eq(loaded), self.errors.eq(errors)]
+        fetching = Signal()                  # FETCH of one layer's block (a model's)
+        m.d.comb += [self.busy.eq(running | fetching), self.loaded.eq(loaded), self.errors.eq(errors)]
 
         # ---- requests: the whole image, cut to what one request carries
         req_idx = Signal(range(len(reqs) + 1), init=len(reqs))
@@ -78,25 +102,37 @@ class ImageLoader(wiring.Component):
                 with m.Case(n):
                     m.d.comb += [self.wport.req.valid.eq(1), self.wport.req.payload.addr.eq(addr),
                                  self.wport.req.payload.beats.eq(nb)]
-        with m.If(self.wport.req.valid & self.wport.req.ready):
+        with m.If(self.wport.req.valid & self.wport.req.ready & ~fetching):
             m.d.sync += req_idx.eq(req_idx + 1)
+        if self.model:
+            # FETCH: one request, the layer's block (block sizes are equal: one beat count)
+            fetch_req = Signal()
+            fetch_addr = Signal(32)
+            with m.If(self.fetch & ~self.start & ~running & ~fetching):
+                m.d.sync += [fetch_req.eq(1), fetch_addr.eq(Array(Const(a, 32) for a, _ in self.layer_blocks)
+                                                            [self.fetch_layer])]
+            with m.If(fetch_req):
+                m.d.comb += [self.wport.req.valid.eq(1), self.wport.req.payload.addr.eq(fetch_addr),
+                             self.wport.req.payload.beats.eq(self.block_bytes // W)]
+                with m.If(self.wport.req.ready):
+                    m.d.sync += fetch_req.eq(0)
 
         # ---- response beats
-        m.d.comb += self.wport.resp.ready.eq(running)
+        m.d.comb += self.wport.resp.ready.eq(running | fetching)
         beat_go = Signal()
         m.d.comb += beat_go.eq(self.wport.resp.valid & self.wport.resp.ready)
         data = self.wport.resp.payload.data
         beat = ChunkedCounter(max(1, beats.bit_length()), name="load_beat")
         m.d.comb += beat.inc.eq(beat_go)
-        beat.load(self.start, 0)
+        beat.load(self.start | (self.fetch if self.model else 0), 0)
         beat.elaborate(m)
         last_beat = Signal()
-        m.d.comb += last_beat.eq(beat_go & (beat.value == beats - 1))
+        m.d.comb += last_beat.eq(beat_go & running & (beat.value == beats - 1))
 
         # 32-bit words: W/4 per beat, or one per 4/W beats on a narrow port
         if W >= 4:
             words = [data[32 * j:32 * j + 32] for j in range(W // 4)]
-            words_valid = beat_go
+            words_valid = beat_go & running
 
             def header_word(h):
                 return data[8 * (4 * h % W):8 * (4 * h % W) + 32]
@@ -108,7 +144,7 @@ class ImageLoader(wiring.Component):
                 m.d.sync += asm.eq(asm_next)
             group = 4 // W
             words = [asm_next]
-            words_valid = beat_go & (beat.value[:group.bit_length() - 1] == group - 1)
+            words_valid = beat_go & running & (beat.value[:group.bit_length() - 1] == group - 1)
 
             def header_word(h):
                 return asm_next
@@ -116,18 +152,29 @@ class ImageLoader(wiring.Component):
         # ---- header: compare each checked word in the beat that completes it
         for h, want in self.header_checks():
             done_beat = -(-(4 * h + 4) // W) - 1
-            with m.If(beat_go & (beat.value == done_beat) & (header_word(h) != want)):
+            with m.If(beat_go & running & (beat.value == done_beat) & (header_word(h) != want)):
                 m.d.sync += errors.eq(errors | ERR[LOAD_ERRORS[h]])
 
         # ---- parameter region: shift its beats into the bank
-        p0, p1 = lay.params_addr // W, (lay.params_addr + lay.params_bytes) // W
         # reset-less: no reset gate per bit; after a reset ``loaded`` is low and nothing reads it
-        bank = Signal(8 * lay.params_bytes, name="param_bank", reset_less=True)
-        in_params = Signal()
-        m.d.comb += in_params.eq((beat.value >= p0) & (beat.value < p1))
-        with m.If(beat_go & in_params):
-            m.d.sync += bank.eq(Cat(bank[8 * W:], data))
-        m.d.comb += self.bank.as_value().eq(bank[:self.pmap.bits])
+        if not self.model:
+            p0, p1 = lay.params_addr // W, (lay.params_addr + lay.params_bytes) // W
+            bank = Signal(8 * lay.params_bytes, name="param_bank", reset_less=True)
+            self._shift_in(m, bank, beat_go & (beat.value >= p0) & (beat.value < p1), data, W)
+            m.d.comb += self.bank.as_value().eq(bank[:self.pmap.bits])
+        else:
+            # LOAD shifts layer 0's block in (the first token needs no FETCH), FETCH any layer's
+            a0 = self.layer_blocks[0][0] // W
+            bank = Signal(8 * self.block_bytes, name="param_bank", reset_less=True)
+            self._shift_in(m, bank, beat_go & (fetching | ((beat.value >= a0) &
+                                                           (beat.value < a0 + self.block_bytes // W))), data, W)
+            m.d.comb += self.bank.eq(bank[:len(self.bank)])
+            if self.head_block:
+                (h_addr, h_pm), = self.head_block
+                head = Signal(8 * h_pm.nbytes, name="head_bank", reset_less=True)
+                self._shift_in(m, head, beat_go & ~fetching & (beat.value >= h_addr // W) &
+                               (beat.value < (h_addr + h_pm.nbytes) // W), data, W)
+                m.d.comb += self.head.as_value().eq(head[:h_pm.bits])
 
         # ---- checksum: the beat's words to two (clock-derived stages), then a 4:2
         # into the carry-save accumulator; resolved by a pipelined add after the last beat
@@ -160,6 +207,14 @@ class ImageLoader(wiring.Component):
                 with m.If(self.start):
                     m.d.sync += [running.eq(1), loaded.eq(0), errors.eq(0), req_idx.eq(0)]
                     m.next = "READ"
+                if self.model:
+                    with m.Elif(self.fetch):
+                        m.next = "FETCH"
+            if self.model:
+                with m.State("FETCH"):
+                    m.d.comb += [fetching.eq(1), self.fetching.eq(1)]
+                    with m.If(beat_go & (beat.value == self.block_bytes // W - 1)):
+                        m.next = "IDLE"
             with m.State("READ"):
                 with m.If(last_beat):
                     m.d.sync += wait.eq(drain)
@@ -174,3 +229,10 @@ class ImageLoader(wiring.Component):
                         m.d.sync += errors.eq(errors | ERR["CHECKSUM"])
                     m.next = "IDLE"
         return m
+
+    @staticmethod
+    def _shift_in(m, bank, enable, data, W) -> None:
+        """A block's beats shifted in from the top: after the block's last beat its first
+        byte is at bit 0 (no address decoder, one flip-flop with enable per bit)."""
+        with m.If(enable):
+            m.d.sync += bank.eq(Cat(bank[8 * W:], data))

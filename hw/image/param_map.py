@@ -258,6 +258,12 @@ def layer_block_bytes(cfg) -> int:
     return max(ParamMap(tuple(param_fields(cfg, mx)), cfg.hw.weight_port_bytes).nbytes for mx in set(cfg.model.mixers))
 
 
+def layer_bank_bits(cfg) -> int:
+    """Bits of the chip's layer parameter bank: the fields of the largest mixer kind (the
+    layer chip: its whole map)."""
+    return max(param_map(cfg, mx).bits for mx in set(cfg.model.mixers))
+
+
 def model_structural(cfg) -> dict[str, int]:
     """``structural`` of every layer under its prefix (the layer chip: unprefixed)."""
     if cfg.model.is_layer_chip:

@@ -48,7 +48,8 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, Event, FallingEdge, First, Lock, ReadOnly, RisingEdge, Timer
 from cocotb.utils import get_sim_time
 
-from hw.chip.csr import CHIP_ID, COUNTERS, CTRL_CLEAR, CTRL_LOAD, CTRL_RUN, REGISTERS, STATUS, config_words
+from hw.chip.csr import (CHIP_ID, COUNTERS, CTRL_CLEAR, CTRL_LOAD, CTRL_LOGITS, CTRL_RUN, REGISTERS, STAGE_COUNTERS,
+                         STATUS, config_words)
 from hw.chip.layer import engine_macs_per_token, token_in_layout, token_out_layout
 from moekda.config import config_from_dict
 from sim.cocotb.streams import EdgeStreamSink, EdgeStreamSource, LayoutCodec
@@ -56,6 +57,33 @@ from sim.cocotb_util import cycle_limit, over_limit, roofline_cycles
 
 
 CLOCK_NS = 10
+
+
+class ChipIO:
+    """What differs between the two chips for the bench: the layer chip takes and gives
+    residual-stream vectors (``xs`` (T, d), outputs ``y``), the model chip (hw/chip/model.py)
+    takes token ids (``xs`` (T,)) and gives the next id and its logit (outputs (token,
+    logit)), and has a ``logits`` stream."""
+
+    def __init__(self, cfg):
+        self.model = not cfg.model.is_layer_chip
+        if self.model:
+            from hw.chip.model import model_engine_macs_per_token, model_in_layout, model_out_layout
+            self.in_layout, self.out_layout = model_in_layout(cfg), model_out_layout(cfg)
+            self.engine_macs = model_io.engine_macs
+        else:
+            self.in_layout, self.out_layout = token_in_layout(cfg), token_out_layout(cfg)
+            self.engine_macs = engine_macs_per_token(cfg)
+
+    def item(self, x, first) -> dict:
+        if self.model:
+            return {"token": int(x), "first": int(first)}
+        return {"x": [int(v) for v in x], "first": int(first)}
+
+    def value(self, item) -> list[int]:
+        if self.model:
+            return [int(item["token"]), int(item["logit"])]
+        return [int(v) for v in item["y"]]
 STALL = {"source": 0.3, "sink": 0.4, "req": 0.2, "resp": 0.2}   # per-cycle stall probabilities
 MEM_ERRORS = ("request address not aligned to the port", "request for zero beats", "read beyond the image")
 
@@ -100,14 +128,21 @@ async def layer_run(dut):
     z = np.load(os.environ["LAYER_CASE"])
     # the config travels as data: a model from `moekda vectors` has no config file
     cfg = config_from_dict(json.loads(str(z["config"])), source=os.environ["LAYER_CASE"])
-    xs, first, clears, want = z["xs"], z["first"], z["clears"], z["want"]
+    xs, first, clears, want = np.array(z["xs"]), z["first"], z["clears"], z["want"]
     reset_at, abandon, stall = int(z["reset_at"]), int(z["abandon"]), bool(z["stall"])
     # tokens after whose output TOKEN_CYCLES is read (a bus read each: only those asked for)
     record_token_cycles = z["token_cycles"] if "token_cycles" in z.files else np.zeros(len(xs), bool)
     T = len(xs)
+    feedback_from = int(z["feedback_from"]) if "feedback_from" in z.files else 0
+    if feedback_from and reset_at >= 0:
+        raise ValueError("feedback_from: a generating run has no reset")
     rng = random.Random(int(z["seed"]))
     problems: list[str] = []
-    in_codec, out_codec = LayoutCodec(token_in_layout(cfg)), LayoutCodec(token_out_layout(cfg))
+    io = ChipIO(cfg)
+    in_codec, out_codec = LayoutCodec(io.in_layout), LayoutCodec(io.out_layout)
+    # the model chip's logits stream: read (CTRL.LOGITS set) when the case has the model's logits
+    want_logits = z["want_logits"] if "want_logits" in z.files else None
+    RUN = CTRL_RUN | (CTRL_LOGITS if want_logits is not None else 0)
 
     cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns").start())
     # reset before anything samples the outputs: at gate level the flip-flops start as X
@@ -145,7 +180,7 @@ async def layer_run(dut):
     bus = Wishbone(dut)
 
     def token(t):
-        return {"x": [int(v) for v in xs[t]], "first": int(first[t])}
+        return io.item(xs[t], first[t])
 
     idx: list[int] = []         # input index of each output taken, as the bench counts them
     tags: list[int] = []        # the chip's tag of each output (its position in its sequence)
@@ -157,7 +192,7 @@ async def layer_run(dut):
     failure: list[str] = []
 
     def on_output(item):
-        y = item["y"]
+        y = io.value(item)
         tags.append(int(item["seq"]))
         t = seg["base"] + seg["taken"]
         seg["taken"] += 1
@@ -168,7 +203,7 @@ async def layer_run(dut):
             dut._log.info(f"{len(idx)} output tokens")
         if t >= T:
             failure.append(f"output {len(idx)} has no input (index {t})")
-        elif y != [int(v) for v in want[t]]:
+        elif y != [int(v) for v in np.atleast_1d(want[t])]:
             failure.append(f"token {t}: first wrong output")
         if failure:
             failed.set()
@@ -183,6 +218,13 @@ async def layer_run(dut):
                           backpressure=STALL["sink"] if stall else 0.0, on_item=on_output)
     src.start()
     sink.start()
+    logits: list[tuple[int, int]] = []
+    if io.model:
+        from hw.chip.head import logit_layout
+        lsink = EdgeStreamSink(dut, "logits", dut.clk, LayoutCodec(logit_layout(cfg)), rng, CLOCK_NS,
+                               backpressure=STALL["sink"] if stall and want_logits is not None else 0.0,
+                               on_item=lambda it: logits.append((int(it["index"]), int(it["value"]))))
+        lsink.start()
 
     async def reset():
         dut.rst.value = 1
@@ -203,7 +245,7 @@ async def layer_run(dut):
         t = lo
         while t < hi:
             if clears[t] and t > 0:
-                await bus.write("CTRL", CTRL_RUN | CTRL_CLEAR)
+                await bus.write("CTRL", RUN | CTRL_CLEAR)
             end = next((c for c in range(t + 1, hi) if clears[c]), hi)
             src.send([token(k) for k in range(t, end)])
             await src.wait_sent(end - seg["sent_base"])
@@ -244,21 +286,21 @@ async def layer_run(dut):
         await ClockCycles(dut.clk, 20)
         if src.sent:
             problems.append("the chip took a token with CTRL.RUN clear")
-        await bus.write("CTRL", CTRL_RUN)
+        await bus.write("CTRL", RUN)
         await ClockCycles(dut.clk, 20)
         if src.sent:
             problems.append("the chip took a token before a LOAD")
         for bad, want_errors in bad_images:
             await FallingEdge(dut.clk)     # the writes fit between two chip clock edges
             await write_image(1, bad)
-            status, errors, _ = await load(1, CTRL_RUN)
+            status, errors, _ = await load(1, RUN)
             await ClockCycles(dut.clk, 20)
             if errors != want_errors or status & STATUS["LOADED"] or not status & STATUS["LOAD_ERROR"]:
                 problems.append(f"LOAD of a damaged image: STATUS {status:#x}, LOAD_ERRORS {errors:#x} "
                                 f"(expected {want_errors:#x})")
             if src.sent:
                 problems.append("the chip took a token after a refused LOAD")
-        await load_good(CTRL_RUN)
+        await load_good(RUN)
         await src.wait_sent(1)
         # MACS is counted from the engines' beats, not per token delivered: once the first
         # token's projections are under way (after its RMSNorm) it is above zero while TOKENS
@@ -268,11 +310,21 @@ async def layer_run(dut):
             macs, tokens_out = await bus.read("MACS"), await bus.read("TOKENS")
             if tokens_out or macs:
                 break
-        if tokens_out or not 0 < macs <= engine_macs_per_token(cfg):
+        if tokens_out or not 0 < macs <= io.engine_macs:
             problems.append(f"MACS = {macs} with TOKENS = {tokens_out}: no MAC counted while the first "
-                            f"token was inside (one token is {engine_macs_per_token(cfg)})")
+                            f"token was inside (one token is {io.engine_macs})")
         seg_end = T if reset_at < 0 else reset_at
-        await stream(1, seg_end)
+        if feedback_from > 0:
+            # generation (model chip): from token ``feedback_from`` on, the input is the chip's
+            # own output for the token before, sent once that output is out
+            await stream(1, feedback_from)
+            for t in range(feedback_from, T):
+                await sink.wait_items(t)
+                xs[t] = outputs[t - 1][0]
+                src.send([token(t)])
+                await src.wait_sent(t + 1)
+        else:
+            await stream(1, seg_end)
         await sink.wait_items(seg_end)
         if reset_at >= 0:
             # tokens reset_at.. are sent and the chip is reset with them inside
@@ -283,19 +335,21 @@ async def layer_run(dut):
             src.flush()
             await reset()          # the memory in the sim top is reset with the chip: nothing in flight
             sink.restart()
+            if io.model:
+                lsink.restart()
             await ClockCycles(dut.clk, 2)
             # outputs that made it out before the reset are recorded; start over at ``resumed``
             sink.items.clear()
             seg.update(base=resumed, taken=0, sent_base=resumed)
             src.sent.clear()
-            await bus.write("CTRL", CTRL_RUN)
+            await bus.write("CTRL", RUN)
             # the first token after the reset must start a new sequence by itself
             first[resumed] = False
             src.send([token(resumed)])
             await ClockCycles(dut.clk, 20)
             if src.sent:
                 problems.append("the chip took a token after a reset before a LOAD")
-            await load_good(CTRL_RUN)
+            await load_good(RUN)
             await src.wait_sent(1)
             await stream(resumed + 1, T)
             await sink.wait_items(T - resumed)
@@ -319,7 +373,7 @@ async def layer_run(dut):
     if not task.done():
         task.cancel()
         if not failure:
-            failure.append(over_limit("layer chip", len(idx), T, used, limit_cycles, bound,
+            failure.append(over_limit("model chip" if io.model else "layer chip", len(idx), T, used, limit_cycles, bound,
                                       f" + {loads} LOADs x 4 x the image's beats + 1000 for the bench's waits"))
             problems.append(failure[-1])    # for the driver's report: the run ended here
     dut._log.info(f"cycles used {used} of limit {limit_cycles}")
@@ -329,11 +383,11 @@ async def layer_run(dut):
         status = await bus.read("STATUS")
         if status & 1:
             problems.append(f"STATUS.BUSY set after the last token (STATUS {status:#x})")
-        counters = {name: await bus.read(name) for name in (*COUNTERS, "MACS_PER_TOKEN")}
+        counters = {name: await bus.read(name) for name in (*COUNTERS, "MACS_PER_TOKEN", *(STAGE_COUNTERS if io.model else ()))}
         seg_tokens = T - seg["base"]
         if counters["TOKENS"] != seg_tokens:
             problems.append(f"TOKENS = {counters['TOKENS']}, {seg_tokens} outputs taken since reset")
-        engine_macs = engine_macs_per_token(cfg)
+        engine_macs = io.engine_macs
         if counters["MACS"] != (seg_tokens * engine_macs) & 0xFFFF_FFFF:
             problems.append(f"MACS = {counters['MACS']} != TOKENS x {engine_macs} (MACS_PER_TOKEN "
                             f"{counters['MACS_PER_TOKEN']} + {engine_macs - counters['MACS_PER_TOKEN']} padding lanes)")
@@ -349,7 +403,8 @@ async def layer_run(dut):
     if not token_cycles:
         token_cycles = [(T - 1, counters.get("TOKEN_CYCLES", 0))]
     np.savez(os.environ["LAYER_RESULT"], idx=np.array(idx, np.int64), tags=np.array(tags, np.int64),
-             got=np.array(outputs, np.int64).reshape(len(idx), want.shape[1]),
+             got=np.array(outputs, np.int64).reshape(len(idx), *want.shape[1:]),
+             logits=np.array(logits, np.int64).reshape(len(logits), 2),
              counter_names=np.array(list(counters), dtype=str),
              counter_values=np.array(list(counters.values()), np.int64),
              token_cycles=np.array([c for _, c in token_cycles], np.int64),

@@ -20,26 +20,34 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
 from hw.chip.csr import WishboneSignature
-from hw.chip.layer import LayerTop, token_in_layout, token_out_layout
+from hw.chip.layer import LayerTop
 from hw.image.format import image_layout
 from sim.hdl.weight_memory import HdlWeightMemory, control_members
 
 
 def chip_signature(cfg) -> wiring.Signature:
-    """The chip's port signature (LayerTop's: no quantised layer needed to know it)."""
-    chip = LayerTop(cfg)
+    """The chip's port signature (LayerTop's, or ModelTop's for a config with a vocabulary:
+    no quantised model needed to know it)."""
+    if cfg.model.is_layer_chip:
+        chip = LayerTop(cfg)
+    else:
+        from hw.chip.model import ModelTop
+        chip = ModelTop(cfg)
     chip._MustUse__silence = True       # built for its signature only, never elaborated
     return chip.signature
 
 
 class LayerSimTop(wiring.Component):
+    """The chip's streams and bus (and, on the model chip, its ``logits`` stream) as its own,
+    the weight port answered by the memory."""
+
     def __init__(self, cfg, chip_module: str = "layer", max_outstanding: int = 8):
         self.cfg, self.chip_module = cfg, chip_module
         self.max_outstanding = max_outstanding
         self.members = control_members(cfg.hw.weight_port_bytes)
+        self.streams = [n for n in chip_signature(cfg).members if n not in ("wport", "bus")]
         super().__init__({
-            "i": In(stream.Signature(token_in_layout(cfg))),
-            "o": Out(stream.Signature(token_out_layout(cfg))),
+            **{n: chip_signature(cfg).members[n] for n in self.streams},
             "bus": In(WishboneSignature()),
             **{f"mem_{name}": member for name, member in control_members(cfg.hw.weight_port_bytes).items()},
         })
@@ -57,8 +65,11 @@ class LayerSimTop(wiring.Component):
             ports[("i_" if member.flow == In else "o_") + name] = Value.cast(value)
         m.submodules.chip = Instance(self.chip_module, **ports)
 
-        connect(m, wiring.flipped(self.i), chip.i)
-        connect(m, chip.o, wiring.flipped(self.o))
+        for n in self.streams:
+            if chip.signature.members[n].flow == In:
+                connect(m, wiring.flipped(getattr(self, n)), getattr(chip, n))
+            else:
+                connect(m, getattr(chip, n), wiring.flipped(getattr(self, n)))
         connect(m, wiring.flipped(self.bus), chip.bus)
         connect(m, chip.wport.req, mem.req)
         connect(m, mem.resp, chip.wport.resp)

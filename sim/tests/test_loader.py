@@ -5,7 +5,7 @@ import random
 import pytest
 from amaranth.sim import Simulator
 
-from hw.image.format import image_layout
+from hw.image.format import VERSION, image_layout
 from hw.chip.loader import ERR, ImageLoader
 from hw.image.param_map import param_map
 from moekda.config import load_config
@@ -87,7 +87,7 @@ def test_good_image_fills_the_bank(tiny):
 
 @pytest.mark.parametrize("damage,bits", [
     (lambda img: with_word(img, 0, 0), ERR["MAGIC"] | ERR["CHECKSUM"]),
-    (lambda img: with_word(img, 4, 2), ERR["VERSION"] | ERR["CHECKSUM"]),
+    (lambda img: with_word(img, 4, VERSION + 1), ERR["VERSION"] | ERR["CHECKSUM"]),
     (lambda img: with_word(img, 8, 0x1234), ERR["CONFIG_HASH"] | ERR["CHECKSUM"]),
     (lambda img: with_word(img, 12, len(img) - 4), ERR["LENGTH"] | ERR["CHECKSUM"]),
     (lambda img: img[:2000] + bytes([img[2000] ^ 4]) + img[2001:], ERR["CHECKSUM"]),   # a parameter byte

@@ -1,0 +1,291 @@
+"""The layer datapath: one decoder layer on one KDA unit and one MoE unit, any layer of a stack.
+
+    xn = RMSNorm(x);  h = x (+) KDA(xn);  hn = RMSNorm(h);  y = h (+) Mixer(hn)
+
+(``sim.models.int_layer.int_layer_step`` bit for bit; Mixer is the MoE, or the dense SwiGLU
+on the MoE unit's shared-expert path for a dense layer).  Both chips are built on it: the
+layer chip (hw/chip/layer.py) feeds it the input stream, the model chip (hw/chip/model.py)
+feeds it each layer of a token in turn, with that layer's parameter block in ``bank``.
+
+Block diagram::
+
+      stage A (token mixer)                          stage B (channel mixer)
+  i -> XA -> norm1 -> NA -> KdaUnit -> res1 -> XA(h) => HB -> norm2 -> NB -> MoEUnit -> res2 -> HB(y) -> o
+                               |                                             |
+                          kda_wport                                      moe_wport
+
+The two stages are a two-token pipeline: while stage B runs the MoE of token t, stage A
+already runs the RMSNorm and KDA of token t+1 (a token's KDA never needs an earlier
+token's MoE).  ``h`` moves from A to B in one cycle (``=>``) when B is idle.  Within a
+stage the phases run one after the other: RMSNorm (hw/kda/norm.py), the block, the
+element-serial residual add (hw/chip/residual.py), which writes its sum over its own
+input (``h`` over ``x``, ``y`` over ``h``).  Stage A's RMSNorm of the next token need not
+wait for the hand-over: it runs on the token waiting on ``i`` as soon as the KDA has taken
+the current ``xn``, so the KDA starts the next token, and its weight reads, right at
+acceptance.
+
+Ports
+-----
+``i``      stream, one beat per (token, layer): ``x`` (d_model x resid_bits signed), ``first``
+           (the layer's state starts from zero before this token), ``layer`` (the index
+           the units use for addresses and state, hw/image/memory_map.py layer_bits) and
+           ``tag`` (carried to ``o`` unchanged: the top's sequence position).
+``o``      stream: ``y``, ``layer``, ``tag``.
+``bank``   the parameter block of the layer inside (hw/image/param_map.py; on a model, one
+           layer's block of ``layer_block_bytes``, its first byte at bit 0).  It must hold
+           still while a token is inside; ``params_change`` says it is about to change, which
+           voids an early RMSNorm of a waiting token.
+``kda_wport``, ``moe_wport``  the units' weight ports (the top arbitrates them).
+``idle``   no token inside and no early RMSNorm running: the bank may change.
+``busy``   a token is inside; ``token_cycles`` the cycles the last token took from ``i``
+           to ``o`` offered; ``mac_beat`` the two engines' beats (the MACS counter).
+"""
+from __future__ import annotations
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.arith.counter import ChunkedCounter
+from hw.chip.residual import ResidualAdd
+from hw.chip.weight_port import WeightPortSignature
+from hw.image.memory_map import layer_bits, layer_count, layer_mixer
+from hw.image.param_map import layer_bank_bits, param_layout, param_map
+from hw.kda.norm import Normalizer
+from hw.kda.unit import KdaUnit
+from hw.moe.unit import MoEUnit
+from moekda.formats import derived_widths, formats_for
+
+SEQ_BITS = 16     # the sequence-position tag's width (it wraps after 2**16 tokens of one sequence)
+
+
+def datapath_in_layout(cfg) -> data.StructLayout:
+    fm = formats_for(cfg)
+    return data.StructLayout({"x": data.ArrayLayout(signed(fm.resid_bits), cfg.model.d_model), "first": 1,
+                              "layer": layer_bits(cfg), "tag": SEQ_BITS})
+
+
+def datapath_out_layout(cfg) -> data.StructLayout:
+    fm = formats_for(cfg)
+    return data.StructLayout({"y": data.ArrayLayout(signed(fm.resid_bits), cfg.model.d_model),
+                              "layer": layer_bits(cfg), "tag": SEQ_BITS})
+
+
+def has_dense(cfg) -> bool:
+    return any(layer_mixer(cfg, l) == "dense" for l in range(layer_count(cfg)))
+
+
+class LayerDatapath(wiring.Component):
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.fm = formats_for(cfg)
+        self.d = cfg.model.d_model
+        pb = cfg.hw.weight_port_bytes
+        super().__init__({
+            "i": In(stream.Signature(datapath_in_layout(cfg))),
+            "o": Out(stream.Signature(datapath_out_layout(cfg))),
+            "bank": In(layer_bank_bits(cfg)),
+            "params_change": In(1),
+            "kda_wport": Out(WeightPortSignature(pb)),
+            "moe_wport": Out(WeightPortSignature(pb)),
+            "idle": Out(1),
+            "busy": Out(1),
+            "token_cycles": Out(32),
+            "mac_beat": Out(2),
+        })
+
+    def _views(self, m):
+        """(moe-kind view, dense-kind view or None) of the bank.  The fields before the
+        channel mixer's (attn_norm, kda, res1, mlp_norm) are at the same offsets in both
+        kinds (param_fields lists them first), so the KDA and the norms read the moe view;
+        only res2 moves."""
+        cfg = self.cfg
+        moe_v = data.View(param_layout(cfg, mixer="moe"), self.bank[:param_map(cfg, "moe").bits])
+        if not has_dense(cfg):
+            return moe_v, None
+        a, b = param_map(cfg, "moe").offsets(), param_map(cfg, "dense").offsets()
+        for name in ("attn_norm.eps_int", "kda.q_proj.m", "res1.m_a", "mlp_norm.eps_int"):
+            assert a[name] == b[name], f"{name}: the mixer kinds' parameter blocks differ before the mixer"
+        return moe_v, data.View(param_layout(cfg, mixer="dense"), self.bank[:param_map(cfg, "dense").bits])
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg, fm, d = self.cfg, self.fm, self.d
+        rb, a = fm.resid_bits, fm.act_bits
+        L = layer_count(cfg)
+        P, D = self._views(m)
+
+        m.submodules.kda = kda = KdaUnit(cfg)
+        m.d.comb += kda.params.eq(P.kda)
+        m.submodules.moe = moe = MoEUnit(cfg)
+        m.d.comb += moe.params.eq(P.moe)
+        if D is not None:
+            m.d.comb += moe.dense_params.eq(D.dense)
+        wiring.connect(m, kda.wport, wiring.flipped(self.kda_wport))
+        wiring.connect(m, moe.wport, wiring.flipped(self.moe_wport))
+        ss_bits = derived_widths(cfg)["ss_rmsnorm"]
+        period = cfg.hw.clock_period_ns
+        m.submodules.norm1 = norm1 = Normalizer(fm, d, rb, ss_bits, [a], param_layout(cfg, "attn_norm"),
+                                                clock_period_ns=period)
+        m.d.comb += norm1.norms[0].eq(P.attn_norm)
+        m.submodules.norm2 = norm2 = Normalizer(fm, d, rb, ss_bits, [a], param_layout(cfg, "mlp_norm"),
+                                                clock_period_ns=period)
+        m.d.comb += norm2.norms[0].eq(P.mlp_norm)
+        m.submodules.res1 = res1 = ResidualAdd.for_config(cfg, a, d)
+        m.submodules.res2 = res2 = ResidualAdd.for_config(cfg, moe.out_bits, d)
+        m.d.comb += res1.params.eq(P.res1)
+
+        # stage A (token mixer): x -> xn -> KDA -> h, all in place in XA / NA
+        XA = [Signal(signed(rb), name=f"xa{n}") for n in range(d)]   # x, then h
+        NA = [Signal(signed(a), name=f"na{n}") for n in range(d)]     # xn
+        # stage B (channel mixer): h -> hn -> MoE -> y, in place in HB / NB
+        HB = [Signal(signed(rb), name=f"hb{n}") for n in range(d)]   # h, then y
+        NB = [Signal(signed(a), name=f"nb{n}") for n in range(d)]     # hn
+        first = Signal()
+        # what travels with the token: its layer (the units' addresses and state, stage B's
+        # res2 parameters) and the top's tag, moved to stage B with h
+        layer_a, layer_b = Signal(layer_bits(cfg)), Signal(layer_bits(cfg))
+        tag_a, tag_b = Signal(SEQ_BITS), Signal(SEQ_BITS)
+        # TEMPORARY until the units' layer ports land (issue 14 work in progress)
+        for unit, value in ((kda, layer_a), (moe, layer_b)):
+            if "layer" in unit.signature.members:
+                m.d.comb += unit.layer.eq(value)
+        if D is not None:
+            # res2 is the one field whose place depends on the mixer kind; the kind is a
+            # constant per layer, registered with stage B's layer at the hand-over
+            dense_b = Signal()
+            m.d.comb += res2.params.eq(Mux(dense_b, D.res2.as_value(), P.res2.as_value()))
+        else:
+            m.d.comb += res2.params.eq(P.res2)
+        # cycles since the stage's token was accepted (chunked: no 32-bit carry chain)
+        lat_a, lat_b = ChunkedCounter(32, name="lat_a"), ChunkedCounter(32, name="lat_b")
+        handoff = Signal()                      # h moves from stage A to stage B this cycle
+        stage_b_idle = Signal()
+
+        # norm1 early: once the KDA has taken NA (stage A past SEND), norm1 normalises the
+        # token waiting on ``i`` straight from the stream's payload (held stable while
+        # valid, the stream rule), so the next token goes to the KDA right at acceptance and
+        # its weight reads fill the port while stage B's RMSNorm runs (docs/chip.md)
+        pre_start, pre_run, pre_done = Signal(), Signal(), Signal()
+        # (the source is chosen per element by the pre_run register, ahead of the index mux:
+        # no extra level after it; norm1 reads nothing in its start cycle)
+        m.d.comb += norm1.rd_x.eq(Array(Mux(pre_run, self.i.payload.x[n], XA[n]) for n in range(d))[norm1.rd_idx])
+        with m.If(norm1.wr_en):
+            m.d.sync += Array(NA)[norm1.wr_idx].eq(norm1.wr_y)
+        m.d.comb += norm2.rd_x.eq(Array(HB)[norm2.rd_idx])
+        with m.If(norm2.wr_en):
+            m.d.sync += Array(NB)[norm2.wr_idx].eq(norm2.wr_y)
+        # residual adds: they select element idx themselves (registered one-hot select) and write it
+        # back a fixed number of cycles later, so the sum replaces its own input (x by h,
+        # h by y); the block's output stays on its stream (ready low) until the last write
+        m.d.comb += [res1.a.eq(Cat(*XA)), res1.b.eq(kda.o.payload),
+                     res2.a.eq(Cat(*HB)), res2.b.eq(moe.out.payload)]
+        with m.If(res1.wr_en):
+            m.d.sync += Array(XA)[res1.wr_idx].eq(res1.wr_y)
+        with m.If(res2.wr_en):
+            m.d.sync += Array(HB)[res2.wr_idx].eq(res2.wr_y)
+        with m.If(handoff):
+            m.d.sync += [Cat(*HB).eq(Cat(*XA)), tag_b.eq(tag_a), layer_b.eq(layer_a)]
+            if D is not None:
+                m.d.sync += dense_b.eq(Array(Const(int(layer_mixer(cfg, l) == "dense"), 1)
+                                             for l in range(L))[layer_a])
+
+        m.d.comb += [kda.i.payload.x.eq(Cat(*NA)), kda.i.payload.first.eq(first),
+                     moe.tokens.payload.eq(Cat(*NB)), self.o.payload.y.eq(Cat(*HB)),
+                     self.o.payload.tag.eq(tag_b), self.o.payload.layer.eq(layer_b)]
+
+        accept = self.i.valid & self.i.ready
+        with m.FSM(name="stage_a") as stage_a:
+            with m.State("IDLE"):
+                m.d.comb += self.i.ready.eq(~pre_run)          # not while norm1 runs early
+                with m.If(accept):
+                    m.d.sync += [Cat(*XA).eq(self.i.payload.x), first.eq(self.i.payload.first),
+                                 tag_a.eq(self.i.payload.tag), layer_a.eq(self.i.payload.layer)]
+                    # an early RMSNorm is of this very token: the payload was held still
+                    with m.If(pre_done):
+                        m.next = "SEND"
+                    with m.Else():
+                        m.next = "NORM_START"
+            norm_unit_residual(m, d, norm1, kda.i, kda.o, res1, then="HOLD", name="stage_a")
+            with m.State("HOLD"):                         # h waits for stage B
+                m.d.comb += handoff.eq(stage_b_idle)
+                with m.If(stage_b_idle):
+                    m.next = "IDLE"
+
+        with m.FSM(name="stage_b") as stage_b:
+            with m.State("IDLE"):
+                with m.If(handoff):
+                    m.next = "NORM_START"
+            done_b = norm_unit_residual(m, d, norm2, moe.tokens, moe.out, res2, then="OUTPUT", name="stage_b")
+            with m.State("OUTPUT"):
+                m.d.comb += self.o.valid.eq(1)
+                with m.If(self.o.ready):
+                    m.next = "IDLE"
+
+        kda_has_na = Signal()
+        m.d.comb += kda_has_na.eq(stage_a.ongoing("WAIT") | stage_a.ongoing("RES") |
+                                  stage_a.ongoing("RES_DRAIN") | stage_a.ongoing("HOLD"))
+        m.d.comb += pre_start.eq(kda_has_na & self.i.valid & ~pre_run & ~pre_done & ~norm1.busy)
+        with m.If(pre_start):
+            m.d.comb += norm1.start.eq(1)
+            m.d.sync += pre_run.eq(1)
+        # a token withdrawn from ``i`` (never on a well-behaved stream; a producer reset, or
+        # the top gating valid) voids the early result, even if valid is back with another
+        # token before norm1 ends
+        pre_ok = Signal()
+        with m.If(pre_start):
+            m.d.sync += pre_ok.eq(1)
+        with m.If(pre_run & ~norm1.busy):
+            m.d.sync += [pre_run.eq(0), pre_done.eq(pre_ok & self.i.valid)]
+        with m.If(accept | ~self.i.valid | self.params_change):   # used, withdrawn, or parameters change
+            m.d.sync += [pre_done.eq(0), pre_ok.eq(0)]
+
+        busy_a, busy_b = ~stage_a.ongoing("IDLE"), ~stage_b.ongoing("IDLE")
+        m.d.comb += [self.busy.eq(busy_a | busy_b), self.idle.eq(~busy_a & ~busy_b & ~pre_run),
+                     stage_b_idle.eq(stage_b.ongoing("IDLE")),
+                     self.mac_beat.eq(Cat(kda.mac_beat, moe.mac_beat))]
+        # a stage counts every cycle it is not idle, the cycle of its last step included,
+        # so "lat + 1" at the handoff and at the end is the counter's own next value
+        m.d.comb += [lat_a.inc.eq(busy_a), lat_b.inc.eq(busy_b)]
+        lat_a.load(accept, 1)
+        lat_b.load(handoff, lat_a.next)
+        lat_a.elaborate(m)
+        lat_b.elaborate(m)
+        with m.If(done_b):
+            m.d.sync += self.token_cycles.eq(lat_b.next)
+        return m
+
+
+def norm_unit_residual(m, d: int, norm, unit_in, unit_out, res, then: str, name: str) -> Signal:
+    """The states one stage runs per token, inside the caller's FSM, from NORM_START to
+    ``then``: RMSNorm of the stage's vector, the block (``unit_in`` takes the normalised
+    vector, ``unit_out`` gives the branch output), then the residual add over all d
+    elements.  Returns ``done``: high in the cycle the last sum is written back, which
+    is also when the block's output is released."""
+    idx = Signal(range(d), name=f"{name}_idx")
+    done = Signal()
+    m.d.comb += res.idx.eq(idx)
+    with m.State("NORM_START"):
+        m.d.comb += norm.start.eq(1)
+        m.next = "NORM_WAIT"
+    with m.State("NORM_WAIT"):
+        with m.If(~norm.busy):
+            m.next = "SEND"
+    with m.State("SEND"):
+        m.d.comb += unit_in.valid.eq(1)
+        with m.If(unit_in.ready):
+            m.next = "WAIT"
+    with m.State("WAIT"):
+        with m.If(unit_out.valid):
+            m.d.sync += idx.eq(0)
+            m.next = "RES"
+    with m.State("RES"):
+        m.d.comb += res.valid.eq(1)
+        m.d.sync += idx.eq(idx + 1)
+        with m.If(idx == d - 1):
+            m.next = "RES_DRAIN"
+    with m.State("RES_DRAIN"):
+        with m.If(res.wr_en & (res.wr_idx == d - 1)):
+            m.d.comb += [done.eq(1), unit_out.ready.eq(1)]   # the block's output is used up
+            m.next = then
+    return done
