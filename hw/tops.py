@@ -45,11 +45,25 @@ def _layer(cfg):
     return chip, [Value.cast(v) for v in _flat_ports(chip)]
 
 
+def _embed(cfg):
+    from hw.chip.embed import Embedding
+    block = Embedding(cfg)      # ConfigError (one line) for a config without a vocabulary
+    return block, [Value.cast(v) for v in _flat_ports(block)]
+
+
+def _head(cfg):
+    from hw.chip.head import Head
+    block = Head(cfg)           # ConfigError (one line) for a config without a vocabulary
+    return block, [Value.cast(v) for v in _flat_ports(block)]
+
+
 TOPS: dict[str, Callable] = {
     "matvec": _matvec,
     "moe": _moe,
     "kda": _kda,
     "layer": _layer,    # the chip top (flow/rtl.py picks "layer" first)
+    "embed": _embed,    # the model chip's ends (configs with model.vocab > 0)
+    "head": _head,
 }
 
 
