@@ -28,6 +28,7 @@ UNMAPPED = "unmapped"
 # patterns name what is inside it (``kda/...`` is ``datapath/kda/...``), its own logic
 # (the stage FSMs and token buffers) is ``datapath``
 DATAPATH = "datapath"
+MACROS = "macros"
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,12 @@ CATEGORIES: tuple[Category, ...] = (
              ("arbiter/**", "req_slice/**", "resp_slice/**", "csr/**")),
     Category("params", "parameter bank and LOAD (hw/chip/loader.py)",
              ("loader/**",)),
+    Category("head", "embedding and LM head (hw/chip/embed.py, head.py)",
+             ("embed/**", "head/**")),
+    # no instance pattern: a cell category.  The SRAM macros (their own Liberty files, e.g.
+    # the KDA state's fakeram45_* in hw.state_memory = "sram") are counted here wherever they
+    # are instantiated, so the macros' area is its own line next to the logic around them
+    Category(MACROS, "SRAM macros (hw/mem/fakeram.py)", ()),
 )
 
 
@@ -101,11 +108,15 @@ def category_areas(stats: SynthStats) -> dict[str, CategoryArea]:
     out[UNMAPPED] = CategoryArea(instances=[])
     for path, module in [(TOP, stats.top)] + stats.instances():
         own = stats.modules[module].cells
-        entry = out[category_of(path)]
-        entry.area += sum(n * stats.cell_area[c] for c, n in own.items())
-        entry.cells += sum(own.values())
-        entry.sequential += sum(n * stats.cell_area[c] for c, n in own.items() if c in stats.sequential)
-        entry.instances.append(path)
+        for key, cells in ((category_of(path), {c: n for c, n in own.items() if c not in stats.macros}),
+                           (MACROS, {c: n for c, n in own.items() if c in stats.macros})):
+            if not cells and key == MACROS:
+                continue
+            entry = out[key]
+            entry.area += sum(n * stats.cell_area[c] for c, n in cells.items())
+            entry.cells += sum(cells.values())
+            entry.sequential += sum(n * stats.cell_area[c] for c, n in cells.items() if c in stats.sequential)
+            entry.instances.append(path)
     return out
 
 
