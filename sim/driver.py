@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from moekda.config import REPO_ROOT, Config, load_config
+from sim.cocotb_util import ICARUS_ARGS
 
 # with only the sim top public (VERILATOR_PUBLIC) Verilator can optimise the chip
 # (-O3) and its C++ stays small enough for a quick -O1 compile with split functions:
@@ -43,9 +44,6 @@ VERILATOR_ARGS = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-O3", "-CFLAGS"
 # the chip's thousands of internal nets as separate, unoptimised variables; the layer
 # bench touches only the sim top's ports, so only those are made public (a control file)
 VERILATOR_PUBLIC = '`verilator_config\npublic_flat_rw -module "layer_sim" -var "*"\n'
-# Icarus -g2012 applies declaration initialisers without an event, so Amaranth's
-# always @* blocks would not run at time 0 (found by the KDA bench): -g2005
-ICARUS_ARGS = ["-g2005"]
 
 
 @dataclass
@@ -220,6 +218,19 @@ def compare(plan: RunPlan, want: np.ndarray, idx: np.ndarray, got: np.ndarray, t
     return problems
 
 
+def compare_logits(want: np.ndarray, got: np.ndarray) -> list[str]:
+    """The model chip's logits stream, (index, value) per logit in order, against the
+    model's (T, V) logits: every token's V logits, indices 0..V-1, values equal."""
+    T, V = want.shape
+    if len(got) != T * V:
+        return [f"logits stream: {len(got)} logits, the model has {T} tokens x {V}"]
+    for k, (i, v) in enumerate(got.tolist()):
+        t, j = divmod(k, V)
+        if i != j or v != want[t, j]:
+            return [f"logits stream: token {t} logit {j}: chip (index {i}, value {v}), model {int(want[t, j])}"]
+    return []
+
+
 class LayerDriver:
     def __init__(self, cfg: Config, qlayer, label: str = "custom", build_root: Path | None = None,
                  model_seed: int = 0):
@@ -346,7 +357,7 @@ class LayerDriver:
 
     def run(self, plan: RunPlan, simulator: str = "icarus", xs=None, waves: bool | None = None,
             netlist: Path | None = None, name: str | None = None, verilog_file: Path | None = None,
-            activity_vcd: Path | None = None) -> RunResult:
+            activity_vcd: Path | None = None, logits: bool = False, feedback_from: int = 0) -> RunResult:
         """``waves`` None: record waveforms when WAVES=1 is in the environment (as sim/cocotb_util.py).
         ``activity_vcd`` (gate level, Icarus): the netlist's switching activity over the plan's
         tokens, from the first token taken to the last given out, written to that VCD file."""
@@ -377,7 +388,9 @@ class LayerDriver:
                  abandon=plan.abandon, stall=plan.stall, seed=plan.seed,
                  token_cycles=np.isin(np.arange(plan.tokens), plan.token_cycles),
                  bad_images=np.array([np.frombuffer(b, np.uint8) for b, _ in bad], np.uint8).reshape(len(bad), len(image)),
-                 bad_errors=np.array([e for _, e in bad], np.int64))
+                 bad_errors=np.array([e for _, e in bad], np.int64),
+                 **({"want_logits": self.logits(xs, plan.model_resets())} if logits else {}),
+                 **({"feedback_from": feedback_from} if feedback_from else {}))
         plusargs = [] if activity_vcd is None else [f"+activity_vcd={Path(activity_vcd).resolve()}",
                                                     f"+activity_tokens={plan.tokens}"]
         try:
@@ -402,6 +415,8 @@ class LayerDriver:
         # the outputs are placed by the chip's tags (sequence positions), not by the bench's count
         tags = z["tags"] if "tags" in z.files else None
         problems += compare(plan, want, z["idx"], z["got"], tags)
+        if logits:
+            problems += compare_logits(self.logits(xs, plan.model_resets()), z["logits"])
         idx = z["idx"] if tags is None else tag_indices(plan, tags)[0]
         wave_file = None
         if waves:       # Verilator dumps into the run directory, Icarus into the build directory
@@ -412,6 +427,87 @@ class LayerDriver:
                          wave_file, z["out_cycles"] if "out_cycles" in z.files else None, sim_cycles, sim_s,
                          z["token_cycles_idx"] if "token_cycles_idx" in z.files else None,
                          z["load_cycles"] if "load_cycles" in z.files else None, tags)
+
+
+class ModelDriver(LayerDriver):
+    """The model chip (hw/chip/model.py): token ids in, next token id and its logit out, the
+    same bench, sim top and plans as the layer chip (sim/cocotb/tb_layer.py ChipIO).  The
+    integer model is sim/models/int_model.py; ``want`` is (T, 2): the next token id (argmax,
+    lowest index on a tie) and its logit.  ``logits=True`` in ``run`` also reads every
+    logit off the chip's logits stream (CTRL.LOGITS) and compares them all."""
+
+    @classmethod
+    def from_seed(cls, config: str, seed: int = 0) -> "ModelDriver":
+        """The seeded random model, quantised on the fly on its own tokens."""
+        from sim.models.quantize import quantize_random_model
+        cfg = load_config(config)
+        return cls(cfg, quantize_random_model(cfg, seed), label=f"seed{seed}", model_seed=seed)
+
+    @classmethod
+    def from_image(cls, config: str, path) -> "ModelDriver":
+        from sim.models.image import qmodel_from_image
+        cfg = load_config(config)
+        data = Path(path).read_bytes()
+        q = qmodel_from_image(cfg, data, what=str(path))
+        return cls(cfg, q, label=f"image-{hashlib.sha256(data).hexdigest()[:8]}")
+
+    def inputs(self, tokens: int, seed: int = 1) -> np.ndarray:
+        """Random token ids, with the corner ids 0 and vocab-1 at positions 1 and 2."""
+        rng = np.random.default_rng(seed)
+        ids = rng.integers(0, self.cfg.model.vocab, tokens)
+        for t, v in ((1, 0), (2, self.cfg.model.vocab - 1)):
+            if t < tokens:
+                ids[t] = v
+        return ids.astype(np.int64)
+
+    def logits(self, ids, resets) -> np.ndarray:
+        from sim.models.int_model import int_run_model
+        return int_run_model(self.q, self.cfg, ids, resets)
+
+    def model(self, ids, resets) -> np.ndarray:
+        from sim.models.int_model import int_next_tokens
+        lg = self.logits(ids, resets)
+        nxt = int_next_tokens(lg)
+        return np.stack([nxt, lg[np.arange(len(nxt)), nxt]], axis=1)
+
+    def generate(self, prompt, n_new: int, simulator: str = "verilator", stall: bool = False,
+                 seed: int = 1) -> tuple[RunResult, list[int], list[int]]:
+        """Greedy decoding ON the chip: the prompt as a new sequence, then each id the chip gives
+        fed back as its next input (the bench sends it once the output is out), ``n_new`` ids.
+        Returns (result, the chip's ids, the integer model's ids: int_generate); the run is also
+        checked token by token against the model fed the same ids."""
+        from sim.models.int_model import int_generate
+        prompt = [int(t) for t in prompt]
+        if not prompt or n_new < 1:
+            raise ValueError("generate: a non-empty prompt and n_new >= 1")
+        want_ids = int_generate(self.q, self.cfg, prompt, n_new)
+        # the inputs the chip will be fed if it agrees with the model; the bench replaces every
+        # one after the prompt by the chip's own output, so a disagreement shows as a mismatch
+        xs = np.array(prompt + want_ids[:-1], np.int64)
+        plan = RunPlan(tokens=len(xs), first=(0,), stall=stall, seed=seed)
+        res = self.run(plan, simulator=simulator, xs=xs, name=f"generate_{os.getpid()}",
+                       feedback_from=len(prompt) if n_new > 1 else 0)
+        got = [int(v) for v in res.got[len(prompt) - 1:, 0]] if len(res.got) >= len(xs) else []
+        return res, got, want_ids
+
+    def image(self) -> bytes:
+        from sim.models.image import qmodel_image
+        return qmodel_image(self.cfg, self.q)
+
+    def verilog(self) -> str:
+        from amaranth.back import verilog
+        from hw.chip.model import ModelTop
+        from hw.tops import _flat_ports
+        from amaranth.hdl import Value
+        chip = ModelTop(self.cfg)
+        return verilog.convert(chip, name="layer", ports=[Value.cast(v) for v in _flat_ports(chip)],
+                               emit_src=False)
+
+
+def chip_driver(cfg_name: str, seed: int = 0) -> LayerDriver:
+    """The driver of the config's chip: the layer chip, or the model chip for a vocabulary."""
+    cls = LayerDriver if load_config(cfg_name).model.is_layer_chip else ModelDriver
+    return cls.from_seed(cfg_name, seed)
 
 
 def _runner(simulator: str, vcd: bool = False):

@@ -21,7 +21,6 @@ from hw.chip.embed import token_id_layout
 from hw.chip.layer import token_in_layout
 from hw.image.memory_map import memory_map
 from sim.cocotb.streams import EdgeStreamSink, LayoutCodec, StreamDriver
-from sim.cocotb.tb_head import settle_combinational
 from sim.cocotb.weight_memory import WeightMemory
 from sim.cocotb_util import cycle_limit, over_limit, tb_param
 
@@ -62,7 +61,6 @@ class Bench:
 
     async def start(self):
         dut = self.dut
-        settle_combinational(dut)
         Clock(dut.clk, CLOCK_NS, unit="ns").start()
         cocotb.start_soon(self._count())
         cocotb.start_soon(self.driver.run())

@@ -112,26 +112,6 @@ def head_case(config: str, seed: int, n: int, hot: bool = False) -> HeadCase:
 
 # ---- the bench ------------------------------------------------------------------------------
 
-def settle_combinational(dut) -> None:
-    """Make every ``always @*`` block of the Yosys-written netlist evaluate once at time 0.
-
-    Yosys gives each module a register initialised to 0 that every such block reads, so that
-    the initialiser's event runs them all once; Icarus in run_cocotb's default -g2012 mode
-    applies initialisers without an event (sim/driver.py and sim/tests/test_kda_unit.py build
-    with -g2005 for this), and a block whose inputs never change afterwards keeps X: the head's
-    normaliser FSM outputs (``busy``, rsqrt's ``i.ready``) never leave X.  Writing those
-    registers gives the event; on a simulator that already had it, nothing changes."""
-    from cocotb.handle import HierarchyObject
-
-    def walk(handle):
-        for child in handle:
-            if "dump_module" in child._name:
-                child.value = 1
-            elif isinstance(child, HierarchyObject):
-                walk(child)
-    walk(dut)
-
-
 class _WithEnable(LayoutCodec):
     """x_L's codec that also drives ``logits_en`` with the beat on offer (the head samples it
     when the beat transfers); items are (x, en)."""
@@ -170,7 +150,6 @@ class Bench:
 
     async def start(self):
         dut = self.dut
-        settle_combinational(dut)
         Clock(dut.clk, CLOCK_NS, unit="ns").start()
         dut.params.value = self.case.params
         dut.logits_en.value = 0

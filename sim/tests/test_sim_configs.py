@@ -30,6 +30,7 @@ OWN_GEOMETRY = {
     "test_moe_arith.py": "MoE arithmetic blocks over widths, no config",
     "test_moe_divider.py": "the divider over widths, no config",
     "test_random_configs.py": "draws its own configs from config.py's ranges (a printed seed)",
+    "test_skid.py": "the register slice over stall patterns, no config",
     "test_topk.py": "top-k over (n, k) pairs, no config",
 }
 
