@@ -21,10 +21,12 @@ The token's layer index comes in on ``layer`` and is registered when the token
 is accepted; everything of the token follows that register, so the top may
 change ``layer`` afterwards.  Every weight address is a per-layer constant of
 the memory map (``layer_prefix``): the router's and each bank's address are a
-lookup of constants by (layer, bank) in front of the request, and the layer's
-mixer kind is a constant bit per layer, registered (``dense_r``) with the index.
-On the layer chip (one layer) ``layer`` is unused and the logic is the
-one-layer unit's.
+lookup of constants by (layer, bank), into a request address register (a
+request goes a cycle after the previous one is taken, hidden behind its beats;
+the token's first address is loaded at acceptance), and the layer's mixer kind
+is a constant bit per layer, registered (``dense_r``) with the index.  On the
+layer chip (one layer) ``layer`` is unused and the logic is the one-layer
+unit's, the request address combinational as before.
 
 A dense layer (int_dense_step) runs no router and no routed expert: its C =
 d_ff_dense / d_ff chunks are segments 1..C, each exactly a shared expert
@@ -33,7 +35,9 @@ d_ff_dense / d_ff chunks are segments 1..C, each exactly a shared expert
 products, exponent, conversion and combine; what the mode changes is the
 segment count (the last segment is C instead of S + k), the bank of a segment
 (banks E + S .. E + S + C - 1: the chunks' (m, s) from ``dense_params``), the
-combine (m, s), and the SiLU table.  The SiLU read is the one doubled piece:
+combine (m, s), and the SiLU table.  With the C more banks the bank index is a
+register (the next segment's computed a cycle ahead), so the (m, s) muxes start
+at a flop.  The SiLU read is the one doubled piece:
 ``dense_params``' table has its own 256:1 read mux, the byte picked by
 ``dense_r`` behind both reads; a mux of the two tables in front of one read
 costs the same area (lut_size x 8 two-way muxes) but puts ``dense_r``'s
@@ -390,11 +394,26 @@ class MoEUnit(wiring.Component):
         # chip's request register was on small's worst path with run-time parameters);
         # a dense layer's segments never wait for the router
         rq_fixed = Signal()
-        m.d.comb += [
-            req.valid.eq(rq_busy & (rq_fixed | route.idx_valid)),
-            req.payload.addr.eq(Mux(rq_seg == 0, router_addr, rq_addr)),
-            req.payload.beats.eq(Mux(rq_seg == 0, self.router_beats, self.expert_beats)),
-        ]
+        if L == 1:
+            m.d.comb += [req.valid.eq(rq_busy & (rq_fixed | route.idx_valid)),
+                         req.payload.addr.eq(Mux(rq_seg == 0, router_addr, rq_addr))]
+        else:
+            # the (layer, bank) lookup after bank_of made the address path to the port
+            # model-small's worst (-0.08 ns at 1 ns, before the arbiter): the address is a
+            # register, a cycle behind rq_seg and idx, so a request waits a cycle after the
+            # previous one is taken (hidden: each streams >= E row beats) and a routed one a
+            # cycle after idx is valid; the token's first address is loaded at acceptance
+            # (the router's, or a dense layer's first chunk), so the first request is not late
+            rq_addr_r = Signal(addr_shape, name="rq_addr")
+            rq_moved = Signal(name="rq_moved")
+            idx_valid_r = Signal(name="idx_valid_r")
+            first_addr = Array(Const(self.router_addr[l] if self.mixers[l] == "moe" else
+                                     self.bank_addr[l][E + S], addr_shape) for l in range(L))[self.layer]
+            m.d.sync += [rq_addr_r.eq(Mux(start, first_addr, Mux(rq_seg == 0, router_addr, rq_addr))),
+                         rq_moved.eq(req.valid & req.ready), idx_valid_r.eq(route.idx_valid)]
+            m.d.comb += [req.valid.eq(rq_busy & ~rq_moved & (rq_fixed | idx_valid_r)),
+                         req.payload.addr.eq(rq_addr_r)]
+        m.d.comb += req.payload.beats.eq(Mux(rq_seg == 0, self.router_beats, self.expert_beats))
         with m.If(start):
             # MoE: segment 0 (<= S); dense: segment 1, the first chunk
             m.d.sync += [rq_seg.eq(mode(1, 0, dense_now)), rq_busy.eq(1), rq_fixed.eq(1)]
@@ -416,8 +435,9 @@ class MoEUnit(wiring.Component):
         m.d.comb += is_down.eq(c_mat == DOWN)
         row_beats = Mux(is_down, nb_f, nb_d)
         rows = Mux(c_mat == ROUTER, E, Mux(is_down, d, f))
-        bank = Signal(range(E + S))
-        m.d.comb += bank.eq(bank_of(c_seg))
+        bank = Signal(range(self.nbanks))
+        if not C:
+            m.d.comb += bank.eq(bank_of(c_seg))     # (with dense chunks: a register, below)
         # (a) a down projection needs this expert's complete hidden vector,
         # (b) a routed expert's down results need its routing weight.
         hold = Signal()
@@ -427,6 +447,19 @@ class MoEUnit(wiring.Component):
         beat = Signal()
         # the engine is always ready (its results go into a pipeline that never stalls)
         m.d.comb += [resp.ready.eq(c_busy & ~hold), beat.eq(resp.valid & resp.ready)]
+        if C:
+            # with the dense chunks' banks the bank selects among E + S + C values of every
+            # (m, s): from c_seg through bank_of and that mux into the engine's input register
+            # and down_shift was model-small's worst path (-0.04 ns at 1 ns).  So the bank is a
+            # register: the next segment's, computed a cycle ahead, taken when a segment ends,
+            # and otherwise the current one's (a routed segment's idx may come after its start;
+            # its first beat comes later still: requested once idx is valid, one latency on).
+            # A beat's bank is then right as long as no expert segment is one beat long (>= 3).
+            bank_next = Signal.like(bank, name="bank_next")
+            seg_end = Signal()
+            m.d.comb += seg_end.eq(beat & (c_beat == row_beats - 1) & (c_row == rows - 1) &
+                                   ((c_mat == ROUTER) | is_down))
+            m.d.sync += [bank_next.eq(bank_of(c_seg + 1)), bank.eq(Mux(seg_end, bank_next, bank_of(c_seg)))]
         with m.If(beat & is_down & (c_row == 0) & (c_beat == 0)):
             m.d.sync += h_ok.eq(0)     # h now belongs to this segment's down rows only
 

@@ -113,12 +113,21 @@ def _saturated(t: dict, fm) -> bool:
     return bool(np.any((vals == lo) | (vals == hi)))
 
 
-def build_model_case(cfg: Config, qm, per_layer: int, seed: int = 0) -> MoECase:
+def build_model_case(cfg: Config, qm, per_layer: int, seed: int = 0, zero_bias: bool = False,
+                     paired_bias: bool = False) -> MoECase:
     """``per_layer`` tokens of each layer of the quantised model ``qm`` (sim.models.qparams.QModel),
     in a shuffled order: per layer the all-zero and the alternating corner, hn of the integer
     model's own forward pass (the layer's real input distribution), one uniform random vector.
-    ``idx`` is -1 and ``choice``/``score`` 0 for a dense layer's tokens (no router)."""
+    ``idx`` is -1 and ``choice``/``score`` 0 for a dense layer's tokens (no router).
+    ``zero_bias`` / ``paired_bias`` as for build_case, applied to every MoE layer of ``qm``
+    (changed in place, before the expected values and the image are made)."""
     fm, m = formats_for(cfg), cfg.model
+    for q in qm.layers:
+        if q.moe is not None and zero_bias:
+            q.moe.bias = np.zeros_like(q.moe.bias)
+        elif q.moe is not None and paired_bias:
+            q.moe.bias = q.moe.bias.copy()
+            q.moe.bias[1::2] = q.moe.bias[0:len(q.moe.bias) - 1:2]
     d, L, rng = m.d_model, m.n_layers, np.random.default_rng(seed + 7)
     traces: list = []
     int_run_model(qm, cfg, rng.integers(0, m.vocab, size=max(0, per_layer - 3)), traces=traces)

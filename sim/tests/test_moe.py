@@ -52,6 +52,23 @@ def build_moe_bench(cfg, workdir: Path, sim: str = "icarus") -> tuple:
     return runner, build_dir, text
 
 
+def config_case(cfg, n: int, seed: int, zero_bias: bool = False, paired_bias: bool = False):
+    """The case of a config-level test: build_case on a layer chip; on a model config
+    (`make sim CONFIG=model-tiny`) about ``n`` tokens of its layers in a mixed order, on a
+    quickly quantised model of ``seed`` (build_model_case)."""
+    if cfg.model.is_layer_chip:
+        return build_case(cfg, n, seed=seed, zero_bias=zero_bias, paired_bias=paired_bias)
+    from sim.tests.model_cases import quick_model
+    _, qm = quick_model(cfg, seed)
+    return build_model_case(cfg, qm, per_layer=-(-n // cfg.model.n_layers), seed=seed, zero_bias=zero_bias,
+                            paired_bias=paired_bias)
+
+
+def port_values(case):
+    """What tells two models apart on the unit's parameter ports."""
+    return moe_params(case) if case.layers is None else case.layer_ports
+
+
 def run_moe_case(case, built, workdir: Path, sim: str = "icarus", stalls: float = 0.25,
                  reset_after: int = 2, seed: int = 1) -> dict:
     """Run the bench on a built unit with ``case``'s model (image + ``params`` value)."""
@@ -107,6 +124,8 @@ def _failures(xml_path) -> list[str]:
 
 
 def check_counters(case, res):
+    if case.layers is not None:
+        return check_model_counters(case, res)
     unit = res["unit"]
     n = len(case.tokens)
     assert res["tokens_done"] == n
@@ -162,15 +181,17 @@ def check_requests(case, res):
 
 def check_coverage(case, *, all_equal: bool):
     E, k = case.cfg.model.n_experts, case.cfg.model.top_k
-    assert set(case.idx.reshape(-1)) == set(range(E)), "not every expert was chosen"
+    routed = case.idx[:, 0] >= 0           # a model's dense layers' tokens have no router
+    choices, idx = case.choice[routed], case.idx[routed]
+    assert set(idx.reshape(-1)) == set(range(E)), "not every expert was chosen"
     assert case.saturated.any(), "no token saturated an engine output"
     # a tie that the rule decides: equal choices across the selection boundary or inside it
-    ties = [np.sum(c == c[i[-1]]) > 1 for c, i in zip(case.choice, case.idx)]
+    ties = [np.sum(c == c[i[-1]]) > 1 for c, i in zip(choices, idx)]
     assert any(ties), "no token with tied router choices"
     if all_equal:
-        eq = [len(set(c)) == 1 for c in case.choice]
+        eq = [len(set(c)) == 1 for c in choices]
         assert any(eq), "no token with all router choices equal"
-        for c, i in zip(case.choice, case.idx):
+        for c, i in zip(choices, idx):
             if len(set(c)) == 1:
                 assert list(i) == list(range(k))  # model and RTL both: lowest indices win
 
@@ -195,7 +216,7 @@ def test_moe_bit_exact_icarus(name, tmp_path):
                                                                    "lanes": 8})})
     else:
         cfg = make_config(sim_config("tiny") if name == "tiny" else "tiny", **over)
-    case = build_case(cfg, n, seed=3, zero_bias=zero_bias)
+    case = config_case(cfg, n, seed=3, zero_bias=zero_bias)
     res = run_moe_bench(case, tmp_path, "icarus")
     check_counters(case, res)
     check_requests(case, res)
@@ -223,8 +244,8 @@ def test_one_unit_runs_two_models(tmp_path):
     from hw.image.param_map import param_layout
     from hw.tops import top_verilog
     cfg = make_config(sim_config("tiny"))
-    cases = [build_case(cfg, 10, seed=3), build_case(cfg, 10, seed=11, zero_bias=True)]
-    assert moe_params(cases[0]) != moe_params(cases[1])
+    cases = [config_case(cfg, 10, seed=3), config_case(cfg, 10, seed=11, zero_bias=True)]
+    assert port_values(cases[0]) != port_values(cases[1])
     built = build_moe_bench(cfg, tmp_path / "unit", "icarus")
     text = built[2]
     width = param_layout(cfg, "moe").size
@@ -239,7 +260,7 @@ def test_one_unit_runs_two_models(tmp_path):
 
 
 def _long_run(cfg, n, tmp_path, zero_bias=False, seed=5):
-    case = build_case(cfg, n, seed=seed, zero_bias=zero_bias, paired_bias=not zero_bias)
+    case = config_case(cfg, n, seed=seed, zero_bias=zero_bias, paired_bias=not zero_bias)
     check_coverage(case, all_equal=zero_bias)
     res = run_moe_bench(case, tmp_path, "verilator", stalls=0.2, reset_after=3, seed=seed)
     check_counters(case, res)
@@ -268,20 +289,33 @@ def test_moe_256_tokens_verilator_k_extremes(k, tmp_path):
 @pytest.mark.parametrize("config", sim_configs("tiny", "small", slow=("small",)))
 def test_moe_cycles_per_token_without_stalls(config, tmp_path):
     """The port is the roofline: with no stalls a token takes its weight beats plus a
-    bounded overhead (memory latency, MAC drain and hidden conversion per expert)."""
+    bounded overhead (memory latency, MAC drain and hidden conversion per expert).  On a
+    model config each token against its own layer's kind (a dense layer: C chunks)."""
     cfg = make_config(config)
-    case = build_case(cfg, 12, seed=9)
+    case = config_case(cfg, 12, seed=9)
     res = run_moe_bench(case, tmp_path, "icarus", stalls=0.0, reset_after=0)
     unit = res["unit"]
-    beats = unit.bytes_per_token() // cfg.hw.weight_port_bytes
-    outs = res["out_cycles"]
-    steady = (outs[-1] - outs[len(outs) // 2]) / (len(outs) - 1 - len(outs) // 2)
     # per expert: MAC + product pipelines drain, exponent, conversion (nb_f beats + 3)
     per_expert = 32 + unit.nb_f
-    bound = beats + cfg.hw.weight_port_latency + 24 + (unit.S + unit.k) * per_expert
-    print(f"\n{config}: {steady:.1f} cycles/token without stalls, {beats} weight beats/token, "
-          f"bound {bound}; {unit.bytes_per_token()} B/token vs dense {unit.dense_bytes_per_token()} B")
-    assert beats <= steady <= bound
+
+    def beats_and_bound(kind):
+        beats = unit.bytes_per_token(kind) // cfg.hw.weight_port_bytes
+        experts = unit.C if kind == "dense" else unit.S + unit.k
+        return beats, beats + cfg.hw.weight_port_latency + 24 + experts * per_expert
+    outs = res["out_cycles"]
+    if case.layers is None:
+        beats, bound = beats_and_bound("moe")
+        steady = (outs[-1] - outs[len(outs) // 2]) / (len(outs) - 1 - len(outs) // 2)
+        print(f"\n{config}: {steady:.1f} cycles/token without stalls, {beats} weight beats/token, "
+              f"bound {bound}; {unit.bytes_per_token()} B/token vs dense {unit.dense_bytes_per_token()} B")
+        assert beats <= steady <= bound
+        return
+    # one token inside at a time, nothing stalls: token i's cycles are the gap between outputs
+    for i in range(1, len(outs)):
+        kind = layer_mixer(cfg, int(case.layers[i]))
+        beats, bound = beats_and_bound(kind)
+        gap = outs[i] - outs[i - 1]
+        assert beats <= gap <= bound, f"token {i} ({kind} layer): {gap} cycles, {beats} beats, bound {bound}"
 
 
 # ---- a model: every layer of the stack on one unit (issue 14) ---------------------------
@@ -316,17 +350,25 @@ def layer_order_coverage(layers, mixers) -> dict:
             "same_layer": any(a == b for a, b in pairs)}
 
 
-def test_moe_model_tiny_icarus(tmp_path):
+@pytest.mark.parametrize("rows", ["config", "one_beat_rows"])
+def test_moe_model_tiny_icarus(rows, tmp_path):
     """model-tiny's four layers (layer 0 dense, 1..3 MoE) on one unit: tokens of every layer in
     a mixed order, each with its layer index and that layer's parameters on the ports (random
     bits on the port of the other kind, a random ``layer`` while no token is offered), the
     model's image as the weight memory, stalls on every stream and a reset in the middle of a
     token; bit-exact with int_dense_step / int_moe_step of the token's layer, every weight
-    request at the address the memory map gives that layer."""
+    request at the address the memory map gives that layer.  ``one_beat_rows``: a 16-byte
+    port (every row one beat), so a segment's first beat ends a row and takes its (m, s)
+    from the bank of the segment just begun (the unit's registered bank)."""
     from sim.tests.model_cases import model_config, quick_model
     cfg = model_config(sim_config("model-tiny"))
     if cfg.model.is_layer_chip:
         pytest.skip(f"{cfg.name} is a layer chip: no layers to sequence (the cases above run it)")
+    if rows == "one_beat_rows":
+        if cfg.model.d_model > 16 or cfg.model.d_ff > 16:
+            pytest.skip(f"{cfg.name}: rows longer than one 16-byte beat")
+        cfg = type(cfg)(**{**cfg.__dict__, "hw": type(cfg.hw)(**{**cfg.hw.__dict__, "weight_port_bytes": 16,
+                                                                   "lanes": 16})})
     _, qm = quick_model(cfg, seed=4)
     case = build_model_case(cfg, qm, per_layer=4, seed=4)
     cover = layer_order_coverage(list(case.layers), cfg.model.mixers)
