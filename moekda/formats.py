@@ -98,6 +98,9 @@ def derived_widths(cfg: Config) -> dict[str, int]:
         "route_weight": fm.wn_frac + int(np.ceil(np.log2(m.routed_scaling + 1))) + 1,
         "moe_combine_acc": fm.expert_out_bits + fm.wn_frac + int(np.ceil(np.log2(m.routed_scaling + 1)))
         + clog2(k + m.n_shared + 1),
+        # a dense mixer (model.mixers) on the same accumulators: C chunk outputs << wn_frac,
+        # wider than the MoE's only for many chunks (C > top_k + n_shared)
+        "dense_combine_acc": fm.expert_out_bits + fm.wn_frac + clog2(m.dense_chunks + 1),
         "swiglu_prod": prod + 1,
         "residual_acc": fm.resid_bits + fm.mult_bits + 2,
     }

@@ -121,7 +121,7 @@ from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.moe.topk import TopK
 from hw.chip.weight_port import MAX_BEATS, WeightPortSignature, beats_per_row
 from moekda.config import ConfigError
-from moekda.formats import clog2, derived_widths, formats_for
+from moekda.formats import derived_widths, formats_for
 
 ROUTER, GATE, UP, DOWN = range(4)
 PROD_BITS = 15   # |SiLU(gate) * up| of two int8 values < 2**15
@@ -213,11 +213,10 @@ class MoEUnit(wiring.Component):
                                   f"engine's ({ef.mult_bits}/{ef.shift_bits})")
         # the combine accumulators: sum_i wt_i e_i + shared << wn_frac, and on a model with a
         # dense layer also sum_c e_c << wn_frac, which needs more bits for many chunks (model-tiny:
-        # from C = 16 on); the formula of sim/models/int_moe.py dense_combine_bits, which hw/ may
-        # not import (test_moe.py compares the two)
+        # from C = 16 on; derived_widths dense_combine_acc, the integer model's width too)
         self.acc_bits = self.widths["moe_combine_acc"]
         if self.has_dense:
-            self.acc_bits = max(self.acc_bits, fm.expert_out_bits + fm.wn_frac + clog2(self.C + 1))
+            self.acc_bits = max(self.acc_bits, self.widths["dense_combine_acc"])
             if self.dmap["dense.comb_m"].bits != pm["moe.comb_m"].bits:
                 raise ConfigError("parameters dense.comb_m and moe.comb_m: the combine needs one width")
         # the output goes straight into the residual add: resid_bits wide

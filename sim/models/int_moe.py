@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from moekda.config import Config
-from moekda.formats import Formats, clog2, derived_widths
+from moekda.formats import Formats, derived_widths
 from moekda.numerics import bit_length, requantize, round_shift, saturate, udiv_floor
 from sim.models.int_ops import check_width, int_linear, int_lut
 from sim.models.qparams import QDense, QExperts, QMoE
@@ -96,8 +96,8 @@ def dense_combine_bits(cfg: Config, fm: Formats) -> int:
     """Width of a dense mixer's combine accumulator: C chunk outputs << wn_frac.  At most the
     MoE's moe_combine_acc when C <= top_k + n_shared (the default d_ff_dense), so the shared-
     expert path's accumulator holds it; wider dense mixers need this many bits."""
-    need = fm.expert_out_bits + fm.wn_frac + clog2(cfg.model.dense_chunks + 1)
-    return max(need, derived_widths(cfg)["moe_combine_acc"])
+    w = derived_widths(cfg)
+    return max(w["dense_combine_acc"], w["moe_combine_acc"])
 
 
 def int_dense_step(q: QDense, cfg: Config, fm: Formats, hn, trace=None):
