@@ -58,10 +58,19 @@ when issue resumes after waiting for u (KDA unit per token: tiny 902 -> 903, sma
 3386 -> 3419; docs/chip.md "KDA state in SRAM").  Nothing else
 changes: the same words are read and written with the same values, in the same order.
 
+Layers (``layers`` = L > 1: the layers of a model on one datapath): the state memory
+holds one state per layer (hw/kda/state.py: the layer is the high part of the word
+address) and a token reads and writes only its own layer's.  The word counters and
+the schedule are those of one layer; the layer bits join the address at the memory
+port, from ``layer`` (a register of the KDA unit, stable for the token).
+
 Ports: ``start`` (strobe, when not ``busy``) runs one token over the vectors
 ``k``, ``q``, ``alpha``, ``v``, ``beta`` that must stay stable while ``busy``;
-``o`` streams the H*d_v outputs in (h, j) order; ``clear`` makes the state
-read as zero (a new sequence), taking effect for the next ``start``.
+``layer`` (only with L > 1) the token's layer, stable likewise from ``start`` while
+``busy``; ``o`` streams the H*d_v outputs in (h, j) order; ``clear`` (L strobe bits)
+makes layer l's state read as zero (a new sequence of that layer) with bit l, taking
+effect for that layer's next ``start`` (so not for the layer of a token in flight);
+the other layers keep theirs.
 """
 from __future__ import annotations
 
@@ -75,7 +84,7 @@ from amaranth.lib.wiring import In, Out
 from hw.arith.booth_multiply import barrel_shift_saturate, rounding_word, saturate as saturate_bits
 from hw.arith.carry_save import (booth_partial_products, compress_3_2, pipelined_add, pipelined_add_all,
                            reduce_all_to_two, reduce_to_two, sign_extend, zero_extend)
-from hw.kda.state import StateMemory
+from hw.kda.state import StateMemory, word_bits
 from hw.arith.pipeline import Pipe, plan_pipeline
 from moekda.formats import Formats
 
@@ -111,13 +120,14 @@ def clamp(x, bits: int):
 
 class DeltaRule(wiring.Component):
     def __init__(self, fm: Formats, heads: int, d_k: int, d_v: int, lanes: int, clock_period_ns: float,
-                 shift_fields: dict | None = None, state_memory: str = "flops"):
+                 shift_fields: dict | None = None, state_memory: str = "flops", layers: int = 1):
         """``shift_fields``: per shift (f_k, f_v, f_s, o_shift) its (field bits, largest
         allowed value), default ``default_shift_fields(fm)``; a shift outside its range
         (or f_s < f_v) is not computed as the model would (the image tools refuse it).
-        ``state_memory``: hw.state_memory, "flops" or "sram" (hw/kda/state.py)."""
+        ``state_memory``: hw.state_memory, "flops" or "sram" (hw/kda/state.py).
+        ``layers``: the states held, one per layer of a model (1: the layer chip)."""
         self.fm, self.heads, self.d_k, self.d_v, self.lanes = fm, heads, d_k, d_v, lanes
-        self.state_memory = state_memory
+        self.state_memory, self.layers = state_memory, layers
         self.shift_fields = dict(shift_fields or default_shift_fields(fm))
         self.clock_period_ns = clock_period_ns
         self.blocks = d_k // lanes
@@ -125,7 +135,8 @@ class DeltaRule(wiring.Component):
         super().__init__({
             "start": In(1),
             "busy": Out(1),
-            "clear": In(1),
+            "clear": In(layers),
+            **({"layer": In(range(layers))} if layers > 1 else {}),
             "k": In(data.ArrayLayout(signed(a), heads * d_k)),
             "q": In(data.ArrayLayout(signed(a), heads * d_k)),
             "alpha": In(data.ArrayLayout(unsigned(fm.alpha_frac), heads * d_k)),
@@ -145,7 +156,12 @@ class DeltaRule(wiring.Component):
         sb, af, uf, qk = fm.state_bits, fm.alpha_frac, fm.unit_frac, fm.qk_bits
         plan = plan_pipeline(self.clock_period_ns)
         dl = plan.delays
-        m.submodules.mem = mem = StateMemory(H, dk, dv, P, sb, kind=self.state_memory)
+        m.submodules.mem = mem = StateMemory(H, dk, dv, P, sb, kind=self.state_memory, layers=self.layers)
+
+        def address(word):
+            """The memory address of the token's layer's ``word`` (the layer: the high bits)."""
+            assert len(Value.cast(word)) == word_bits(mem.words)
+            return Cat(word, self.layer) if self.layers > 1 else word
         if mem.banks == 2:
             m.d.comb += self.collision.eq(mem.collision)
         acc_width = sb + qk + (dk - 1).bit_length() + 1
@@ -215,7 +231,7 @@ class DeltaRule(wiring.Component):
                      iss["last"].eq(Mux(pass2, c2.last, c1.last)), iss["col"].eq(Mux(pass2, c2.col, c1.col)),
                      iss["u"].eq(Array(u_regs)[c2.col[0]])]
 
-        m.d.comb += [mem.rd_en.eq(iss["valid"]), mem.rd_addr.eq(iss["addr"])]
+        m.d.comb += [mem.rd_en.eq(iss["valid"]), mem.rd_addr.eq(address(iss["addr"]))]
         # the tag waits out the memory's read latency; the lane selects take the last cycle
         for n in range(mem.READ_LATENCY - 1):
             held = tag(f"iss{n + 1}")
@@ -296,7 +312,7 @@ class DeltaRule(wiring.Component):
         if mem.banks == 2 and self.write_delay % 2 == 0:
             live = dp.register(live)
             self.write_delay += 1
-        m.d.comb += [mem.wr_en.eq(live["valid"] & live["pass2"]), mem.wr_addr.eq(live["addr"]),
+        m.d.comb += [mem.wr_en.eq(live["valid"] & live["pass2"]), mem.wr_addr.eq(address(live["addr"])),
                      mem.wr_data.eq(Cat(*live["snew"]))]
         # the lane products k_i S1_i (pass 1) / q_i S2_i (pass 2), all lanes in one tree;
         # a mux level more than a lone Booth select: each snew bit fans out to every digit's
@@ -444,8 +460,12 @@ class DeltaRule(wiring.Component):
             with m.State("FINISH"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(o_pend == 0):
-                    # every word was rewritten by this token: the state is valid
-                    m.d.comb += mem.commit.eq(1)
+                    # every word of the token's layer was rewritten by this token: that
+                    # layer's state is valid
+                    if self.layers == 1:
+                        m.d.comb += mem.commit.eq(1)
+                    else:
+                        m.d.comb += mem.commit.eq(Cat(self.layer == l for l in range(self.layers)))
                     m.next = "IDLE"
         m.d.comb += mem.clear.eq(self.clear)
         return m

@@ -13,24 +13,41 @@ over the key index i for a fixed value column j (``(S'^T k)_j``,
 feeds a ``lanes``-input adder tree into ONE accumulator per column instead of
 ``d_v`` accumulators updated ``lanes`` at a time.
 
+Layers (``layers`` = L, the layers of a model run on the one datapath,
+hw/image/memory_map.py ``layer_count``): the memory holds L such states, one per
+layer, and the layer index is the high part of the word address,
+
+    address (l, w) = l * 2**word_bits + w          ``state_address``
+
+(word_bits = the bits of a word index within a layer), so a layer's state is one
+contiguous block when ``words`` is a power of two, and the delta rule's word
+counters stay as wide as one layer's words.  With L = 1 the address is the word.
+
 Clear: the state must read as zero at a new sequence.  Rather than spending
-``words`` cycles writing zeros, a single flag ``cleared`` makes every read
-return zero; it is set by ``clear`` and dropped by ``commit``.  This is
-correct because each token rewrites every word of the state (S = S' + k u^T
-touches all entries), so the controller pulses ``commit`` once the first
-token after a clear has written the whole memory.
+``words`` cycles writing zeros, a flag per layer, ``cleared[l]``, makes every read
+of layer l return zero; it is set by ``clear[l]`` and dropped by ``commit[l]``.
+This is correct because each token rewrites every word of its layer's state
+(S = S' + k u^T touches all entries), so the controller pulses ``commit[l]`` once
+the first token of layer l after a clear has written that layer's words; the
+other layers' words and flags are untouched (a new sequence reaches each layer
+with its own clear, token by token).  Reset sets every flag.
 
 Read: a plain ``words``:1 read mux did not fit 1 ns on small (512 words: the
 address bits fan out to 16k mux selects through ten buffer levels before
 any logic).  So a read takes two cycles: the address is decoded into a
 registered one-hot word select (a word's select fans out only to its own
 ``lanes * width`` AND gates), then an AND-OR tree of the words into the
-read register.  The cleared flag folds into the select: a read issued while
-cleared selects no word and returns zero, whatever commit does meanwhile.
+read register.  The layer bits are address bits like the others: they are
+decoded into that registered select in the first cycle, so the second cycle
+stays one AND and an OR tree (log2 L levels deeper: L times the words).  The
+read's layer's cleared flag folds into the select: a read issued while its
+layer is cleared selects no word and returns zero, whatever commit does
+meanwhile.
 
 Ports (one read, one write per cycle; reads take ``READ_LATENCY`` cycles):
 ``rd_en``/``rd_addr`` -> ``rd_data`` (``lanes`` signed entries) ``READ_LATENCY``
-cycles later; ``wr_en``/``wr_addr``/``wr_data``; ``clear``, ``commit`` strobes.
+cycles later; ``wr_en``/``wr_addr``/``wr_data`` (addresses as ``state_address``);
+``clear``, ``commit``: L strobe bits, bit l for layer l; ``cleared``: the L flags.
 A read sees the contents of the cycle after it is issued (the select
 register's cycle): a write in the issue cycle is seen, one in the next
 cycle is not.
@@ -38,16 +55,19 @@ cycle is not.
 ``kind = "sram"`` (hw.state_memory): the same ports and latency on the platform's
 1RW SRAM macros (hw/mem/fakeram.py).  One port per macro cannot serve a read and
 a write in one cycle, so the words are split into two BANKS by address parity
-(word w in bank w % 2, at w // 2), each bank the cheapest array of one macro kind
-(``choose_macros``: tiny one fakeram45_32x64 per bank, small 4 x 2 fakeram45_64x32).
+(address a in bank a % 2, at a // 2: a word's bank is the parity of its index within
+its layer), each bank the cheapest array of one macro kind for its L layers' words
+(``choose_macros``: tiny one fakeram45_32x64 per bank, small 4 x 2 fakeram45_64x32;
+model-tiny 2 x 2 fakeram45_64x32, model-small 2 fakeram45_1024x32: more layers are
+more macro rows, or deeper macros, whichever is cheaper).
 A read and a write in one cycle must go to different banks; the delta rule's
 schedule guarantees it (hw/kda/delta.py: reads issued on cycles of their bank's
 parity, writes an odd number of cycles after their read).  Should both meet in
 one bank anyway, the write wins and the read returns zero (``collision`` is high
 that cycle: the tests watch it, and the integer-model checks would see the zeros).
 Read: the macro's one cycle (address into the macro, ``rd_out`` after the edge),
-then the bank and row select (registered with the read, the cleared flag folded
-in) as an AND-OR into the read register: two cycles, as for flip-flops.  Writes
+then the bank and row select (registered with the read, the read's layer's cleared
+flag folded in) as an AND-OR into the read register: two cycles, as for flip-flops.  Writes
 are seen by a read issued the cycle after; a write and a read in one cycle are in
 different banks, so which one the read sees does not arise.
 """
@@ -64,41 +84,59 @@ STATE_MEMORY_KINDS = ("flops", "sram")
 
 
 def state_geometry(heads: int, d_k: int, d_v: int, lanes: int) -> int:
-    """Number of memory words; checks that ``lanes`` divides ``d_k``."""
+    """Number of memory words of one layer's state; checks that ``lanes`` divides ``d_k``."""
     if lanes < 1 or d_k % lanes:
         raise ValueError(f"hw.state_lanes = {lanes}: must divide model.head_dim ({d_k})")
     return heads * d_v * (d_k // lanes)
 
 
 def state_word(h: int, i: int, j: int, d_k: int, d_v: int, lanes: int) -> tuple[int, int]:
-    """(word, lane) of entry S_h[i, j]."""
+    """(word, lane) of entry S_h[i, j] within its layer's state."""
     return (h * d_v + j) * (d_k // lanes) + i // lanes, i % lanes
+
+
+def word_bits(words: int) -> int:
+    """Bits of a word index within one layer (the low part of a state address)."""
+    return (words - 1).bit_length()
+
+
+def state_address(layer: int, word: int, words: int) -> int:
+    """The memory address of word ``word`` of layer ``layer``: the layer is the high part."""
+    if not 0 <= word < words:
+        raise ValueError(f"state word {word}: a layer has {words} words")
+    return (layer << word_bits(words)) | word
 
 
 class StateMemory(wiring.Component):
     READ_LATENCY = 2
 
-    def __init__(self, heads: int, d_k: int, d_v: int, lanes: int, width: int, kind: str = "flops"):
+    def __init__(self, heads: int, d_k: int, d_v: int, lanes: int, width: int, kind: str = "flops",
+                 layers: int = 1):
         if kind not in STATE_MEMORY_KINDS:
             raise ValueError(f"state memory kind {kind!r}: one of {', '.join(STATE_MEMORY_KINDS)}")
+        if layers < 1:
+            raise ValueError(f"state memory: {layers} layers")
         self.heads, self.d_k, self.d_v, self.lanes, self.width = heads, d_k, d_v, lanes, width
-        self.kind = kind
-        self.words = state_geometry(heads, d_k, d_v, lanes)
+        self.kind, self.layers = kind, layers
+        self.words = state_geometry(heads, d_k, d_v, lanes)        # of one layer
+        # the addresses in use, layer by layer, and the size of the address range
+        self.addresses = [state_address(l, w, self.words) for l in range(layers) for w in range(self.words)]
+        self.addr_space = self.addresses[-1] + 1
         # banks a read and a write of one cycle must not share (see the module doc)
         self.banks = 2 if kind == "sram" else 1
-        self.macros = choose_macros((self.words + 1) // 2, lanes * width) if kind == "sram" else None
+        self.macros = choose_macros((self.addr_space + 1) // 2, lanes * width) if kind == "sram" else None
         word = data.ArrayLayout(signed(width), lanes)
         extra = {"collision": Out(1)} if kind == "sram" else {}
         super().__init__({**extra,
             "rd_en": In(1),
-            "rd_addr": In(range(self.words)),
+            "rd_addr": In(range(self.addr_space)),
             "rd_data": Out(word),
             "wr_en": In(1),
-            "wr_addr": In(range(self.words)),
+            "wr_addr": In(range(self.addr_space)),
             "wr_data": In(word),
-            "clear": In(1),
-            "commit": In(1),
-            "cleared": Out(1, init=1),
+            "clear": In(layers),
+            "commit": In(layers),
+            "cleared": Out(layers, init=(1 << layers) - 1),
         })
 
     def elaborate(self, platform):
@@ -107,26 +145,53 @@ class StateMemory(wiring.Component):
             self._sram(m)
         else:
             self._flops(m)
-        with m.If(self.clear):
-            m.d.sync += self.cleared.eq(1)
-        with m.Elif(self.commit):
-            m.d.sync += self.cleared.eq(0)
+        if self.layers == 1:
+            with m.If(self.clear):
+                m.d.sync += self.cleared.eq(1)
+            with m.Elif(self.commit):
+                m.d.sync += self.cleared.eq(0)
+        else:
+            for l in range(self.layers):
+                with m.If(self.clear[l]):
+                    m.d.sync += self.cleared[l].eq(1)
+                with m.Elif(self.commit[l]):
+                    m.d.sync += self.cleared[l].eq(0)
         return m
 
+    def _cleared_at(self, addr):
+        """The cleared flag of the layer ``addr`` is in (its high bits)."""
+        if self.layers == 1:
+            return self.cleared
+        return self.cleared.bit_select(addr[word_bits(self.words):], 1)
+
     def _flops(self, m):
-        P, wb = self.lanes, self.lanes * self.width
-        store = [Signal(wb, name=f"word{w}") for w in range(self.words)]
-        with m.If(self.wr_en):
-            with m.Switch(self.wr_addr):
-                for w in range(self.words):
-                    with m.Case(w):
-                        m.d.sync += store[w].eq(self.wr_data.as_value())
-        # cycle 1: the one-hot select (cleared as it is when the read is issued)
-        select = Signal(self.words)
-        m.d.sync += select.eq(Mux(self.rd_en & ~self.cleared, Const(1, self.words) << self.rd_addr, 0))
+        wb = self.lanes * self.width
+        if self.layers == 1:
+            store = {a: Signal(wb, name=f"word{a}") for a in self.addresses}
+        else:
+            store = {state_address(l, w, self.words): Signal(wb, name=f"l{l}_word{w}")
+                     for l in range(self.layers) for w in range(self.words)}
+        if self.layers == 1:
+            with m.If(self.wr_en):
+                with m.Switch(self.wr_addr):
+                    for a, word in store.items():
+                        with m.Case(a):
+                            m.d.sync += word.eq(self.wr_data.as_value())
+        else:
+            # one address comparison per word: the same decode, but a Switch's Verilog lists
+            # every earlier case in each word's process, quadratic in the words (model-small's
+            # 2048 words: 90 MB of text)
+            for a, word in store.items():
+                with m.If(self.wr_en & (self.wr_addr == a)):
+                    m.d.sync += word.eq(self.wr_data.as_value())
+        # cycle 1: the one-hot select (the read's layer's cleared flag as it is when the
+        # read is issued); the layer bits are decoded here with the word bits
+        n = self.addr_space
+        select = Signal(n)
+        m.d.sync += select.eq(Mux(self.rd_en & ~self._cleared_at(self.rd_addr), Const(1, n) << self.rd_addr, 0))
         # cycle 2: AND-OR of the words, registered
         rd_word = Signal(wb)
-        m.d.sync += rd_word.eq(or_tree(Mux(select[w], store[w], 0) for w in range(self.words)))
+        m.d.sync += rd_word.eq(or_tree(Mux(select[a], word, 0) for a, word in store.items()))
         m.d.comb += self.rd_data.eq(rd_word)
 
     def _sram(self, m):
@@ -141,9 +206,10 @@ class StateMemory(wiring.Component):
             return addr[0], (a >> spec.addr_bits) if row_bits else Const(0, 1), a[:ab]
         rbank, rrow, raddr = split(self.rd_addr)
         wbank, wrow, waddr = split(self.wr_addr)
+        rd_cleared = self._cleared_at(self.rd_addr)
         m.d.comb += self.collision.eq(self.rd_en & self.wr_en & (rbank == wbank))
-        # the read's macro group, registered with the read; a read issued while cleared
-        # selects none and returns zero
+        # the read's macro group, registered with the read; a read issued while its layer
+        # is cleared selects none and returns zero
         picks = []
         for b in range(2):
             for r in range(arr.rows):
@@ -152,7 +218,7 @@ class StateMemory(wiring.Component):
                 picked = Signal(name=f"b{b}r{r}_picked")
                 m.d.comb += [rd_here.eq(self.rd_en & (rbank == b) & (rrow == r)),
                              wr_here.eq(self.wr_en & (wbank == b) & (wrow == r))]
-                m.d.sync += picked.eq(rd_here & ~wr_here & ~self.cleared)
+                m.d.sync += picked.eq(rd_here & ~wr_here & ~rd_cleared)
                 outs = []
                 for c in range(arr.cols):
                     ram = FakeRam(spec)

@@ -13,8 +13,16 @@ derive from it.  A test drives ``region_value(cfg, qlayer.to_flat(), "kda")``.
 Ports
 -----
 ``i``   stream, one beat per token: ``x`` (d_model int8, the normalised input
-        xn) and ``first`` (a new sequence starts here: the delta-rule state and
-        the short-convolution history are cleared before this token).
+        xn) and ``first`` (a new sequence starts here for the token's layer: that
+        layer's delta-rule state and short-convolution history are cleared before
+        this token; the other layers' are kept).
+``layer`` the token's layer, 0 .. L-1 (hw/image/memory_map.py ``layer_count``,
+        ``layer_bits`` wide; on the layer chip L = 1 and the port is ignored).
+        Sampled in the cycle ``i`` is accepted, with ``first``, and used for
+        everything of that token: its weight addresses (``layer_prefix``: the
+        layer's own regions), its state and history.  It may change as soon as
+        the token is accepted.  ``params`` must then be the layer's block (the
+        top loads it between tokens, under the rule below).
 ``o``   stream, one beat per token: d_model int8.
 ``wport`` weight port (hw/chip/weight_port.py).
 ``params`` the per-model values (hw/image/param_map.py).
@@ -46,6 +54,13 @@ Schedule of one token (all phases in sequence; W = weight_port_bytes = lanes)
            ACCEPT would sit in the chip's one weight port (hw/chip/weight_arbiter.py)
            through NORM, DELTA and ONORM and block the MoE of the previous token.
            Costs the memory latency once per token.
+Layers: a model's L layers run on this one unit, one token of one layer at a
+time, in any order.  Per layer the unit keeps its own delta-rule state (hw/kda/state.py:
+L states, the layer the high part of the word address) and short-convolution history
+(hw/kda/short_conv.py); every weight request is one of L per-layer constants.  Nothing
+else is per layer: the schedule and the cycles of a token are those of one layer
+(model-tiny without stalls: 902 cycles per token, every layer, as tiny).
+
 No phase depends on the number of tokens seen: cycles per token are constant
 (the tests measure token 16 against token 4096).  Measured without stalls
 (``token_cycles``; sim/tests/test_kda_unit.py's run_kda with stall=False):
@@ -67,7 +82,7 @@ from hw.kda.delta import DeltaRule
 from hw.arith.matvec import MatVecEngine
 from hw.kda.norm import Normalizer
 from hw.arith.lut import LookupTable
-from hw.image.memory_map import memory_map
+from hw.image.memory_map import layer_bits, layer_count, layer_prefix, memory_map
 from hw.image.param_map import kda_norm_ss_bits, param_layout, param_map, structural
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.kda.short_conv import ShortConv
@@ -93,15 +108,16 @@ def token_layout(d_model: int, act_bits: int) -> data.StructLayout:
     return data.StructLayout({"x": data.ArrayLayout(signed(act_bits), d_model), "first": 1})
 
 
-def kda_requests(cfg) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """The weight reads of one token as ``(byte address, beats)`` requests:
+def kda_requests(cfg, layer: int = 0) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The weight reads of one token of ``layer`` as ``(byte address, beats)`` requests:
     (the projections', issued at ACCEPT; W_o's, issued when the unit can take
     W_o).  Each is cut to what one request's ``beats`` field carries."""
     mm = memory_map(cfg)
     W = cfg.hw.weight_port_bytes
+    prefix = layer_prefix(cfg, layer)
 
     def reads(tensors):
-        addr, nbytes = mm.span(tensors)
+        addr, nbytes = mm.span([prefix + t for t in tensors])
         return split_request(addr, nbytes // W, W)
     return reads([t for op, t, _, _ in OPS if op != "o"]), reads(["kda.w_o"])
 
@@ -118,10 +134,17 @@ class KdaUnit(wiring.Component):
             raise ValueError(f"hw.lanes = {hw.lanes}: the KDA unit needs lanes == hw.weight_port_bytes "
                              f"({hw.weight_port_bytes}), one port beat per MAC beat")
         self.mm = memory_map(cfg)
-        self.proj_reqs, self.wo_reqs = kda_requests(cfg)
+        self.layers = layer_count(cfg)
+        # per layer (projections', W_o's) requests; the layers differ only in addresses
+        self.layer_reqs = [kda_requests(cfg, l) for l in range(self.layers)]
+        self.proj_reqs, self.wo_reqs = self.layer_reqs[0]
+        for proj, wo in self.layer_reqs:
+            if [n for _, n in proj + wo] != [n for _, n in self.proj_reqs + self.wo_reqs]:
+                raise ValueError(f"config {cfg.name}: the layers' KDA reads differ in size")
         a = fm.act_bits
         super().__init__({
             "i": In(stream.Signature(token_layout(self.d, a))),
+            "layer": In(layer_bits(cfg)),
             "o": Out(stream.Signature(data.ArrayLayout(signed(a), self.d))),
             "wport": Out(WeightPortSignature(self.W)),
             "params": In(param_layout(cfg, "kda")),
@@ -149,6 +172,10 @@ class KdaUnit(wiring.Component):
         d, H, dk, dv, r, W = self.d, self.H, self.dk, self.dv, self.r, self.W
         a = fm.act_bits
         hk, hv = H * dk, H * dv
+        L = self.layers
+        # the accepted token's layer: its weights' addresses, its state and history
+        if L > 1:
+            tok_layer = Signal(range(L))
 
         # ---- registers holding the token's vectors ---------------------------------
         def vec(name, n, shape):
@@ -188,14 +215,21 @@ class KdaUnit(wiring.Component):
         reqs = self.proj_reqs + self.wo_reqs
         req_idx = Signal(range(len(reqs) + 1), init=len(reqs))
         req_end = Signal(range(len(reqs) + 1), init=len(reqs))
+        if L == 1:
+            req_addr = Array(Const(ad, 32) for ad, _ in reqs)[req_idx]
+        else:
+            # one address table per layer; the layer is a register, constant for the token
+            req_addr = Array(Array(Const(ad, 32) for ad, _ in proj + wo)
+                             for proj, wo in self.layer_reqs)[tok_layer][req_idx]
         m.d.comb += [self.wport.req.valid.eq(req_idx != req_end),
-                     self.wport.req.payload.addr.eq(Array(Const(ad, 32) for ad, _ in reqs)[req_idx]),
+                     self.wport.req.payload.addr.eq(req_addr),
                      self.wport.req.payload.beats.eq(Array(Const(n, 16) for _, n in reqs)[req_idx])]
         with m.If(self.wport.req.valid & self.wport.req.ready):
             m.d.sync += req_idx.eq(req_idx + 1)
 
         # ---- the projection feeder: response beats + input groups -> MAC ----------------
-        regions = [self.mm[t] for _, t, _, _ in OPS]
+        # the regions' shapes (rows, beats per row) are every layer's: layer 0's stand for all
+        regions = [self.mm[layer_prefix(cfg, 0) + t] for _, t, _, _ in OPS]
         sources = {"x": self._groups(X, a), "fd": self._groups(FD, a), "gd": self._groups(GD, a),
                    "zo": self._groups(ZO, a)}
         n_ops = len(OPS)
@@ -311,7 +345,9 @@ class KdaUnit(wiring.Component):
         # short convolution of q, k, v (channels in that order), requant, SiLU
         conv_names = ("conv_q", "conv_k", "conv_v")
         m.submodules.conv = conv = ShortConv(hk + hk + hv, cfg.model.conv_kernel, a, fm.weight_bits,
-                                             clock_period_ns=cfg.hw.clock_period_ns)
+                                             clock_period_ns=cfg.hw.clock_period_ns, layers=L)
+        if L > 1:
+            m.d.comb += conv.layer.eq(tok_layer)
         for name, base_c, n in zip(conv_names, (0, hk, 2 * hk), (hk, hk, hv)):
             for c in range(n):
                 m.d.comb += conv.taps[base_c + c].eq(getattr(P, name).w[c])
@@ -403,7 +439,9 @@ class KdaUnit(wiring.Component):
         m.submodules.delta = delta = DeltaRule(
             fm, H, dk, dv, cfg.hw.state_lanes, clock_period_ns=cfg.hw.clock_period_ns,
             shift_fields={k: (pm[f"kda.{k}"].bits, pm[f"kda.{k}"].hi) for k in shift_names},
-            state_memory=cfg.hw.state_memory)
+            state_memory=cfg.hw.state_memory, layers=L)
+        if L > 1:
+            m.d.comb += delta.layer.eq(tok_layer)
         m.d.comb += [getattr(delta.shifts, k).eq(getattr(P, k)) for k in shift_names]
         m.d.comb += [delta.k.eq(Cat(*KN)), delta.q.eq(Cat(*QN)), delta.alpha.eq(Cat(*ALPHA)),
                      delta.v.eq(Cat(*V)), delta.beta.eq(Cat(*BETA)), delta.o.ready.eq(1)]
@@ -433,8 +471,15 @@ class KdaUnit(wiring.Component):
                     m.d.sync += [req_idx.eq(0), req_end.eq(len(self.proj_reqs)), f_op.eq(0), f_row.eq(0), f_beat.eq(0),
                                  res_op.eq(0), res_row.eq(0)]
                     m.d.comb += token_clear.eq(1)
-                    with m.If(self.i.payload.first):
-                        m.d.comb += [delta.clear.eq(1), conv.restart.eq(1)]
+                    if L == 1:
+                        with m.If(self.i.payload.first):
+                            m.d.comb += [delta.clear.eq(1), conv.restart.eq(1)]
+                    else:
+                        # a new sequence of the accepted token's layer (the port's value now):
+                        # only that layer's state and history start again
+                        m.d.sync += tok_layer.eq(self.layer)
+                        starts = Cat(self.i.payload.first & (self.layer == l) for l in range(L))
+                        m.d.comb += [delta.clear.eq(starts), conv.restart.eq(starts)]
                     m.next = "PROJ"
             with m.State("PROJ"):
                 # f_up reads fd: hold its first beat until every earlier row is stored

@@ -9,10 +9,24 @@ in one .npz file (KDA_CASE), so the parameters, the weights and the
 expectations cannot come from two different versions of the model.  Inputs are realistic: residual-stream
 tokens through the integer model's attention RMSNorm.
 
+A model config (several layers on the one unit): ``model_kda_case`` makes the case
+from one quantised model (sim/tests/model_cases.py ``quick_model``), its image
+(sim/models/image.py ``qmodel_image``: every layer's matrices at its own addresses),
+one ``params`` value per layer, and per token its layer, in any order; each layer's
+expected outputs come from ``int_kda_step`` with that layer's parameters and that
+layer's own state, carried across the other layers' tokens.  The inputs are the
+model's own: each layer's KDA input (``xn_unit``) from the integer model run on a
+token sequence.  Optionally a reset in the middle of one token: the token is dropped,
+and every layer's state starts from zero after it.
+
 Checks: every output token equals the model's; stalls on the input stream,
 the weight port (both directions) and back-pressure on the output when
 KDA_STALL=1; the unit's ``token_cycles`` counter per token is written to
 KDA_CYCLES_OUT (one number per line) for the constant-cost check.  The bench
+drives ``layer`` with the token's layer when it offers the token and with a
+random value as soon as the unit has taken it (the unit must have sampled it);
+with several layers it changes ``params`` to the next token's layer only when no
+token is inside the unit, a cycle before offering it.  The bench
 waits at most sim/cocotb_util.py ``cycle_limit`` cycles for all outputs;
 MOEKDA_RESP_STALL overrides the weight memory's response stall (1.0: it never
 answers, how sim/tests/test_bench_limits.py makes the unit hang).
@@ -26,10 +40,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from hw.image.memory_map import build_image, memory_map
+from hw.image.memory_map import build_image, layer_bits, layer_count, layer_mixer, memory_map
 from hw.kda.unit import OPS
 from hw.image.param_map import region_value
-from moekda.config import load_config
+from moekda.config import config_from_dict, load_config
 from moekda.formats import formats_for
 from sim.models.int_kda import IntKDAState, int_kda_step
 from sim.models.int_layer import quantize_input
@@ -43,10 +57,16 @@ class KdaCase:
     cfg: object
     qkda: object
     image: bytes
-    params: int         # the bits of the ``params`` port
+    params: list        # per layer: the bits of the ``params`` port (one on the layer chip)
     xn: np.ndarray      # (T, d) int8 unit inputs
-    first: np.ndarray   # (T,) bool: a sequence starts at this token
+    first: np.ndarray   # (T,) bool: a sequence starts at this token (for its layer)
     want: np.ndarray    # (T, d) int8 model outputs
+    layer: np.ndarray = None    # (T,) the layer of each token (all 0 on the layer chip)
+    reset_in: int = -1  # the token in whose middle the unit is reset (-1: none)
+
+    def __post_init__(self):
+        if self.layer is None:
+            self.layer = np.zeros(len(self.xn), np.int64)
 
 
 @lru_cache(maxsize=4)
@@ -73,21 +93,73 @@ def kda_case(config: str, seed: int, tokens: int, first=(0,)) -> KdaCase:
     tensors = {name: np.zeros((reg.rows, reg.cols), np.int64) for name, reg in mm.regions.items()}
     for _, region, field, _ in OPS:
         tensors[region] = getattr(qp.kda, field).w
-    return KdaCase(cfg, qp.kda, build_image(cfg, tensors, mm), region_value(cfg, qp.to_flat(), "kda"),
+    return KdaCase(cfg, qp.kda, build_image(cfg, tensors, mm), [region_value(cfg, qp.to_flat(), "kda")],
                    xn, starts, want)
 
 
+def model_kda_case(config: str, seed: int, layers, first=(), reset_in: int = -1) -> KdaCase:
+    """The unit on a model config: token t of layer ``layers[t]``, a new sequence of that
+    layer where t is in ``first``; ``reset_in`` a token cut off by a reset (every layer's
+    state is zero after it).  Expected: per layer its own IntKDAState."""
+    from sim.models.image import qmodel_image
+    from sim.models.int_model import int_run_model
+    from sim.models.params import random_tokens
+    from sim.tests.model_cases import quick_model
+    cfg = load_config(config)
+    fm = formats_for(cfg)
+    L = layer_count(cfg)
+    _, qm = quick_model(cfg, seed)
+    layers = np.asarray(layers, dtype=np.int64)
+    T = len(layers)
+    if layers.min() < 0 or layers.max() >= L:
+        raise ValueError(f"layers {layers.tolist()}: {config} has {L}")
+    # each layer's own KDA inputs: the model's stack run over a token sequence
+    traces: list = []
+    int_run_model(qm, cfg, random_tokens(cfg, T, seed=seed + 1, model_seed=seed), traces=traces)
+    xn = np.array([traces[t]["layers"][layers[t]]["xn_unit"] for t in range(T)], dtype=np.int64)
+    starts = np.zeros(T, bool)
+    starts[[f for f in first if f < T]] = True
+    states = [IntKDAState.zeros(cfg) for _ in range(L)]
+    want = np.zeros_like(xn)
+    for t in range(T):
+        l = layers[t]
+        if starts[t]:
+            states[l] = IntKDAState.zeros(cfg)
+        new, want[t] = int_kda_step(qm.layers[l].kda, cfg, fm, states[l], xn[t])
+        if t == reset_in:
+            states = [IntKDAState.zeros(cfg) for _ in range(L)]
+        else:
+            states[l] = new
+    params = [region_value(cfg, qm.layers[l].to_flat(), "kda", mixer=layer_mixer(cfg, l)) for l in range(L)]
+    return KdaCase(cfg, None, qmodel_image(cfg, qm), params, xn, starts, want, layers, reset_in)
+
+
 def save_case(case: KdaCase, path) -> None:
-    nbytes = max(1, -(-case.params.bit_length() // 8))
+    nbytes = max(1, max(-(-p.bit_length() // 8) for p in case.params))
     np.savez(path, config=case.cfg.source, xn=case.xn, first=case.first, want=case.want,
+             layer=case.layer, reset_in=case.reset_in,
              image=np.frombuffer(case.image, dtype=np.uint8),
-             params=np.frombuffer(case.params.to_bytes(nbytes, "little"), dtype=np.uint8))
+             params=np.array([np.frombuffer(p.to_bytes(nbytes, "little"), dtype=np.uint8) for p in case.params]))
 
 
 def case_from_env() -> KdaCase:
     z = np.load(os.environ["KDA_CASE"])
     return KdaCase(load_config(str(z["config"])), None, z["image"].tobytes(),
-                   int.from_bytes(z["params"].tobytes(), "little"), z["xn"], z["first"], z["want"])
+                   [int.from_bytes(p.tobytes(), "little") for p in z["params"]], z["xn"], z["first"], z["want"],
+                   z["layer"], int(z["reset_in"]))
+
+
+def unit_bound(cfg) -> float:
+    """The roofline of the unit's work per token: the layer's (sim/cocotb_util.py
+    roofline_cycles); on a model, that of the one-layer config of the same sizes, as the
+    unit does one layer's KDA per token whichever layer it is."""
+    from sim.cocotb_util import roofline_cycles
+    if cfg.model.is_layer_chip:
+        return roofline_cycles(cfg)
+    raw = cfg.to_dict()
+    for key in ("n_layers", "layers", "mixers", "vocab", "tie_embedding", "d_ff_dense"):
+        raw["model"].pop(key, None)
+    return roofline_cycles(config_from_dict({**raw, "name": f"{cfg.name}-layer"}))
 
 
 def pack(values, bits: int) -> int:
@@ -108,7 +180,7 @@ try:
     from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
 
     from sim.cocotb.weight_memory import WeightMemory
-    from sim.cocotb_util import cycle_limit, over_limit, roofline_cycles, tb_param
+    from sim.cocotb_util import cycle_limit, over_limit, tb_param
 except ImportError:        # imported by pytest for kda_case only
     cocotb = None
 
@@ -118,13 +190,18 @@ if cocotb is not None:
         case = case_from_env()
         cfg = case.cfg
         stall = os.environ.get("KDA_STALL", "1") == "1"
-        rng = random.Random(int(os.environ.get("KDA_SEED", "0")))
+        seed = int(os.environ.get("KDA_SEED", "0"))
+        rng = random.Random(seed)
+        noise = random.Random(seed + 7919)        # the layer port between acceptances
         d, a = cfg.model.d_model, formats_for(cfg).act_bits
         T = len(case.xn)
+        per_layer = len(case.params) > 1
+        layer_values = 1 << layer_bits(cfg)
 
         cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
         dut.rst.value = 1
-        dut.params.value = case.params       # the model: stable from before reset on
+        dut.params.value = case.params[int(case.layer[0])]   # stable from before reset on
+        dut.layer.value = noise.randrange(layer_values)
         dut.i__valid.value = 0
         dut.o__ready.value = 0
         resp_stall = tb_param("resp_stall", 0.15 if stall else 0.0, float)
@@ -138,31 +215,71 @@ if cocotb is not None:
 
         sent = got = 0
         offering = False
+        params_of = int(case.layer[0])     # the layer whose block is on ``params``
+        params_settled = True              # ... since at least one cycle
+        reset_countdown = -1               # cycles from the reset token's acceptance to the reset
+        just_taken = False
         cycles = []
         # the unit does a part of the layer's token: the layer's roofline bounds it (tiny 902
         # cycles per token without stalls against a bound of 916; small 3386 against 3560)
-        bound = roofline_cycles(cfg)
+        bound = unit_bound(cfg)
         limit, waited = cycle_limit(bound, T), 0
         while got < T:
             await FallingEdge(dut.clk)
             waited += 1
             if waited > limit:
                 raise AssertionError(over_limit("KDA unit", got, T, waited, limit, bound))
-            if not offering and sent < T and (not stall or rng.random() < 0.7):
+            if just_taken:
+                # the unit took the token with its layer: from now on the port means nothing to it
+                dut.layer.value = noise.randrange(layer_values)
+                just_taken = False
+            if reset_countdown == 0:
+                # the reset lands inside the token: it is dropped, and every layer starts anew
+                assert got == case.reset_in == sent - 1, \
+                    f"the reset was to land inside token {case.reset_in}: {got} out, {sent} in"
+                reset_countdown = -1
+                mem.stop()
+                dut.rst.value = 1
+                dut.i__valid.value = 0
+                for _ in range(3):
+                    await RisingEdge(dut.clk)
+                await FallingEdge(dut.clk)
+                dut.rst.value = 0
+                mem.start()
+                offering = False
+                got += 1
+                dut._log.info(f"reset inside token {case.reset_in} (layer {case.layer[case.reset_in]})")
+                continue
+            if reset_countdown > 0:
+                reset_countdown -= 1
+            nxt = int(case.layer[sent]) if sent < T else params_of
+            if per_layer and not offering and sent < T and got == sent and nxt != params_of:
+                # no token inside: the next token's layer block goes on ``params`` a cycle ahead
+                dut.params.value = case.params[nxt]
+                params_of, params_settled = nxt, False
+            elif not offering and sent < T and params_settled and (not per_layer or got == sent) \
+                    and (not stall or rng.random() < 0.7):
                 dut.i__payload.value = pack(case.xn[sent], a) | (int(case.first[sent]) << (d * a))
+                dut.layer.value = int(case.layer[sent])
                 offering = True
+            else:
+                params_settled = True
             dut.i__valid.value = int(offering)
             ready = not stall or rng.random() < 0.6
             dut.o__ready.value = int(ready)
             await ReadOnly()
             if offering and int(dut.i__ready.value):
                 offering = False
+                if sent == case.reset_in:
+                    reset_countdown = int(bound) // 2
                 sent += 1
+                just_taken = True
             if ready and int(dut.o__valid.value):
                 out = unpack(int(dut.o__payload.value), d, a)
                 want = [int(v) for v in case.want[got]]
-                assert out == want, f"token {got}: RTL {out} != model {want}"
-                cycles.append(int(dut.token_cycles.value))
+                assert out == want, f"token {got} (layer {case.layer[got]}): RTL {out} != model {want}"
+                if got != case.reset_in:
+                    cycles.append(int(dut.token_cycles.value))
                 got += 1
         assert mem.idle(), "weight requests left unanswered"
         path = os.environ.get("KDA_CYCLES_OUT")

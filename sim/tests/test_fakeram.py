@@ -76,6 +76,12 @@ def test_ports_and_sizes_match_liberty_and_lef(name):
 
 def test_choice_is_the_cheapest_array():
     assert choose_macros(32, 64).spec.name == "fakeram45_32x64" and choose_macros(32, 64).count == 1
+    # a bank of a four-layer state (hw/kda/state.py): model-tiny's 128 words are more rows of
+    # 64-word macros; model-small's 1024 are one row of the deepest, cheaper than 16 rows of 64
+    tiny4, small4 = choose_macros(128, 64), choose_macros(1024, 64)
+    assert (tiny4.spec.name, tiny4.rows, tiny4.cols) == ("fakeram45_64x32", 2, 2)
+    assert (small4.spec.name, small4.rows, small4.cols) == ("fakeram45_1024x32", 1, 2)
+    assert small4.area_um2 < 16 * 2 * FAKERAM45["fakeram45_64x32"].area_um2
     arr = choose_macros(256, 64)
     for spec in FAKERAM45.values():   # no other kind is cheaper
         n = -(-256 // spec.words) * -(-64 // spec.bits)

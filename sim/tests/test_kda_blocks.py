@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from hw.kda.state import StateMemory, state_geometry, state_word
+from hw.kda.state import StateMemory, state_address, state_geometry, state_word
 from hw.arith.lut import LookupTable, check_table, tabulate
 from hw.kda.short_conv import ShortConv
 
@@ -116,33 +116,41 @@ def test_state_memory_clear_and_commit(kind):
     run(dut, bench)
 
 
-@pytest.mark.parametrize("H,dk,dv,P", [(1, 16, 16, 4), (2, 32, 32, 4), (1, 8, 8, 8)])
-def test_state_memory_sram_banks(H, dk, dv, P):
-    """The SRAM state memory (tiny's, small's geometry and a one-word-per-column one) against
-    a shadow array: a read and a write every cycle, in different banks, random addresses and
+@pytest.mark.parametrize("H,dk,dv,P,L", [(1, 16, 16, 4, 1), (2, 32, 32, 4, 1), (1, 8, 8, 8, 1),
+                                         (1, 16, 16, 4, 4), (1, 8, 8, 8, 3)])
+def test_state_memory_sram_banks(H, dk, dv, P, L):
+    """The SRAM state memory (tiny's, small's geometry, a one-word-per-column one, and
+    model-tiny's 4 layers: 2 x 2 macros a bank, and 3 layers) against a shadow array: a
+    read and a write every cycle, in different banks, random addresses of every layer and
     data; a read sees every write issued before its cycle; ``collision`` rises exactly when
     both hit one bank (the write wins, the read returns zero)."""
     bits = 16
-    dut = StateMemory(H, dk, dv, P, bits, kind="sram")
-    assert dut.macros.count * dut.macros.spec.words * dut.macros.spec.bits >= dut.words * P * bits // 2
-    rng = np.random.default_rng(H + dk + P)
-    shadow = np.zeros((dut.words, P), np.int64)
+    dut = StateMemory(H, dk, dv, P, bits, kind="sram", layers=L)
+    assert dut.macros.count * dut.macros.spec.words * dut.macros.spec.bits >= L * dut.words * P * bits // 2
+    if (H, dk, dv, P, L) == (1, 16, 16, 4, 4):      # more layers: more macro rows (a row select)
+        assert (dut.macros.spec.name, dut.macros.rows, dut.macros.cols) == ("fakeram45_64x32", 2, 2)
+    rng = np.random.default_rng(H + dk + P + L)
+    addrs = np.array(dut.addresses)
+    assert len(addrs) == L * dut.words
+    by_bank = [addrs[addrs % 2 == b] for b in (0, 1)]
+    shadow = np.zeros((dut.addr_space, P), np.int64)
     lo, hi = -(1 << (bits - 1)), 1 << (bits - 1)
 
     async def bench(ctx):
-        ctx.set(dut.commit, 1)                       # reads return contents from here on
+        ctx.set(dut.commit, (1 << L) - 1)            # reads return contents from here on
         await ctx.tick()
         ctx.set(dut.commit, 0)
-        for w in range(dut.words):                   # fill
+        for w in addrs:                              # fill
+            w = int(w)
             shadow[w] = rng.integers(lo, hi, P)
             ctx.set(dut.wr_addr, w)
             ctx.set(dut.wr_data, [int(v) for v in shadow[w]])
             ctx.set(dut.wr_en, 1)
             await ctx.tick()
         pending = []                                 # (cycle the data is out, expected)
-        for cycle in range(6 * dut.words):
-            r = int(rng.integers(dut.words))
-            w = int(rng.integers(dut.words // 2)) * 2 + (1 - r % 2)   # the other bank
+        for cycle in range(6 * len(addrs)):
+            r = int(rng.choice(addrs))
+            w = int(rng.choice(by_bank[1 - r % 2]))   # the other bank
             clash = cycle % 37 == 36                  # now and then both in one bank
             if clash:
                 w = r
@@ -163,43 +171,129 @@ def test_state_memory_sram_banks(H, dk, dv, P):
     run(dut, bench)
 
 
+@pytest.mark.parametrize("kind", ["flops", "sram"])
+def test_state_memory_layers_clear_apart(kind):
+    """Three layers' states in one memory: the layer is the high part of the address
+    (``state_address``), each layer has its own cleared flag, and a clear or commit of one
+    layer leaves the other layers' words and flags as they are."""
+    H, dk, dv, P, bits, L = 1, 8, 4, 4, 16, 3
+    dut = StateMemory(H, dk, dv, P, bits, kind=kind, layers=L)
+    assert dut.words == state_geometry(H, dk, dv, P) == 8
+    assert [state_address(l, 5, dut.words) for l in range(L)] == [5, 13, 21]
+    rng = np.random.default_rng(7)
+    shadow = {}
+
+    async def read(ctx, addr):
+        ctx.set(dut.rd_addr, addr)
+        ctx.set(dut.rd_en, 1)
+        await ctx.tick()
+        ctx.set(dut.rd_en, 0)
+        await ctx.tick().repeat(dut.READ_LATENCY - 1)
+        return [ctx.get(dut.rd_data[i]) for i in range(P)]
+
+    async def strobe(ctx, port, layers):
+        ctx.set(port, sum(1 << l for l in layers))
+        await ctx.tick()
+        ctx.set(port, 0)
+
+    async def check(ctx, live):
+        """Every word of every layer: its contents if its layer is live, else zero."""
+        assert ctx.get(dut.cleared) == sum(1 << l for l in range(L) if l not in live)
+        for a in rng.permutation(dut.addresses):
+            a = int(a)
+            want = list(shadow[a]) if a // 8 in live else [0] * P
+            assert await read(ctx, a) == want, (a, live)
+
+    async def bench(ctx):
+        assert ctx.get(dut.cleared) == (1 << L) - 1              # reset: every layer clear
+        for a in dut.addresses:
+            shadow[a] = rng.integers(-(1 << 15), 1 << 15, P)
+            ctx.set(dut.wr_addr, a)
+            ctx.set(dut.wr_data, [int(v) for v in shadow[a]])
+            ctx.set(dut.wr_en, 1)
+            await ctx.tick()
+        ctx.set(dut.wr_en, 0)
+        await check(ctx, set())
+        await strobe(ctx, dut.commit, [1])
+        await check(ctx, {1})
+        await strobe(ctx, dut.commit, [0, 2])
+        await check(ctx, {0, 1, 2})
+        await strobe(ctx, dut.clear, [1])
+        await check(ctx, {0, 2})
+        # clear and commit of different layers in one cycle; clear wins within a layer
+        ctx.set(dut.clear, 0b100)
+        ctx.set(dut.commit, 0b110)
+        await ctx.tick()
+        ctx.set(dut.clear, 0)
+        ctx.set(dut.commit, 0)
+        await check(ctx, {0, 1})
+        # a write to one layer does not reach the same word of another
+        a0, a1 = state_address(0, 3, 8), state_address(1, 3, 8)
+        shadow[a1] = rng.integers(-(1 << 15), 1 << 15, P)
+        ctx.set(dut.wr_addr, a1)
+        ctx.set(dut.wr_data, [int(v) for v in shadow[a1]])
+        ctx.set(dut.wr_en, 1)
+        await ctx.tick()
+        ctx.set(dut.wr_en, 0)
+        assert await read(ctx, a0) == list(shadow[a0])
+        assert await read(ctx, a1) == list(shadow[a1])
+    run(dut, bench)
+
+
 # ---- short convolution ----------------------------------------------------------
 
-def conv_reference(w, tokens, restarts):
-    """Direct statement: zero history before each sequence start."""
-    C, K = w.shape
-    out, hist = [], []
+def conv_reference(w, tokens, restarts, layers=None):
+    """Direct statement: zero history before each sequence start.  With ``layers`` (the
+    layer of each token) one history per layer, ``w[l]`` layer l's taps, and a restart at
+    token t starts t's layer again."""
+    layers = [0] * len(tokens) if layers is None else layers
+    w = np.asarray(w)
+    w = w[None] if w.ndim == 2 else w
+    K = w.shape[2]
+    out, hists = [], {}
     for t, x in enumerate(tokens):
+        l = layers[t]
         if t in restarts:
-            hist = []
-        hist = (hist + [x])[-K:]
-        window = [np.zeros(C, np.int64)] * (K - len(hist)) + hist
-        out.append(sum(w[:, j] * window[j] for j in range(K)))
+            hists[l] = []
+        hist = hists[l] = (hists.get(l, []) + [x])[-K:]
+        window = [np.zeros(len(x), np.int64)] * (K - len(hist)) + hist
+        out.append(sum(w[l][:, j] * window[j] for j in range(K)))
     return np.array(out)
 
 
-@pytest.mark.parametrize("C,K", [(6, 4), (5, 2), (3, 1)])
-def test_short_conv_matches_reference_under_stalls(C, K):
-    rng = np.random.default_rng(C * 10 + K)
-    w = rng.integers(-128, 128, (C, K))
-    w[0] = [-128] * K                              # extreme products
-    T = 14
+@pytest.mark.parametrize("C,K,L", [(6, 4, 1), (5, 2, 1), (3, 1, 1), (6, 4, 3), (5, 2, 2)])
+def test_short_conv_matches_reference_under_stalls(C, K, L):
+    """One layer, and L layers' tokens interleaved in an irregular order (each layer its
+    own taps, history and restarts; the layer input moves on as soon as a token's last
+    channel is taken)."""
+    rng = np.random.default_rng(C * 10 + K + 100 * (L - 1))
+    w = rng.integers(-128, 128, (L, C, K))
+    w[:, 0] = -128                                 # extreme products
+    T = 14 if L == 1 else 24
     tokens = [rng.integers(-128, 128, C) for _ in range(T)]
     tokens[1][:] = -128
-    restarts = {0, 6, 7}
-    want = conv_reference(w, tokens, restarts).reshape(-1)
-    dut = ShortConv(C, K)
+    if L == 1:
+        layers, restarts = [0] * T, {0, 6, 7}
+    else:
+        layers = [int(v) for v in rng.integers(0, L, T)]
+        layers[:4] = [L - 1, 0, L - 1, L - 1]     # a layer twice in a row, and back to one
+        restarts = {0, 5, 6, 13} | {t for t in range(T) if layers[t] == 0 and t > 16}
+    want = conv_reference(w, tokens, restarts, layers).reshape(-1)
+    dut = ShortConv(C, K, layers=L)
     got = []
     stall = random.Random(K)
 
     async def source(ctx):
-        for c in range(C):                      # the taps are a run-time input
-            ctx.set(dut.taps[c], [int(v) for v in w[c]])
         await ctx.tick()
         for t, x in enumerate(tokens):
+            l = layers[t]
+            for c in range(C):                  # the taps are a run-time input: the layer's
+                ctx.set(dut.taps[c], [int(v) for v in w[l][c]])
+            if L > 1:
+                ctx.set(dut.layer, l)
             if t in restarts:
-                # a restart is a strobe between tokens
-                ctx.set(dut.restart, 1)
+                # a restart is a strobe between tokens, for the layer starting again
+                ctx.set(dut.restart, 1 << l)
                 await ctx.tick()
                 ctx.set(dut.restart, 0)
             for c in range(C):

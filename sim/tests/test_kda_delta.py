@@ -162,3 +162,80 @@ def test_delta_rule_reset_mid_token(memory):
     sim.add_testbench(bench)
     sim.run()
     assert got == want
+
+
+@pytest.mark.parametrize("memory", ["flops", "sram"])
+def test_delta_rule_layers_apart(memory):
+    """Three layers' states on one delta rule (a model's layers on one datapath): tokens of
+    the layers in an irregular order, each token reading and writing only its own layer's
+    state; a clear of one layer (also one issued while another layer's token runs) starts
+    that layer alone from zero; the states before any clear are zero (reset)."""
+    cfg = load_config("tiny")
+    fm = formats_for(cfg)
+    H, dk, P, L = 1, 8, 4, 3
+    shifts = DeltaShifts(f_k=7, f_v=4, f_s=9, o_shift=8)
+    q = SimpleNamespace(**vars(shifts))
+    rng = np.random.default_rng(11)
+    layers = [2, 0, 2, 2, 1, 0, 1, 2, 0, 0, 1, 2, 1, 0]
+    T = len(layers)
+    clear_before = {3: [2], 5: [0], 9: [1]}        # token t: these layers are cleared just before it
+    clear_during = {6: [2]}                        # issued while token t (layer 1) runs
+    tokens = [random_token(rng, fm, H, dk, extreme=(t == 4)) for t in range(T)]
+    S = [np.zeros((H, dk, dk), np.int64) for _ in range(L)]
+    want = []
+    for t, tok in enumerate(tokens):
+        for l in clear_before.get(t, []):
+            S[l] = np.zeros_like(S[l])
+        l = layers[t]
+        S[l], o16 = int_delta_rule(q, fm, S[l], tok["q"], tok["k"], tok["v"], tok["alpha"], tok["beta"])
+        want.append(o16.ravel().tolist())
+        for c in clear_during.get(t, []):
+            S[c] = np.zeros_like(S[c])
+    dut = DeltaRule(fm, H, dk, dk, P, clock_period_ns=1.0, state_memory=memory, layers=L)
+    got_flat, collisions = [], []
+
+    async def monitor(ctx):
+        async for _, _, valid, ready, payload in ctx.tick().sample(dut.o.valid, dut.o.ready, dut.o.payload):
+            if valid and ready:
+                got_flat.append(payload)
+
+    async def watch_banks(ctx):
+        async for _, _, hit in ctx.tick().sample(dut.collision):
+            if hit:
+                collisions.append(1)
+
+    async def bench(ctx):
+        for name in ("f_k", "f_v", "f_s", "o_shift"):
+            ctx.set(getattr(dut.shifts, name), getattr(shifts, name))
+        ctx.set(dut.o.ready, 1)
+        await ctx.tick()
+        for t, tok in enumerate(tokens):
+            for name in ("q", "k", "v", "alpha"):
+                ctx.set(getattr(dut, name), [int(x) for x in tok[name].ravel()])
+            ctx.set(dut.beta, [int(x) for x in tok["beta"]])
+            if t in clear_before:
+                ctx.set(dut.clear, sum(1 << l for l in clear_before[t]))
+                await ctx.tick()
+                ctx.set(dut.clear, 0)
+            ctx.set(dut.layer, layers[t])
+            ctx.set(dut.start, 1)
+            await ctx.tick()
+            ctx.set(dut.start, 0)
+            if t in clear_during:
+                await ctx.tick().repeat(5)
+                ctx.set(dut.clear, sum(1 << l for l in clear_during[t]))
+                await ctx.tick()
+                ctx.set(dut.clear, 0)
+            await ctx.tick().until(~dut.busy)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.add_process(monitor)
+    if memory == "sram":
+        sim.add_process(watch_banks)
+    sim.run()
+    assert not collisions, f"{len(collisions)} cycles with a read and a write in one SRAM bank"
+    got = [got_flat[t * H * dk:(t + 1) * H * dk] for t in range(T)]
+    for t in range(T):
+        assert got[t] == want[t], f"token {t} (layer {layers[t]})"

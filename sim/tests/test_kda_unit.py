@@ -9,6 +9,11 @@ bench.  So one build runs every seed's model.
 Icarus for the short default runs, Verilator for the long ones (>= 512
 tokens, two configs, a clear in the middle, stalls and back-pressure) and
 the constant-cost check: cycles per token at token 4096 equal those at 16.
+
+A model config (configs/model-tiny.toml, model-tiny-sram.toml) runs its L layers on the
+one unit: tokens of the layers interleaved in any order, each layer's parameters and
+weights, each layer's state carried apart from the others' (sim/cocotb/tb_kda.py
+``model_kda_case``).
 """
 from __future__ import annotations
 
@@ -48,15 +53,50 @@ def build_kda(config: str, simulator: str) -> Path:
     return build
 
 
+def sequence_firsts(layers, starts) -> list[int]:
+    """The tokens that carry ``first`` when a sequence starts at each token of ``starts``:
+    from there on, the first token of every layer (a new sequence reaches each layer in turn)."""
+    out, pending = [], set()
+    for t, l in enumerate(layers):
+        if t in starts:
+            pending = set(range(max(layers) + 1))
+        if l in pending:
+            pending.discard(l)
+            out.append(t)
+    return out
+
+
 def run_kda(config: str, simulator: str, tokens: int, first=(0,), stall=True, seed=0) -> list[int]:
-    """Simulate the config's unit on the seeded model's ``tokens`` tokens; returns token_cycles per token."""
+    """Simulate the config's unit on the seeded model's ``tokens`` tokens; returns token_cycles per token.
+    On a model config (`make sim CONFIG=model-tiny`) the tokens go to the layers in turn,
+    and a sequence starting at a token of ``first`` reaches every layer."""
+    from hw.image.memory_map import layer_count
+    from sim.cocotb.tb_kda import kda_case, model_kda_case
+    cfg = load_config(config)
+    if cfg.model.is_layer_chip:
+        case = kda_case(config, seed, tokens, first)
+    else:
+        layers = [t % layer_count(cfg) for t in range(tokens)]
+        case = model_kda_case(config, seed, layers, sequence_firsts(layers, set(first) | {0}))
+    return run_case(case, config, simulator, f"s{seed}_t{tokens}_{int(stall)}", stall, seed)
+
+
+def run_model_kda(config: str, simulator: str, layers, first, reset_in=-1, stall=True, seed=0) -> list[int]:
+    """The unit of a model config on tokens of the layers ``layers`` (sim/cocotb/tb_kda.py
+    model_kda_case); returns token_cycles per token (the reset token's left out)."""
+    from sim.cocotb.tb_kda import model_kda_case
+    case = model_kda_case(config, seed, layers, first, reset_in)
+    name = hashlib.sha256(repr((list(layers), sorted(first), reset_in)).encode()).hexdigest()[:8]
+    return run_case(case, config, simulator, f"model_s{seed}_{name}_{int(stall)}", stall, seed)
+
+
+def run_case(case, config: str, simulator: str, run_name: str, stall=True, seed=0) -> list[int]:
     from cocotb_tools.check_results import get_results
     from cocotb_tools.runner import get_runner
 
-    from sim.cocotb.tb_kda import kda_case, save_case
-    case = kda_case(config, seed, tokens, first)
+    from sim.cocotb.tb_kda import save_case
     build = build_kda(config, simulator)
-    run_dir = build / "runs" / f"s{seed}_t{tokens}_{int(stall)}"
+    run_dir = build / "runs" / run_name
     run_dir.mkdir(parents=True, exist_ok=True)
     case_file, cycles_out = run_dir / "case.npz", run_dir / "cycles.txt"
     save_case(case, case_file)
@@ -94,6 +134,30 @@ def test_kda_tiny_sram_icarus_short_with_clear():
     instantiates the fakeram45 cells and carries their behavioural model; the same outputs,
     12 tokens with every stall on and a new sequence at token 5."""
     run_kda("tiny-sram", "icarus", 12, first=(0, 5))
+
+
+# model-tiny's tokens: a sequence through the four layers in order (each layer's first token
+# starts its sequence), layer 2 alone starting again (token 8) among irregular 2, 0, 2, 1 -
+# layer 3 then continues from its token 7 state - a new sequence through all layers from
+# token 13, and a reset inside token 17 (layer 1): token 18 (layer 2, no ``first``) must
+# find its state zero, as every layer's
+MODEL_LAYERS = [0, 1, 2, 3, 0, 1, 2, 3, 2, 0, 2, 1, 3, 0, 1, 2, 3, 1, 2]
+MODEL_FIRST = [0, 1, 2, 3, 8, 13, 14, 15, 16]
+
+
+def test_kda_model_tiny_layers_icarus():
+    """model-tiny's four layers on the one unit, bit-exact with every stall on: each token
+    its layer's weights (its own addresses) and parameters, each layer's state and
+    short-conv history carried across the others' tokens, per-layer restarts, a reset
+    mid-token; the layer port changes as soon as a token is taken."""
+    run_model_kda("model-tiny", "icarus", MODEL_LAYERS, MODEL_FIRST, reset_in=17)
+
+
+def test_kda_model_tiny_sram_layers_icarus():
+    """The same with the four layers' states in SRAM macros (configs/model-tiny-sram.toml:
+    2 x 2 fakeram45_64x32 a bank, the layer in the macro row and address): a shorter
+    irregular order with a restart of one layer."""
+    run_model_kda("model-tiny-sram", "icarus", [0, 1, 2, 3, 2, 0, 2, 1, 3], [0, 1, 2, 3, 6])
 
 
 def test_kda_small_icarus_short():
@@ -185,3 +249,35 @@ def test_kda_cycles_constant_short():
 def test_kda_cycles_at_4096_equal_16():
     cycles = run_kda(sim_config("tiny"), "verilator", 4097, stall=False, seed=1)
     assert cycles[4096] == cycles[16], (cycles[16], cycles[4096])
+
+
+def random_layer_order(layers: int, tokens: int, seed: int) -> tuple[list[int], list[int]]:
+    """(layer of each token, tokens with ``first``): layers in a random order, and now and
+    then one layer alone starting a new sequence."""
+    rng = np.random.default_rng(seed)
+    order = [int(v) for v in rng.integers(0, layers, tokens)]
+    return order, [t for t in range(tokens) if rng.random() < 0.04]
+
+
+@needs_verilator
+@pytest.mark.verilator
+@pytest.mark.slow
+def test_kda_model_tiny_256_tokens_verilator():
+    """model-tiny's four layers over 256 tokens in a random order, stalls and back-pressure
+    everywhere, restarts of single layers and a reset mid-run; then, without stalls, every
+    token the cycles of tiny's one-layer unit (the layers share the schedule)."""
+    order, first = random_layer_order(4, 256, seed=3)
+    run_model_kda("model-tiny", "verilator", order, first, reset_in=128, seed=1)
+    cycles = run_model_kda("model-tiny", "verilator", [3, 1, 0, 2, 2, 0, 1, 3], [], stall=False, seed=1)
+    assert set(cycles) == set(run_kda("tiny", "verilator", 8, stall=False, seed=1)), cycles
+
+
+@needs_verilator
+@pytest.mark.verilator
+@pytest.mark.slow
+def test_kda_model_small_sram_verilator():
+    """model-small-sram: four layers' states of small's size in SRAM (2 x 2 fakeram45_1024x32,
+    the layer in the macro address), 12 tokens in an irregular order with stalls, a restart
+    of one layer and a reset mid-token."""
+    run_model_kda("model-small-sram", "verilator", [0, 1, 2, 3, 2, 0, 2, 1, 3, 0, 1, 2],
+                  [0, 1, 2, 3, 6], reset_in=9, seed=2)
