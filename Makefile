@@ -30,7 +30,7 @@ help:
 	@echo "  make drc    [CONFIG=] [TOP=]   KLayout DRC of the routed GDS (needs Debian's klayout)"
 	@echo "  make accuracy [CONFIG=]        error of the integer model against the float model"
 	@echo "  make vectors  [CONFIG=]        export inputs, integer parameters and expected outputs (256 tokens)"
-	@echo "  make bench                     cycles/token vs roofline, Fmax, area, energy for tiny and small"
+	@echo "  make bench                     cycles/token vs roofline, Fmax, area, energy: tiny, small, model-tiny, model-small"
 	@echo "  make sweep                     design-space sweep with Ray: Pareto table and plot"
 	@echo "  make clean                     remove build/"
 	@echo ""
@@ -88,10 +88,13 @@ accuracy: $(STAMP)
 vectors: $(STAMP)
 	$(MOEKDA) vectors -c $(CONFIG) -n 256 -o build/$(CONFIG)/vectors
 
-# make bench: measured performance of tiny and small into bench/results/.
+# make bench: measured performance of the layer chips (tiny, small) and the model chips
+# (model-tiny, model-small) into bench/results/.
 bench: $(STAMP)
 	$(MOEKDA) bench -c tiny --tokens 4096 --synth
 	$(MOEKDA) bench -c small --tokens 1024 --synth
+	$(MOEKDA) bench -c model-tiny --tokens 4096 --synth
+	$(MOEKDA) bench -c model-small --tokens 1024 --synth
 
 # make sweep: Ray is an optional extra, installed on first use.
 SWEEP_STAMP := $(VENV)/.sweep-stamp

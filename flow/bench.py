@@ -30,6 +30,7 @@ RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
 # the goals of issue 9, stated in every summary
 GOAL_UTILISATION = 0.90          # of the roofline bound, for small
+GOAL_MODEL_UTILISATION = 0.95    # of the roofline bound, for model-small (issue 14)
 GOAL_CONTEXT_RATIO = 1.01        # cycles/token at context 4096 over those at 16
 CONTEXTS = (16, 256, 1024, 4096)   # positions whose per-token cycles are recorded (when reached)
 MIN_TOKENS = 1024                  # issue 9: cycles per token over at least this many tokens
@@ -82,6 +83,8 @@ def traffic(cfg: Config) -> Traffic:
     from hw.image.memory_map import memory_map
     mm = memory_map(cfg)
     m = cfg.model
+    if not m.is_layer_chip:
+        return model_traffic(cfg)
     kda = sum(r.nbytes for name, r in mm.regions.items() if name.startswith("kda."))
     router = mm["moe.router"].nbytes
     # every expert has the same shape; expert0 stands for one
@@ -89,6 +92,36 @@ def traffic(cfg: Config) -> Traffic:
     moe = router + (m.n_shared + m.top_k) * expert
     dense = router + (m.n_shared + m.n_experts) * expert
     return Traffic(macs=macs_per_token(cfg), weight_bytes=kda + moe, dense_bytes=kda + dense,
+                   lanes=cfg.hw.lanes, port_bytes=cfg.hw.weight_port_bytes)
+
+
+def model_traffic(cfg: Config) -> Traffic:
+    """A model chip's bytes per token: every layer's KDA matrices and channel mixer (router,
+    shared and top_k experts; a dense layer's chunks), its parameter block when the layers
+    share the bank (L > 1: hw/chip/model.py fetches each layer's block per token), the
+    embedding row and the LM head.  ``dense_bytes``: the same with every routed expert."""
+    from hw.chip.model import model_macs_per_token
+    from hw.image.memory_map import layer_count, layer_prefix, memory_map
+    from hw.image.param_map import layer_block_bytes
+    mm = memory_map(cfg)
+    m = cfg.model
+    L = layer_count(cfg)
+    weight = dense = 0
+    for l in range(L):
+        p = layer_prefix(cfg, l)
+        kda = sum(r.nbytes for name, r in mm.regions.items() if name.startswith(p + "kda."))
+        block = layer_block_bytes(cfg) if L > 1 else 0
+        if m.mixers[l] == "dense":
+            mix = sum(r.nbytes for name, r in mm.regions.items() if name.startswith(p + "dense."))
+            weight, dense = weight + kda + mix + block, dense + kda + mix + block
+        else:
+            router = mm[p + "moe.router"].nbytes
+            expert = sum(mm[p + f"moe.expert0.{t}"].nbytes for t in ("gate", "up", "down"))
+            weight += kda + block + router + (m.n_shared + m.top_k) * expert
+            dense += kda + block + router + (m.n_shared + m.n_experts) * expert
+    emb = mm["embedding"].row_bytes
+    head = (mm["lm_head"] if "lm_head" in mm else mm["embedding"]).nbytes
+    return Traffic(macs=model_macs_per_token(cfg), weight_bytes=weight + emb + head, dense_bytes=dense + emb + head,
                    lanes=cfg.hw.lanes, port_bytes=cfg.hw.weight_port_bytes)
 
 
@@ -158,8 +191,8 @@ def window_mean(token_cycles, position: int, window: int = CONTEXT_WINDOW) -> fl
 
 def simulate(cfg_name: str, tokens: int, simulator: str, seed: int = 0) -> dict:
     """One stall-free run through the chip; checked bit for bit against the model."""
-    from sim.driver import LayerDriver, RunPlan
-    drv = LayerDriver.from_seed(cfg_name, seed)
+    from sim.driver import RunPlan, chip_driver
+    drv = chip_driver(cfg_name, seed)     # the layer chip, or the model chip for a vocabulary
     t0 = time.monotonic()
     drv.build(simulator)
     build_s = time.monotonic() - t0
@@ -179,6 +212,8 @@ def simulate(cfg_name: str, tokens: int, simulator: str, seed: int = 0) -> dict:
     return {"simulator": simulator, "tokens": tokens, "match": res.match,
             "cycles": c.get("CYCLES"), "busy_cycles": c.get("BUSY_CYCLES"), "tokens_counted": c.get("TOKENS"),
             "weight_bytes": c.get("WEIGHT_BYTES"), "macs": c.get("MACS"),
+            # the model chip's phase counters (hw/chip/csr.py STAGE_COUNTERS), summed over tokens
+            **{k.lower(): c[k] for k in ("FETCH_CYCLES", "LAYER_CYCLES", "HEAD_CYCLES") if k in c},
             "cycles_per_token": res.cycles_per_token,
             "token_cycles_at": {str(p): window_mean(tc, p) for p in CONTEXTS},
             "build_s": round(build_s, 2), "run_s": round(res.wall_s, 2),
@@ -222,6 +257,15 @@ def assemble(cfg: Config, tr: Traffic, long_run: dict, speed: dict, synth: dict 
                     "wns_ns": synth.get("timing__setup__ws"),
                     "wall_rtl_s": synth.get("flow__rtl__seconds"),
                     "wall_synth_s": (synth.get("flow__synth__seconds") or 0) + (synth.get("flow__sta__seconds") or 0)})
+    if "layer_cycles" in long_run and long_run.get("tokens_counted"):
+        # the model chip: where a token's cycles go (measured by the chip's phase counters)
+        n, L = long_run["tokens_counted"], cfg.model.n_layers
+        rec["model"] = {"n_layers": L, "vocab": cfg.model.vocab,
+                        "layer_cycles_per_token_per_layer": long_run["layer_cycles"] / (n * L),
+                        "fetch_cycles_per_token": long_run["fetch_cycles"] / n,
+                        "head_cycles_per_token": long_run["head_cycles"] / n,
+                        "other_cycles_per_token": cpt - (long_run["layer_cycles"] + long_run["fetch_cycles"]
+                                                         + long_run["head_cycles"]) / n}
     rec.update(at_fmax(tr.macs, cpt, fmax, area, power, cfg.hw.clock_period_ns))
     rec["wall_sim_s"] = long_run["run_s"]
     rec["goals"] = goals(rec)
@@ -232,6 +276,8 @@ def goals(rec: dict) -> dict:
     out = {}
     if rec["config"] == "small":
         out["utilisation >= 0.90 (small)"] = rec["utilisation"] >= GOAL_UTILISATION
+    if rec["config"] == "model-small":
+        out["utilisation >= 0.95 (model-small, issue 14)"] = rec["utilisation"] >= GOAL_MODEL_UTILISATION
     if rec.get("context_ratio") is not None:
         out[f"cycles at context {rec['context_far']} / at 16 <= 1.01"
             + ("" if rec["context_far"] == 4096 else " (4096 not reached in this run)")] = \
@@ -267,6 +313,13 @@ def markdown(rec: dict) -> str:
         ("GOPS/mm2 at Fmax", _fmt(rec.get("gops_per_mm2"), ",.2f")),
         ("energy per token", _fmt(rec.get("energy_per_token_nj"), ",.2f") + " nJ"),
     ]
+    if "model" in rec:
+        mo = rec["model"]
+        rows += [("model chip: cycles per token per layer (datapath)", f"{mo['layer_cycles_per_token_per_layer']:,.1f} "
+                  f"x {mo['n_layers']} layers"),
+                 ("model chip: parameter FETCH cycles per token", f"{mo['fetch_cycles_per_token']:,.1f}"),
+                 ("model chip: head (final norm, LM head, argmax) cycles per token", f"{mo['head_cycles_per_token']:,.1f}"),
+                 ("model chip: embedding and hand-overs, cycles per token", f"{mo['other_cycles_per_token']:,.1f}")]
     for sim in ("icarus", "verilator"):
         if sim in s:
             rows.append((f"simulation speed, {sim}", f"{_fmt(s[sim]['cycles_per_s'], ',.0f')} cycles/s "

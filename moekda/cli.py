@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "vectors": ("moekda.cmd_vectors", "export integer parameters, inputs and expected outputs as .npz"),
     "synth": ("moekda.cmd_synth", "Yosys + OpenSTA to Nangate45: area, timing, power, report.md"),
     "report": ("moekda.cmd_report", "rebuild report.md from an earlier synth's reports"),
-    "run": ("moekda.cmd_run", "run tokens through the layer chip's simulation and the integer model, compare"),
+    "run": ("moekda.cmd_run", "run tokens (or generate from a prompt on a model chip) through the chip's simulation and the integer model, compare"),
     "bench": ("moekda.cmd_bench", "measured cycles/token vs roofline, Fmax, area, energy -> bench/results/"),
     "sweep": ("moekda.cmd_sweep", "design-space sweep (rtl, synth, STA, cycles) in parallel -> Pareto table and plot"),
     "pnr": ("moekda.cmd_pnr", "OpenROAD place and route on Nangate45 (--check: static checks without OpenROAD)"),

@@ -1,11 +1,17 @@
-"""`moekda run`: a token sequence through the layer chip's simulation and the integer model.
+"""`moekda run`: a token sequence through the chip's simulation and the integer model.
 
     moekda run -c tiny -n 256 [--sim icarus|verilator] [--waves] [--image FILE | --vectors DIR | --seed N]
                [--netlist FILE]
+    moekda run -c model-tiny --image FILE --prompt-ids 5 17 3 -n 16     # generate 16 ids on the chip
+    moekda run -c model-tiny --prompt-file ids.txt -n 16
 
 Prints MATCH or MISMATCH (the first differences), cycles per token and the
-chip's CSR counters; exit code 0 on a match, 1 on a mismatch.  The work is
-done by sim/driver.py (LayerDriver).
+chip's CSR counters; exit code 0 on a match, 1 on a mismatch.  On a model
+config (hw/chip/model.py) a prompt is streamed through the chip and every id it
+generates is fed back as its next input (greedy decoding on the chip); the ids
+are printed beside the integer model's.  Without a prompt, random token ids
+are run as for the layer chip.  The work is done by sim/driver.py
+(LayerDriver, ModelDriver).
 """
 from __future__ import annotations
 
@@ -34,6 +40,11 @@ def configure(p):
                    help="write CTRL.CLEAR before this token (repeatable)")
     p.add_argument("--reset-at", type=int, default=None,
                    help="reset the chip with this token and the next inside; streaming resumes after them")
+    p.add_argument("--prompt-ids", nargs="+", default=None, metavar="ID",
+                   help="model configs: token ids of the prompt (spaces or commas); -n is then the "
+                        "number of ids to generate")
+    p.add_argument("--prompt-file", default=None,
+                   help="model configs: a text file of prompt token ids (whitespace or commas)")
     p.add_argument("--netlist", default=None,
                    help="simulate this gate-level netlist (Icarus + the kit's cell models) instead of the RTL")
 
@@ -59,6 +70,14 @@ def run(args) -> int:
             raise UserError(f"--netlist {netlist}: no such file (run `moekda synth -c {args.config} --top layer`)")
         if args.sim != "icarus":
             raise UserError("--netlist: gate-level simulation runs on Icarus only (add --sim icarus)")
+
+    from moekda.config import load_config
+    cfg = load_config(args.config)
+    if not cfg.model.is_layer_chip:
+        return _run_model(args, cfg, netlist)
+    if args.prompt_ids or args.prompt_file:
+        raise UserError(f"--prompt-ids/--prompt-file: config {cfg.name} is a layer chip (residual streams, "
+                        "no vocabulary); use a model config, e.g. -c model-tiny")
 
     xs = None
     first = (0,)
@@ -102,3 +121,70 @@ def run(args) -> int:
     for p in res.problems[1:10]:
         print(f"  {p}")
     return 0 if res.match else 1
+
+
+def prompt_ids(args, vocab: int) -> list[int] | None:
+    """The prompt from --prompt-ids or --prompt-file, each id checked against the vocabulary."""
+    from pathlib import Path
+    if args.prompt_ids and args.prompt_file:
+        raise UserError("--prompt-ids and --prompt-file: give one prompt")
+    if args.prompt_file:
+        path = Path(args.prompt_file)
+        if not path.is_file():
+            raise UserError(f"--prompt-file {path}: no such file")
+        words, what = path.read_text().replace(",", " ").split(), f"--prompt-file {path}"
+    elif args.prompt_ids:
+        words, what = " ".join(args.prompt_ids).replace(",", " ").split(), "--prompt-ids"
+    else:
+        return None
+    if not words:
+        raise UserError(f"{what}: no token ids")
+    out = []
+    for w in words:
+        try:
+            v = int(w)
+        except ValueError:
+            raise UserError(f"{what}: {w!r} is not a token id (integers 0 to {vocab - 1})") from None
+        if not 0 <= v < vocab:
+            raise UserError(f"{what}: token id {v}: allowed range is 0 to {vocab - 1} (model.vocab)")
+        out.append(v)
+    return out
+
+
+def _run_model(args, cfg, netlist) -> int:
+    from sim.driver import ModelDriver, RunPlan
+    if args.vectors:
+        raise UserError(f"--vectors: a layer chip's export; config {cfg.name} is a model (use --image or --seed)")
+    if args.image:
+        from hw.image.format import ImageError
+        try:
+            drv = ModelDriver.from_image(args.config, args.image)
+        except ImageError as e:
+            raise UserError(str(e)) from None
+    else:
+        drv = ModelDriver.from_seed(args.config, args.seed)
+    prompt = prompt_ids(args, cfg.model.vocab)
+    if prompt is None:
+        plan = RunPlan(tokens=args.tokens, clears=tuple(args.clear_at), reset_at=args.reset_at,
+                       stall=not args.no_stall, seed=args.input_seed)
+        print(f"moekda run: {cfg.name} (model chip), {args.tokens} random token ids, {args.sim}", flush=True)
+        res = drv.run(plan, simulator=args.sim, waves=args.waves, netlist=netlist, name="cli")
+        print(res.summary())
+        for p in res.problems[1:10]:
+            print(f"  {p}")
+        return 0 if res.match else 1
+    if args.clear_at or args.reset_at is not None:
+        raise UserError("--clear-at/--reset-at: not with a prompt (generation is one sequence)")
+    if netlist is not None:
+        raise UserError("--netlist: generation runs on the RTL (a gate-level run: without --prompt-ids)")
+    print(f"moekda run: {cfg.name} (model chip), prompt of {len(prompt)} ids, generating {args.tokens}, "
+          f"{args.sim}", flush=True)
+    res, got, want = drv.generate(prompt, args.tokens, simulator=args.sim, stall=not args.no_stall,
+                                  seed=args.input_seed)
+    print(f"prompt:              {' '.join(map(str, prompt))}")
+    print(f"generated (chip):    {' '.join(map(str, got))}")
+    print(f"integer model:       {' '.join(map(str, want))}")
+    print(res.summary())
+    for p in res.problems[1:10]:
+        print(f"  {p}")
+    return 0 if res.match and got == want else 1

@@ -115,3 +115,25 @@ def test_short_run_is_flagged():
     assert rec["context_far"] == 256 and not rec["meets_min_tokens"]
     assert "fewer than the 1024" in bench.markdown(rec)
     assert not math.isnan(rec["utilisation"])
+
+
+def test_model_traffic_is_its_layers_head_and_fetches():
+    """model-tiny's bytes and MACs per token from its parts: three MoE layers, each exactly the
+    tiny layer chip's traffic; the dense layer (its KDA and d_ff_dense / d_ff chunks of one
+    shared expert's size); one parameter block FETCH per layer; the embedding row and the
+    tied LM head (V rows of d)."""
+    from flow.bench import traffic
+    from hw.image.memory_map import memory_map
+    from hw.image.param_map import layer_block_bytes
+    from moekda.config import load_config
+    mt, tiny = load_config("model-tiny"), load_config("tiny")
+    t, one = traffic(mt), traffic(tiny)
+    m, pb = mt.model, mt.hw.weight_port_bytes
+    row = -(-m.d_model // pb) * pb                     # an int8 row of d, padded to the port
+    kda = sum(r.nbytes for n, r in memory_map(tiny).regions.items() if n.startswith("kda."))
+    expert = 2 * m.d_ff * row + m.d_model * (-(-m.d_ff // pb) * pb)
+    dense = kda + m.dense_chunks * expert
+    head = row + m.vocab * row
+    assert t.weight_bytes == 3 * one.weight_bytes + dense + 4 * layer_block_bytes(mt) + head
+    kda_macs = one.macs - (m.d_model * m.n_experts + (m.n_shared + m.top_k) * 3 * m.d_ff * m.d_model)
+    assert t.macs == 3 * one.macs + kda_macs + m.dense_chunks * 3 * m.d_ff * m.d_model + m.vocab * m.d_model

@@ -146,10 +146,7 @@ class LayerDatapath(wiring.Component):
         # res2 parameters) and the top's tag, moved to stage B with h
         layer_a, layer_b = Signal(layer_bits(cfg)), Signal(layer_bits(cfg))
         tag_a, tag_b = Signal(SEQ_BITS), Signal(SEQ_BITS)
-        # TEMPORARY until the units' layer ports land (issue 14 work in progress)
-        for unit, value in ((kda, layer_a), (moe, layer_b)):
-            if "layer" in unit.signature.members:
-                m.d.comb += unit.layer.eq(value)
+        m.d.comb += [kda.layer.eq(layer_a), moe.layer.eq(layer_b)]
         if D is not None:
             # res2 is the one field whose place depends on the mixer kind; the kind is a
             # constant per layer, registered with stage B's layer at the hand-over

@@ -70,7 +70,7 @@ class ChipIO:
         if self.model:
             from hw.chip.model import model_engine_macs_per_token, model_in_layout, model_out_layout
             self.in_layout, self.out_layout = model_in_layout(cfg), model_out_layout(cfg)
-            self.engine_macs = model_io.engine_macs
+            self.engine_macs = model_engine_macs_per_token(cfg)
         else:
             self.in_layout, self.out_layout = token_in_layout(cfg), token_out_layout(cfg)
             self.engine_macs = engine_macs_per_token(cfg)
