@@ -122,6 +122,21 @@ def kda_requests(cfg, layer: int = 0) -> tuple[list[tuple[int, int]], list[tuple
     return reads([t for op, t, _, _ in OPS if op != "o"]), reads(["kda.w_o"])
 
 
+def sparse_event_count(m: Module, event, name: str) -> Value:
+    """A 32-bit count of ``event``, which is never high in two cycles in a row, as two
+    16-bit halves: the high half steps on a flag registered from the low half, so no
+    32-bit carry chain is in one cycle (the plain 32-bit increment of ``tokens`` was
+    mapped as 14 levels of ANDs in model-small-sram's kda synthesis: -0.023 ns at 1 ns).
+    The flag has caught up with the low half by the next event."""
+    lo, hi, wrap = Signal(16, name=f"{name}_lo"), Signal(16, name=f"{name}_hi"), Signal(name=f"{name}_wrap")
+    m.d.sync += wrap.eq(lo == 0xFFFF)
+    with m.If(event):
+        m.d.sync += lo.eq(lo + 1)
+        with m.If(wrap):
+            m.d.sync += hi.eq(hi + 1)
+    return Cat(lo, hi)
+
+
 class KdaUnit(wiring.Component):
     def __init__(self, cfg):
         m_, hw = cfg.model, cfg.hw
@@ -452,16 +467,13 @@ class KdaUnit(wiring.Component):
 
         # ---- phase control -------------------------------------------------------------------
         m.d.comb += self.o.payload.eq(Cat(*OUT))
-        tokens = Signal(32)
-        m.d.comb += self.tokens.eq(tokens)
         token_cycles = Signal(32)
         m.d.comb += self.token_cycles.eq(token_cycles)
-        # the token count steps a cycle after the hand-over (the output's ready is not
-        # in front of a 32-bit carry chain)
+        # the token count steps a cycle after the hand-over (the output's ready is not in
+        # front of its carry chain), in halves (sparse_event_count: a token per step)
         token_out = Signal()
         m.d.sync += token_out.eq(0)
-        with m.If(token_out):
-            m.d.sync += tokens.eq(tokens + 1)
+        m.d.comb += self.tokens.eq(sparse_event_count(m, token_out, "tokens"))
         with m.FSM():
             with m.State("ACCEPT"):
                 m.d.comb += self.i.ready.eq(1)

@@ -19,7 +19,8 @@ model's own: each layer's KDA input (``xn_unit``) from the integer model run on 
 token sequence.  Optionally a reset in the middle of one token: the token is dropped,
 and every layer's state starts from zero after it.
 
-Checks: every output token equals the model's; stalls on the input stream,
+Checks: every output token equals the model's, and the unit's ``tokens`` counts them
+(since the reset); stalls on the input stream,
 the weight port (both directions) and back-pressure on the output when
 KDA_STALL=1; the unit's ``token_cycles`` counter per token is written to
 KDA_CYCLES_OUT (one number per line) for the constant-cost check.  The bench
@@ -282,6 +283,12 @@ if cocotb is not None:
                     cycles.append(int(dut.token_cycles.value))
                 got += 1
         assert mem.idle(), "weight requests left unanswered"
+        # the unit's token count (it steps a cycle after each hand-over): the outputs since reset
+        for _ in range(2):
+            await RisingEdge(dut.clk)
+        await ReadOnly()
+        since = T - case.reset_in - 1 if case.reset_in >= 0 else T
+        assert int(dut.tokens.value) == since, f"tokens = {int(dut.tokens.value)}, {since} outputs since reset"
         path = os.environ.get("KDA_CYCLES_OUT")
         if path:
             with open(path, "w") as f:
