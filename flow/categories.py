@@ -51,7 +51,7 @@ CATEGORIES: tuple[Category, ...] = (
     Category("router_topk", "router and top-k",
              ("moe/route/**", "moe/topk/**", "moe/score_lut/**")),
     Category("experts", "experts' datapath (MoE control, SiLU, combine)",
-             ("moe", "moe/silu_lut/**")),
+             ("moe", "moe/silu_lut/**", "moe/dense_silu_lut/**")),
     Category("residual", "token buffers and residual adds (top)",
              (TOP, DATAPATH, "res1/**", "res2/**")),
     Category("control", "control (weight arbiter, port slices, CSRs)",

@@ -23,6 +23,15 @@ def test_every_block_of_the_tiny_layer_has_a_category(tiny_instances):
     assert not unmapped, f"no category in flow/categories.py for: {', '.join(unmapped)}"
 
 
+def test_every_block_of_the_model_chip_has_a_category():
+    """The model chip (model-tiny: a dense layer, the embedding and the head) too."""
+    chip, _ports = build_top("layer", load_config("model-tiny"))
+    instances = elaborated_instances(chip)
+    unmapped = [p for p in [TOP] + instances if category_of(p) == UNMAPPED]
+    assert not unmapped, f"no category in flow/categories.py for: {', '.join(unmapped)}"
+    assert {"head", "embed", "datapath/moe/dense_silu_lut"} <= set(instances)   # as synthesis names them
+
+
 def test_each_issue_category_owns_a_block_of_the_tiny_layer(tiny_instances):
     used = {category_of(p) for p in [TOP] + tiny_instances}
     # the head category is the model chip's, the macros one a cell category (no instances)

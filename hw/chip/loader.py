@@ -18,7 +18,7 @@ port's own request order, one beat per cycle when the memory keeps up:
 
 On a model (hw/chip/model.py) the bank holds ONE layer's parameter block (every
 layer's block has one size, hw/image/param_map.py layer_block_bytes): LOAD leaves
-layer 0's block there and the head's block in its own bank (``head``), and FETCH
+layer 0's block there and the head's block in its own bank (``head_params``), and FETCH
 (``fetch`` strobe with ``fetch_layer``, while idle) reads another layer's block,
 one request of the block's beats, into the bank the same way, with no checks (the
 image was checked by LOAD).  ``busy`` covers both.
@@ -74,7 +74,7 @@ class ImageLoader(wiring.Component):
             ports.update({"bank": Out(layer_bank_bits(cfg)),
                           "fetch": In(1), "fetch_layer": In(layer_bits(cfg)), "fetching": Out(1)})
             if self.head_block:
-                ports["head"] = Out(param_layout(cfg, "head", mixer="head"))
+                ports["head_params"] = Out(param_layout(cfg, "head", mixer="head"))
         else:
             ports["bank"] = Out(param_layout(cfg))
         super().__init__(ports)
@@ -174,7 +174,7 @@ class ImageLoader(wiring.Component):
                 head = Signal(8 * h_pm.nbytes, name="head_bank", reset_less=True)
                 self._shift_in(m, head, beat_go & ~fetching & (beat.value >= h_addr // W) &
                                (beat.value < (h_addr + h_pm.nbytes) // W), data, W)
-                m.d.comb += self.head.as_value().eq(head[:h_pm.bits])
+                m.d.comb += self.head_params.as_value().eq(head[:h_pm.bits])
 
         # ---- checksum: the beat's words to two (clock-derived stages), then a 4:2
         # into the carry-save accumulator; resolved by a pipelined add after the last beat

@@ -122,7 +122,7 @@ class ModelTop(wiring.Component):
         m.submodules.datapath = dp = LayerDatapath(cfg)
         m.submodules.embed = embed = Embedding(cfg)
         m.submodules.head = head = Head(cfg)
-        m.d.comb += [dp.bank.eq(loader.bank), head.params.eq(loader.head)]
+        m.d.comb += [dp.bank.eq(loader.bank), head.params.eq(loader.head_params)]
         clients = [dp.kda_wport, dp.moe_wport, loader.wport, embed.wport, head.wport]
         m.submodules.arbiter = arb = WeightArbiter(cfg.hw.weight_port_bytes, len(clients))
         for n, port in enumerate(clients):
