@@ -280,11 +280,13 @@ class LayerDriver:
 
     # ---- the RTL --------------------------------------------------------------------
     def verilog(self) -> str:
+        """The chip of the config (the layer chip, or the model chip: hw/chip/layer.py
+        layer_for_config) as module ``layer``."""
         from amaranth.back import verilog
-        from hw.chip.layer import LayerTop
+        from hw.chip.layer import layer_for_config
         from hw.tops import _flat_ports
         from amaranth.hdl import Value
-        chip = LayerTop(self.cfg)
+        chip = layer_for_config(self.cfg)
         return verilog.convert(chip, name="layer", ports=[Value.cast(v) for v in _flat_ports(chip)],
                                emit_src=False)
 
@@ -493,15 +495,6 @@ class ModelDriver(LayerDriver):
     def image(self) -> bytes:
         from sim.models.image import qmodel_image
         return qmodel_image(self.cfg, self.q)
-
-    def verilog(self) -> str:
-        from amaranth.back import verilog
-        from hw.chip.model import ModelTop
-        from hw.tops import _flat_ports
-        from amaranth.hdl import Value
-        chip = ModelTop(self.cfg)
-        return verilog.convert(chip, name="layer", ports=[Value.cast(v) for v in _flat_ports(chip)],
-                               emit_src=False)
 
 
 def chip_driver(cfg_name: str, seed: int = 0) -> LayerDriver:

@@ -25,6 +25,16 @@ def run(dut, bench, *processes):
     sim.run()
 
 
+async def _state_read(ctx, dut, addr: int, lanes: int) -> list[int]:
+    """One read of a StateMemory: issue, wait its READ_LATENCY, the ``lanes`` entries."""
+    ctx.set(dut.rd_addr, addr)
+    ctx.set(dut.rd_en, 1)
+    await ctx.tick()
+    ctx.set(dut.rd_en, 0)
+    await ctx.tick().repeat(dut.READ_LATENCY - 1)
+    return [ctx.get(dut.rd_data[i]) for i in range(lanes)]
+
+
 # ---- lookup table -------------------------------------------------------------
 
 @pytest.mark.parametrize("in_bits,fn", [
@@ -79,12 +89,7 @@ def test_state_memory_clear_and_commit(kind):
     shadow = np.zeros((dut.words, P), np.int64)
 
     async def read(ctx, addr):
-        ctx.set(dut.rd_addr, addr)
-        ctx.set(dut.rd_en, 1)
-        await ctx.tick()
-        ctx.set(dut.rd_en, 0)
-        await ctx.tick().repeat(dut.READ_LATENCY - 1)
-        return [ctx.get(dut.rd_data[i]) for i in range(P)]
+        return await _state_read(ctx, dut, addr, P)
 
     async def bench(ctx):
         assert ctx.get(dut.cleared) == 1             # reset: reads as zero
@@ -184,12 +189,7 @@ def test_state_memory_layers_clear_apart(kind):
     shadow = {}
 
     async def read(ctx, addr):
-        ctx.set(dut.rd_addr, addr)
-        ctx.set(dut.rd_en, 1)
-        await ctx.tick()
-        ctx.set(dut.rd_en, 0)
-        await ctx.tick().repeat(dut.READ_LATENCY - 1)
-        return [ctx.get(dut.rd_data[i]) for i in range(P)]
+        return await _state_read(ctx, dut, addr, P)
 
     async def strobe(ctx, port, layers):
         ctx.set(port, sum(1 << l for l in layers))

@@ -29,6 +29,21 @@ def random_token(rng, fm, H, dk, extreme=False):
                 alpha=rng.integers(1, 1 << fm.alpha_frac, (H, dk)), beta=rng.integers(0, (1 << fm.unit_frac) + 1, H))
 
 
+def _watchers(dut, got_flat: list, collisions: list):
+    """Amaranth-simulator processes: every output beat taken into ``got_flat``, and a mark in
+    ``collisions`` for each cycle the SRAM banks saw a read and a write in one bank."""
+    async def monitor(ctx):
+        async for _, _, valid, ready, payload in ctx.tick().sample(dut.o.valid, dut.o.ready, dut.o.payload):
+            if valid and ready:
+                got_flat.append(payload)
+
+    async def watch_banks(ctx):
+        async for _, _, hit in ctx.tick().sample(dut.collision):
+            if hit:
+                collisions.append(1)
+    return monitor, watch_banks
+
+
 # the clock period sets the pipeline depth (hw/arith/pipeline.py): 1.0 ns is the deepest
 # pipeline the configs use, 2.5 ns a shallow one.  Each case with the state in flip-flops
 # and in SRAM macros (hw.state_memory): the same outputs, and no bank collision
@@ -59,15 +74,7 @@ def test_delta_rule_matches_model(H, dk, P, shifts, qk_bits, period, memory):
     stall = random.Random(P)
     got_flat, collisions = [], []
 
-    async def monitor(ctx):
-        async for _, _, valid, ready, payload in ctx.tick().sample(dut.o.valid, dut.o.ready, dut.o.payload):
-            if valid and ready:
-                got_flat.append(payload)
-
-    async def watch_banks(ctx):
-        async for _, _, hit in ctx.tick().sample(dut.collision):
-            if hit:
-                collisions.append(1)
+    monitor, watch_banks = _watchers(dut, got_flat, collisions)
 
     async def bench(ctx):
         for name in ("f_k", "f_v", "f_s", "o_shift"):   # run-time inputs, stable from a cycle ahead
@@ -194,15 +201,7 @@ def test_delta_rule_layers_apart(memory):
     dut = DeltaRule(fm, H, dk, dk, P, clock_period_ns=1.0, state_memory=memory, layers=L)
     got_flat, collisions = [], []
 
-    async def monitor(ctx):
-        async for _, _, valid, ready, payload in ctx.tick().sample(dut.o.valid, dut.o.ready, dut.o.payload):
-            if valid and ready:
-                got_flat.append(payload)
-
-    async def watch_banks(ctx):
-        async for _, _, hit in ctx.tick().sample(dut.collision):
-            if hit:
-                collisions.append(1)
+    monitor, watch_banks = _watchers(dut, got_flat, collisions)
 
     async def bench(ctx):
         for name in ("f_k", "f_v", "f_s", "o_shift"):
