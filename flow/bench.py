@@ -46,6 +46,8 @@ class Traffic:
     dense_bytes: int         # bytes per token if all routed experts ran (the dense equivalent)
     lanes: int
     port_bytes: int
+    state_cycles: float = 0.0   # the KDA state update and read: every layer's H d_k d_v entries,
+                                # read and written in two passes, hw.state_lanes a cycle
 
     @property
     def mac_cycles(self) -> float:
@@ -57,12 +59,14 @@ class Traffic:
 
     @property
     def bound(self) -> float:
-        """Roofline cycles per token: the slower of the two resources."""
-        return roofline_cycles(self.macs, self.weight_bytes, self.lanes, self.port_bytes)
+        """Roofline cycles per token: the slowest resource (MAC lanes, weight port, state lanes)."""
+        return max(roofline_cycles(self.macs, self.weight_bytes, self.lanes, self.port_bytes), self.state_cycles)
 
     @property
     def bound_by(self) -> str:
-        return "weight port" if self.port_cycles >= self.mac_cycles else "MAC lanes"
+        worst = max(self.port_cycles, self.mac_cycles, self.state_cycles)
+        return ("weight port" if worst == self.port_cycles else
+                "MAC lanes" if worst == self.mac_cycles else "KDA state lanes")
 
 
 def roofline_cycles(macs: float, weight_bytes: float, lanes: int, port_bytes: int) -> float:
@@ -92,7 +96,15 @@ def traffic(cfg: Config) -> Traffic:
     moe = router + (m.n_shared + m.top_k) * expert
     dense = router + (m.n_shared + m.n_experts) * expert
     return Traffic(macs=macs_per_token(cfg), weight_bytes=kda + moe, dense_bytes=kda + dense,
-                   lanes=cfg.hw.lanes, port_bytes=cfg.hw.weight_port_bytes)
+                   lanes=cfg.hw.lanes, port_bytes=cfg.hw.weight_port_bytes, state_cycles=state_cycles(cfg))
+
+
+def state_cycles(cfg: Config) -> float:
+    """The KDA state's bound per token: per layer, H x d_k x d_v entries read and written in
+    the delta rule's two passes (hw/kda/delta.py), ``hw.state_lanes`` entries a cycle."""
+    from hw.image.memory_map import layer_count
+    m = cfg.model
+    return layer_count(cfg) * 2 * m.n_heads * m.head_dim * m.head_dim / cfg.hw.state_lanes
 
 
 def model_traffic(cfg: Config) -> Traffic:
@@ -122,7 +134,7 @@ def model_traffic(cfg: Config) -> Traffic:
     emb = mm["embedding"].row_bytes
     head = (mm["lm_head"] if "lm_head" in mm else mm["embedding"]).nbytes
     return Traffic(macs=model_macs_per_token(cfg), weight_bytes=weight + emb + head, dense_bytes=dense + emb + head,
-                   lanes=cfg.hw.lanes, port_bytes=cfg.hw.weight_port_bytes)
+                   lanes=cfg.hw.lanes, port_bytes=cfg.hw.weight_port_bytes, state_cycles=state_cycles(cfg))
 
 
 # ---- derived figures at Fmax -------------------------------------------------------
@@ -239,6 +251,7 @@ def assemble(cfg: Config, tr: Traffic, long_run: dict, speed: dict, synth: dict 
         "dense_weight_bytes_per_token": tr.dense_bytes,
         "moe_bytes_saving": 1 - tr.weight_bytes / tr.dense_bytes,
         "roofline_mac_cycles": tr.mac_cycles, "roofline_port_cycles": tr.port_cycles,
+        "roofline_state_cycles": tr.state_cycles,
         "roofline_bound": tr.bound, "bound_by": tr.bound_by,
         "cycles_per_token": cpt, "utilisation": utilisation(tr.bound, cpt),
         "measured_weight_bytes_per_token": (long_run["weight_bytes"] / long_run["tokens_counted"]
@@ -298,7 +311,8 @@ def markdown(rec: dict) -> str:
          + f" (MoE fetches {100 * (1 - rec['moe_bytes_saving']):.1f}%)"),
         ("weight bytes per token, measured on the port", _fmt(rec["measured_weight_bytes_per_token"])),
         ("roofline bound, cycles/token", f"{rec['roofline_bound']:,.1f} (bound by {rec['bound_by']}: "
-         f"MACs/lanes {rec['roofline_mac_cycles']:,.1f}, bytes/port {rec['roofline_port_cycles']:,.1f})"),
+         f"MACs/lanes {rec['roofline_mac_cycles']:,.1f}, bytes/port {rec['roofline_port_cycles']:,.1f}, "
+         f"KDA state/state lanes {rec.get('roofline_state_cycles', 0):,.1f})"),
         (f"cycles/token measured ({s['long']['simulator']}, {s['long']['tokens']} tokens)",
          f"{rec['cycles_per_token']:,.1f}"),
         ("utilisation of the roofline", f"{100 * rec['utilisation']:.1f}%"),

@@ -137,3 +137,16 @@ def test_model_traffic_is_its_layers_head_and_fetches():
     assert t.weight_bytes == 3 * one.weight_bytes + dense + 4 * layer_block_bytes(mt) + head
     kda_macs = one.macs - (m.d_model * m.n_experts + (m.n_shared + m.top_k) * 3 * m.d_ff * m.d_model)
     assert t.macs == 3 * one.macs + kda_macs + m.dense_chunks * 3 * m.d_ff * m.d_model + m.vocab * m.d_model
+
+
+def test_the_kda_state_lanes_are_a_roofline_limit():
+    """The bound is the slowest of MAC lanes, weight port and KDA state lanes: every layer's
+    H d_k d_v state entries pass twice (update, read) through hw.state_lanes a cycle."""
+    from flow.bench import Traffic, state_cycles
+    from moekda.config import load_config
+    tr = Traffic(macs=40, weight_bytes=40, dense_bytes=80, lanes=4, port_bytes=4, state_cycles=50)
+    assert tr.bound == 50 and tr.bound_by == "KDA state lanes"
+    assert Traffic(macs=40, weight_bytes=400, dense_bytes=800, lanes=4, port_bytes=4, state_cycles=50).bound_by \
+        == "weight port"
+    mt = load_config("model-tiny")
+    assert state_cycles(mt) == 4 * 2 * 1 * 16 * 16 / 4 == 4 * state_cycles(load_config("tiny"))
