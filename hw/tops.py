@@ -2,7 +2,9 @@
 cocotb benches build.  A factory takes a Config and returns the elaboratable
 and its port list (amaranth.back.verilog wants them explicitly).
 
-Add the layer top here when it exists; one entry per top, nothing else.
+One entry per top, nothing else.  ``layer`` is the chip of the config: the layer
+chip (hw/chip/layer.py), or the model chip (hw/chip/model.py) for a config with a
+vocabulary.
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ TOPS: dict[str, Callable] = {
     "matvec": _matvec,
     "moe": _moe,
     "kda": _kda,
-    "layer": _layer,    # the chip top (flow/rtl.py picks "layer" first)
+    "layer": _layer,    # the chip top, layer or model chip (flow/rtl.py picks "layer" first)
     "embed": _embed,    # the model chip's ends (configs with model.vocab > 0)
     "head": _head,
 }
