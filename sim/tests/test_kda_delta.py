@@ -29,9 +29,14 @@ def random_token(rng, fm, H, dk, extreme=False):
                 alpha=rng.integers(1, 1 << fm.alpha_frac, (H, dk)), beta=rng.integers(0, (1 << fm.unit_frac) + 1, H))
 
 
-def _watchers(dut, got_flat: list, collisions: list):
-    """Amaranth-simulator processes: every output beat taken into ``got_flat``, and a mark in
-    ``collisions`` for each cycle the SRAM banks saw a read and a write in one bank."""
+def _run_and_check(dut, bench, memory: str, want: list, per_token: int, got_flat: list,
+                   label=lambda t: f"token {t}") -> None:
+    """Run ``bench`` on the delta rule with a monitor that appends every output beat to
+    ``got_flat`` (the bench waits on it) and, for SRAM state, a watch on bank collisions; then
+    no collision, and token t's ``per_token`` outputs equal ``want[t]`` (``label(t)`` names a
+    failing token)."""
+    collisions = []
+
     async def monitor(ctx):
         async for _, _, valid, ready, payload in ctx.tick().sample(dut.o.valid, dut.o.ready, dut.o.payload):
             if valid and ready:
@@ -41,7 +46,18 @@ def _watchers(dut, got_flat: list, collisions: list):
         async for _, _, hit in ctx.tick().sample(dut.collision):
             if hit:
                 collisions.append(1)
-    return monitor, watch_banks
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.add_process(monitor)
+    if memory == "sram":
+        sim.add_process(watch_banks)
+    sim.run()
+    assert not collisions, f"{len(collisions)} cycles with a read and a write in one SRAM bank"
+    got = [got_flat[t * per_token:(t + 1) * per_token] for t in range(len(want))]
+    for t in range(len(want)):
+        assert got[t] == want[t], label(t)
 
 
 # the clock period sets the pipeline depth (hw/arith/pipeline.py): 1.0 ns is the deepest
@@ -72,9 +88,7 @@ def test_delta_rule_matches_model(H, dk, P, shifts, qk_bits, period, memory):
 
     dut = DeltaRule(fm, H, dk, dk, P, clock_period_ns=period, state_memory=memory)
     stall = random.Random(P)
-    got_flat, collisions = [], []
-
-    monitor, watch_banks = _watchers(dut, got_flat, collisions)
+    got_flat = []
 
     async def bench(ctx):
         for name in ("f_k", "f_v", "f_s", "o_shift"):   # run-time inputs, stable from a cycle ahead
@@ -97,17 +111,7 @@ def test_delta_rule_matches_model(H, dk, P, shifts, qk_bits, period, memory):
             ctx.set(dut.o.ready, 0)
             await ctx.tick().until(~dut.busy)
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.add_process(monitor)
-    if memory == "sram":
-        sim.add_process(watch_banks)
-    sim.run()
-    assert not collisions, f"{len(collisions)} cycles with a read and a write in one SRAM bank"
-    got = [got_flat[t * H * dk:(t + 1) * H * dk] for t in range(T)]
-    for t in range(T):
-        assert got[t] == want[t], f"token {t}"
+    _run_and_check(dut, bench, memory, want, H * dk, got_flat)
 
 
 @pytest.mark.parametrize("memory", ["flops", "sram"])
@@ -199,9 +203,7 @@ def test_delta_rule_layers_apart(memory):
         for c in clear_during.get(t, []):
             S[c] = np.zeros_like(S[c])
     dut = DeltaRule(fm, H, dk, dk, P, clock_period_ns=1.0, state_memory=memory, layers=L)
-    got_flat, collisions = [], []
-
-    monitor, watch_banks = _watchers(dut, got_flat, collisions)
+    got_flat = []
 
     async def bench(ctx):
         for name in ("f_k", "f_v", "f_s", "o_shift"):
@@ -227,14 +229,4 @@ def test_delta_rule_layers_apart(memory):
                 ctx.set(dut.clear, 0)
             await ctx.tick().until(~dut.busy)
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.add_process(monitor)
-    if memory == "sram":
-        sim.add_process(watch_banks)
-    sim.run()
-    assert not collisions, f"{len(collisions)} cycles with a read and a write in one SRAM bank"
-    got = [got_flat[t * H * dk:(t + 1) * H * dk] for t in range(T)]
-    for t in range(T):
-        assert got[t] == want[t], f"token {t} (layer {layers[t]})"
+    _run_and_check(dut, bench, memory, want, H * dk, got_flat, lambda t: f"token {t} (layer {layers[t]})")
