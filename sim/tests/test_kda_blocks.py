@@ -204,14 +204,18 @@ def test_state_memory_layers_clear_apart(kind):
             want = list(shadow[a]) if a // 8 in live else [0] * P
             assert await read(ctx, a) == want, (a, live)
 
+    async def write(ctx, a):
+        """A random word at address ``a``, remembered in ``shadow`` (wr_en stays high)."""
+        shadow[a] = rng.integers(-(1 << 15), 1 << 15, P)
+        ctx.set(dut.wr_addr, a)
+        ctx.set(dut.wr_data, [int(v) for v in shadow[a]])
+        ctx.set(dut.wr_en, 1)
+        await ctx.tick()
+
     async def bench(ctx):
         assert ctx.get(dut.cleared) == (1 << L) - 1              # reset: every layer clear
         for a in dut.addresses:
-            shadow[a] = rng.integers(-(1 << 15), 1 << 15, P)
-            ctx.set(dut.wr_addr, a)
-            ctx.set(dut.wr_data, [int(v) for v in shadow[a]])
-            ctx.set(dut.wr_en, 1)
-            await ctx.tick()
+            await write(ctx, a)
         ctx.set(dut.wr_en, 0)
         await check(ctx, set())
         await strobe(ctx, dut.commit, [1])
@@ -229,11 +233,7 @@ def test_state_memory_layers_clear_apart(kind):
         await check(ctx, {0, 1})
         # a write to one layer does not reach the same word of another
         a0, a1 = state_address(0, 3, 8), state_address(1, 3, 8)
-        shadow[a1] = rng.integers(-(1 << 15), 1 << 15, P)
-        ctx.set(dut.wr_addr, a1)
-        ctx.set(dut.wr_data, [int(v) for v in shadow[a1]])
-        ctx.set(dut.wr_en, 1)
-        await ctx.tick()
+        await write(ctx, a1)
         ctx.set(dut.wr_en, 0)
         assert await read(ctx, a0) == list(shadow[a0])
         assert await read(ctx, a1) == list(shadow[a1])
