@@ -33,7 +33,9 @@ reset always starts a new sequence).
 """
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal, signed
+from dataclasses import dataclass
+
+from amaranth import Module, Mux, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
@@ -132,9 +134,6 @@ class LayerTop(wiring.Component):
         m.submodules.csr = csr = LayerCsr(cfg, macs_per_token(cfg), image_layout(cfg).length)
         connect(m, wiring.flipped(self.bus), csr.bus)
 
-        # the output tag (token_out_layout): the accepted token's position in its sequence
-        seq = Signal(SEQ_BITS)
-        clear_pending = Signal(init=1)
         # LOAD waits until no token is inside (nothing else then uses the weight port, and no
         # block is half way through a token with the old parameters); the next token starts a
         # new sequence (the state belongs to the old model)
@@ -150,30 +149,53 @@ class LayerTop(wiring.Component):
         # tokens go in only while RUN is set and a good LOAD holds (none asked or running)
         allowed = csr.run & loader.loaded & ~loading
         accept = self.i.valid & self.i.ready
-        starts = self.i.payload.first | clear_pending | csr.clear
+        seq = sequence_rules(m, csr, self.i.payload.first, accept, load_start)
         m.d.comb += [dp.i.valid.eq(self.i.valid & allowed), self.i.ready.eq(dp.i.ready & allowed),
-                     dp.i.payload.x.eq(self.i.payload.x), dp.i.payload.first.eq(starts),
-                     dp.i.payload.tag.eq(Mux(starts, 0, seq + 1)), dp.i.payload.layer.eq(0)]
-        with m.If(accept):
-            m.d.sync += [seq.eq(dp.i.payload.tag), clear_pending.eq(0)]
-        with m.Elif(csr.clear | load_start):
-            m.d.sync += clear_pending.eq(1)
+                     dp.i.payload.x.eq(self.i.payload.x), dp.i.payload.first.eq(seq.starts),
+                     dp.i.payload.tag.eq(seq.tag), dp.i.payload.layer.eq(0)]
         m.d.comb += [self.o.valid.eq(dp.o.valid), dp.o.ready.eq(self.o.ready),
                      self.o.payload.y.eq(dp.o.payload.y), self.o.payload.seq.eq(dp.o.payload.tag)]
-
-        # a weight beat is counted a cycle after it arrives: the port's ready comes from deep in
-        # a block, and the CSR counter must not lengthen that path (WEIGHT_BYTES is read when idle)
-        beat_r = Signal()
-        m.d.sync += beat_r.eq(self.wport.resp.valid & self.wport.resp.ready)
-        m.d.comb += [csr.busy.eq(dp.busy), csr.clear_pending.eq(clear_pending),
-                     csr.in_waiting.eq(self.i.valid), csr.out_waiting.eq(self.o.valid),
-                     csr.ev_token.eq(self.o.valid & self.o.ready),
-                     csr.ev_beat.eq(beat_r),
-                     csr.ev_mac.eq(dp.mac_beat),
-                     csr.token_cycles.eq(dp.token_cycles),
-                     csr.loading.eq(loading), csr.loaded.eq(loader.loaded),
-                     csr.load_errors.eq(loader.errors), csr.load_cycles.eq(loader.cycles)]
+        connect_status(m, csr, self, loader, busy=dp.busy, loading=loading, clear_pending=seq.clear_pending,
+                       mac_beats=dp.mac_beat, token_cycles=dp.token_cycles)
         return m
+
+
+@dataclass
+class SequenceRules:
+    starts: Value          # the token on offer starts a new sequence
+    tag: Value             # its position in its sequence, as the output tag carries it
+    clear_pending: Value   # a CLEAR, LOAD or reset waits for the next token
+
+
+def sequence_rules(m, csr, first, accept, load_start) -> SequenceRules:
+    """When a token starts a sequence, both chips' rule: its ``first`` bit, a CLEAR write (now or
+    pending), a LOAD or a reset since the last token.  The tag counts the tokens of the sequence
+    from 0 (token_out_layout), taken at ``accept``."""
+    seq = Signal(SEQ_BITS)
+    clear_pending = Signal(init=1)
+    starts, tag = Signal(), Signal(SEQ_BITS)
+    m.d.comb += [starts.eq(first | clear_pending | csr.clear), tag.eq(Mux(starts, 0, seq + 1))]
+    with m.If(accept):
+        m.d.sync += [seq.eq(tag), clear_pending.eq(0)]
+    with m.Elif(csr.clear | load_start):
+        m.d.sync += clear_pending.eq(1)
+    return SequenceRules(starts, tag, clear_pending)
+
+
+def connect_status(m, csr, chip, loader, busy, loading, clear_pending, mac_beats, token_cycles) -> None:
+    """The CSRs' status bits and event counters from a chip top (layer or model chip)."""
+    # a weight beat is counted a cycle after it arrives: the port's ready comes from deep in
+    # a block, and the CSR counter must not lengthen that path (WEIGHT_BYTES is read when idle)
+    beat_r = Signal()
+    m.d.sync += beat_r.eq(chip.wport.resp.valid & chip.wport.resp.ready)
+    m.d.comb += [csr.busy.eq(busy), csr.clear_pending.eq(clear_pending),
+                 csr.in_waiting.eq(chip.i.valid), csr.out_waiting.eq(chip.o.valid),
+                 csr.ev_token.eq(chip.o.valid & chip.o.ready),
+                 csr.ev_beat.eq(beat_r),
+                 csr.ev_mac.eq(mac_beats),
+                 csr.token_cycles.eq(token_cycles),
+                 csr.loading.eq(loading), csr.loaded.eq(loader.loaded),
+                 csr.load_errors.eq(loader.errors), csr.load_cycles.eq(loader.cycles)]
 
 
 def weight_port_slices(m, cfg, inner, outer) -> None:

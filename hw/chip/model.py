@@ -31,7 +31,7 @@ then starts from zero (the token reaches each layer with ``first``).  ``seq`` on
 """
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, signed
+from amaranth import Cat, Module, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
@@ -40,7 +40,7 @@ from hw.chip.csr import LayerCsr, WishboneSignature
 from hw.chip.datapath import SEQ_BITS, LayerDatapath
 from hw.chip.embed import Embedding, token_bits, token_id_layout
 from hw.chip.head import Head
-from hw.chip.layer import weight_port_slices
+from hw.chip.layer import connect_status, sequence_rules, weight_port_slices
 from hw.chip.loader import ImageLoader
 from hw.chip.weight_arbiter import WeightArbiter
 from hw.chip.weight_port import WeightPortSignature
@@ -134,8 +134,7 @@ class ModelTop(wiring.Component):
         connect(m, head.logits, wiring.flipped(self.logits))
         m.d.comb += head.logits_en.eq(csr.logits_en)
 
-        seq = Signal(SEQ_BITS)
-        clear_pending = Signal(init=1)
+        seq_r = Signal(SEQ_BITS)                      # the tag of the token inside
         first = Signal()                              # the token inside starts a sequence
         layer = Signal(layer_bits(cfg))               # the layer it is at
         bank_layer = Signal(layer_bits(cfg))          # the layer whose block the bank holds
@@ -151,18 +150,16 @@ class ModelTop(wiring.Component):
         allowed = csr.run & loader.loaded & ~loading
 
         accept = self.i.valid & self.i.ready
-        starts = self.i.payload.first | clear_pending | csr.clear
+        seq = sequence_rules(m, csr, self.i.payload.first, accept, load_start)
         with m.If(accept):
-            m.d.sync += [seq.eq(Mux(starts, 0, seq + 1)), clear_pending.eq(0), first.eq(starts)]
-        with m.Elif(csr.clear | load_start):
-            m.d.sync += clear_pending.eq(1)
+            m.d.sync += [seq_r.eq(seq.tag), first.eq(seq.starts)]
 
         m.d.comb += [dp.i.payload.x.eq(X), dp.i.payload.first.eq(first), dp.i.payload.layer.eq(layer),
-                     dp.i.payload.tag.eq(seq), head.x.payload.eq(X),
-                     embed.i.payload.token.eq(self.i.payload.token), embed.i.payload.first.eq(starts),
+                     dp.i.payload.tag.eq(seq_r), head.x.payload.eq(X),
+                     embed.i.payload.token.eq(self.i.payload.token), embed.i.payload.first.eq(seq.starts),
                      loader.fetch_layer.eq(layer),
                      self.o.payload.token.eq(head.next.payload.token),
-                     self.o.payload.logit.eq(head.next.payload.logit), self.o.payload.seq.eq(seq)]
+                     self.o.payload.logit.eq(head.next.payload.logit), self.o.payload.seq.eq(seq_r)]
 
         with m.FSM(name="model") as fsm:
             with m.State("IDLE"):
@@ -221,17 +218,9 @@ class ModelTop(wiring.Component):
         cycles.load(accept, 1)
         cycles.elaborate(m)
 
-        beat_r = Signal()
-        m.d.sync += beat_r.eq(self.wport.resp.valid & self.wport.resp.ready)
-        m.d.comb += [csr.busy.eq(busy), csr.clear_pending.eq(clear_pending),
-                     csr.in_waiting.eq(self.i.valid), csr.out_waiting.eq(self.o.valid),
-                     csr.ev_token.eq(self.o.valid & self.o.ready),
-                     csr.ev_beat.eq(beat_r),
-                     csr.ev_mac.eq(Cat(dp.mac_beat, head.mac_beat)),
-                     csr.token_cycles.eq(token_cycles),
-                     csr.loading.eq(loading), csr.loaded.eq(loader.loaded),
-                     csr.load_errors.eq(loader.errors), csr.load_cycles.eq(loader.cycles),
-                     csr.ev_fetch.eq(fsm.ongoing("FETCH")),
+        connect_status(m, csr, self, loader, busy=busy, loading=loading, clear_pending=seq.clear_pending,
+                       mac_beats=Cat(dp.mac_beat, head.mac_beat), token_cycles=token_cycles)
+        m.d.comb += [csr.ev_fetch.eq(fsm.ongoing("FETCH")),
                      csr.ev_layer.eq(fsm.ongoing("LAYER") | fsm.ongoing("LAYER_WAIT")),
                      csr.ev_head.eq(fsm.ongoing("HEAD") | fsm.ongoing("OUTPUT"))]
         return m
