@@ -17,18 +17,23 @@ global_route -congestion_report_file [report_file 5_global_route_congestion.rpt]
 estimate_parasitics -global_routing
 report_stage 5_global_route_pre_repair globalroute_pre_repair
 
-# the placement parasitics CTS was repaired on are not the global route's
+# the placement parasitics CTS was repaired on are not the global route's.  Every
+# global_route call sets the congestion rule anew from its own flags (26Q3's
+# GlobalRouter.tcl), so the incremental ones repeat -allow_congestion: without it the
+# tiny layer's re-route after repair_design stopped with GRT-0232 at 328 overflowing edges
 repair_design -verbose
-global_route -start_incremental
+global_route -start_incremental -allow_congestion
 detailed_placement
-global_route -end_incremental -congestion_report_file [report_file 5_congestion_post_repair_design.rpt]
+global_route -end_incremental -allow_congestion \
+  -congestion_report_file [report_file 5_congestion_post_repair_design.rpt]
 
 estimate_parasitics -global_routing
 repair_timing -setup -hold -repair_tns 100 -verbose
-global_route -start_incremental
+global_route -start_incremental -allow_congestion
 detailed_placement
 check_placement -verbose
-global_route -end_incremental -congestion_report_file [report_file 5_congestion_post_repair_timing.rpt]
+global_route -end_incremental -allow_congestion \
+  -congestion_report_file [report_file 5_congestion_post_repair_timing.rpt]
 
 estimate_parasitics -global_routing
 repair_timing -setup -sequence "reroute" -skip_last_gasp -repair_tns 0 -verbose

@@ -176,7 +176,7 @@ def test_global_route_is_followed_by_repair_as_orfs_does(tiny_runs):
     timing = [c.options for c in runs_grt.named("repair_timing")]
     assert {"-setup": "1", "-hold": "1", "-repair_tns": "100", "-verbose": "1"} in timing
     # each repair is followed by an incremental route of the changed nets
-    assert [c.options for c in grt.named("global_route")].count({"-end_incremental": "1",
+    assert [c.options for c in grt.named("global_route")].count({"-end_incremental": "1", "-allow_congestion": "1",
         "-congestion_report_file": str(paths.reports / "5_congestion_post_repair_timing.rpt")}) == 1
     assert names[-1] != "repair_timing" and names.index("repair_antennas") > names.index("repair_timing")
 
@@ -209,6 +209,17 @@ def test_routing_layers_and_fill(tiny_runs):
     assert _index(drt_run, "set_routing_layers") < _index(drt_run, "detailed_route")
     assert not {"-bottom_routing_layer", "-top_routing_layer"} & set(_first(drt_run, "detailed_route").options)
     assert _first(runs["fill"], "filler_placement").positionals[0].split() == list(PLATFORM.fill_cells)
+
+
+def test_every_global_route_call_allows_congestion(tiny_runs):
+    """26Q3's global_route sets the congestion rule anew from each call's flags, so the
+    incremental re-routes after the repairs must repeat -allow_congestion (the real tiny
+    run stopped at GRT-0232 without it)."""
+    _, _, _, runs = tiny_runs
+    calls = runs["global_route"].named("global_route")
+    assert len(calls) == 5 and "-allow_congestion" in calls[0].options
+    for c in calls:
+        assert "-allow_congestion" in c.options, c.options
 
 
 # ---- the kit has every name the scripts use ------------------------------------------------
