@@ -110,11 +110,14 @@ def state_cycles(cfg: Config) -> float:
 def model_traffic(cfg: Config) -> Traffic:
     """A model chip's bytes per token: every layer's KDA matrices and channel mixer (router,
     shared and top_k experts; a dense layer's chunks), its parameter block when the layers
-    share the bank (L > 1: hw/chip/model.py fetches each layer's block per token), the
-    embedding row and the LM head.  ``dense_bytes``: the same with every routed expert."""
+    share the bank (L > 1: hw/chip/model.py fetches each half of a layer's block once for
+    the hw.sequences tokens that go through the layer together, so a token's share is the
+    halves' beats / sequences), the embedding row and the LM head.  ``dense_bytes``: the
+    same with every routed expert."""
     from hw.chip.model import model_macs_per_token
     from hw.image.memory_map import layer_count, layer_prefix, memory_map
-    from hw.image.param_map import layer_block_bytes
+    from hw.image.memory_map import sequence_slots
+    from hw.image.param_map import fetch_halves
     mm = memory_map(cfg)
     m = cfg.model
     L = layer_count(cfg)
@@ -122,7 +125,8 @@ def model_traffic(cfg: Config) -> Traffic:
     for l in range(L):
         p = layer_prefix(cfg, l)
         kda = sum(r.nbytes for name, r in mm.regions.items() if name.startswith(p + "kda."))
-        block = layer_block_bytes(cfg) if L > 1 else 0
+        block = (sum(n for _, n in fetch_halves(cfg)) * cfg.hw.weight_port_bytes / sequence_slots(cfg)
+                 if L > 1 else 0)
         if m.mixers[l] == "dense":
             mix = sum(r.nbytes for name, r in mm.regions.items() if name.startswith(p + "dense."))
             weight, dense = weight + kda + mix + block, dense + kda + mix + block
@@ -271,14 +275,18 @@ def assemble(cfg: Config, tr: Traffic, long_run: dict, speed: dict, synth: dict 
                     "wall_rtl_s": synth.get("flow__rtl__seconds"),
                     "wall_synth_s": (synth.get("flow__synth__seconds") or 0) + (synth.get("flow__sta__seconds") or 0)})
     if "layer_cycles" in long_run and long_run.get("tokens_counted"):
-        # the model chip: where a token's cycles go (measured by the chip's phase counters)
-        n, L = long_run["tokens_counted"], cfg.model.n_layers
-        rec["model"] = {"n_layers": L, "vocab": cfg.model.vocab,
+        # the model chip: where a token's cycles go (measured by the chip's phase counters:
+        # cycles the datapath has a token, a FETCH is in flight, the head has a token).  With
+        # one sequence the phases follow each other and the rest is the embedding and the
+        # hand-overs; with several they overlap (a phase's cycles are its occupancy)
+        from hw.image.memory_map import sequence_slots
+        n, L, S = long_run["tokens_counted"], cfg.model.n_layers, sequence_slots(cfg)
+        rec["model"] = {"n_layers": L, "vocab": cfg.model.vocab, "sequences": S,
                         "layer_cycles_per_token_per_layer": long_run["layer_cycles"] / (n * L),
                         "fetch_cycles_per_token": long_run["fetch_cycles"] / n,
                         "head_cycles_per_token": long_run["head_cycles"] / n,
-                        "other_cycles_per_token": cpt - (long_run["layer_cycles"] + long_run["fetch_cycles"]
-                                                         + long_run["head_cycles"]) / n}
+                        "other_cycles_per_token": None if S > 1 else
+                        cpt - (long_run["layer_cycles"] + long_run["fetch_cycles"] + long_run["head_cycles"]) / n}
     rec.update(at_fmax(tr.macs, cpt, fmax, area, power, cfg.hw.clock_period_ns))
     rec["wall_sim_s"] = long_run["run_s"]
     rec["goals"] = goals(rec)
@@ -329,11 +337,14 @@ def markdown(rec: dict) -> str:
     ]
     if "model" in rec:
         mo = rec["model"]
-        rows += [("model chip: cycles per token per layer (datapath)", f"{mo['layer_cycles_per_token_per_layer']:,.1f} "
-                  f"x {mo['n_layers']} layers"),
+        S = mo.get("sequences", 1)
+        also = f" ({S} sequences interleaved: the phases overlap)" if S > 1 else ""
+        rows += [("model chip: cycles per token per layer (datapath busy)" + also,
+                  f"{mo['layer_cycles_per_token_per_layer']:,.1f} x {mo['n_layers']} layers"),
                  ("model chip: parameter FETCH cycles per token", f"{mo['fetch_cycles_per_token']:,.1f}"),
-                 ("model chip: head (final norm, LM head, argmax) cycles per token", f"{mo['head_cycles_per_token']:,.1f}"),
-                 ("model chip: embedding and hand-overs, cycles per token", f"{mo['other_cycles_per_token']:,.1f}")]
+                 ("model chip: head (final norm, LM head, argmax) cycles per token", f"{mo['head_cycles_per_token']:,.1f}")]
+        if mo.get("other_cycles_per_token") is not None:
+            rows.append(("model chip: embedding and hand-overs, cycles per token", f"{mo['other_cycles_per_token']:,.1f}"))
     for sim in ("icarus", "verilator"):
         if sim in s:
             rows.append((f"simulation speed, {sim}", f"{_fmt(s[sim]['cycles_per_s'], ',.0f')} cycles/s "

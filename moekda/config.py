@@ -100,11 +100,14 @@ class HwConfig:
     state_memory: str = _field("flops", choices=("flops", "sram"),
                                doc="where the KDA state lives: flip-flops, or the platform's 1RW SRAM "
                                    "macros (fakeram45, two banks by word parity; hw/kda/state.py)")
+    sequences: int = _field(1, 1, 2, doc="independent sequences the model chip interleaves through its "
+                                         "two datapath stages (one token of each inside; KDA state per "
+                                         "sequence; hw/chip/model.py)")
 
 
 # hw fields whose default is the chip as it was before the field existed: left out of
 # Config.to_dict at that default, so older configs keep their hash (and cache keys)
-_HW_LATER_DEFAULTS = {"state_memory": "flops"}
+_HW_LATER_DEFAULTS = {"state_memory": "flops", "sequences": 1}
 
 
 @dataclass(frozen=True)
@@ -311,6 +314,9 @@ def _check_relations(cfg: Config):
                           f"the engine takes one port beat per cycle, one byte per lane")
     if m.head_dim % hw.state_lanes:
         raise ConfigError(f"hw.state_lanes = {hw.state_lanes}: must divide model.head_dim ({m.head_dim})")
+    if hw.sequences > 1 and m.is_layer_chip:
+        raise ConfigError(f"hw.sequences = {hw.sequences}: more than one sequence needs the model chip "
+                          f"(model.vocab > 0); the layer chip runs one (allowed: 1)")
     # global placement cannot spread cells thinner than they sit in the core
     if cfg.pnr.place_density < round(cfg.pnr.core_utilization + 0.05, 9):
         raise ConfigError(

@@ -68,6 +68,8 @@ class RunPlan:
                                     # read per token halves Verilator's speed: only those asked for)
     bad_images: tuple = ()          # damage kinds (sim.models.image.DAMAGE_KINDS) LOADed and refused
                                     # before the good image
+    slots: tuple = ()               # the sequence slot of each token (a model chip with hw.sequences
+                                    # > 1); empty: token t in slot t mod S
 
     def __post_init__(self):
         if self.tokens < 1:
@@ -89,6 +91,36 @@ class RunPlan:
         if self.resumed is not None:
             r[self.resumed] = True
         return r
+
+    def slot_of(self, S: int) -> np.ndarray:
+        """The sequence slot of each token."""
+        if self.slots:
+            if len(self.slots) != self.tokens or not all(0 <= s < S for s in self.slots):
+                raise ValueError(f"RunPlan.slots: one slot (0 to {S - 1}) per token")
+            return np.array(self.slots, np.int64)
+        return np.arange(self.tokens) % S
+
+    def slot_sequences(self, S: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per sequence slot: the indices of its tokens and where its sequence (re)starts (its
+        ``model_resets``): the slot's first token, a token sent with ``first`` (its own slot
+        only), and the slot's first token after a CLEAR or the restart after a reset, which
+        reach every slot (every slot's sequence rule on the chip).  S = 1: model_resets."""
+        if S == 1:
+            return [(np.arange(self.tokens), self.model_resets())]
+        every = sorted({*(t for t in self.clears if t < self.tokens),
+                        *(() if self.resumed is None else (self.resumed,))})
+        firsts = set(self.first)
+        slot = self.slot_of(S)
+        out = []
+        for s in range(S):
+            ts = np.flatnonzero(slot == s)
+            r = np.zeros(len(ts), bool)
+            prev = -1
+            for k, t in enumerate(ts):
+                r[k] = k == 0 or t in firsts or any(prev < c <= t for c in every)
+                prev = t
+            out.append((ts, r))
+        return out
 
     def required(self) -> np.ndarray:
         """Tokens whose output must appear (the abandoned ones may be lost to the reset)."""
@@ -154,25 +186,29 @@ class RunResult:
                 + (f"\nwaveforms: {self.waves}" if self.waves else ""))
 
 
-def sequence_positions(plan: RunPlan) -> np.ndarray:
+def sequence_positions(plan: RunPlan, S: int = 1) -> np.ndarray:
     """Each input token's position in its sequence: the tag the chip must give its output
-    (hw/chip/layer.py token_out_layout, before the wrap at 2**SEQ_BITS)."""
+    (hw/chip/layer.py token_out_layout, before the wrap at 2**SEQ_BITS); with S sequence
+    slots, in its slot's sequence (plan.slot_sequences)."""
     pos = np.zeros(plan.tokens, np.int64)
-    starts = plan.model_resets()
-    for t in range(1, plan.tokens):
-        pos[t] = 0 if starts[t] else pos[t - 1] + 1
+    for ts, starts in plan.slot_sequences(S):
+        for k in range(1, len(ts)):
+            pos[ts[k]] = 0 if starts[k] else pos[ts[k - 1]] + 1
     return pos
 
 
-def tag_indices(plan: RunPlan, tags) -> tuple[np.ndarray, list[str]]:
+def tag_indices(plan: RunPlan, tags, resets: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
     """The input index of each output by the chip's own tags (its position in its sequence):
     a tag 0 starts the next sequence of the plan (unless it is the wrap of a sequence
     longer than 2**SEQ_BITS), any other tag q is token q of the current sequence.  So a
     duplicated or reordered output shows as indices that do not increase (compare), and a
-    tag beyond its sequence or a sequence that starts where the plan has none is a problem."""
+    tag beyond its sequence or a sequence that starts where the plan has none is a problem.
+    ``resets``: the sequence starts of one slot's tokens instead of the plan's (indices are
+    then positions among that slot's tokens)."""
     from hw.chip.layer import SEQ_BITS
     wrap = 1 << SEQ_BITS
-    starts = [int(t) for t in np.flatnonzero(plan.model_resets())] + [plan.tokens]
+    resets = plan.model_resets() if resets is None else resets
+    starts = [int(t) for t in np.flatnonzero(resets)] + [len(resets)]
     idx, problems = [], []
     si, block, prev = -1, 0, None
     for k, q in enumerate(int(v) for v in tags):
@@ -196,15 +232,44 @@ def tag_indices(plan: RunPlan, tags) -> tuple[np.ndarray, list[str]]:
     return np.array(idx, np.int64), problems
 
 
-def compare(plan: RunPlan, want: np.ndarray, idx: np.ndarray, got: np.ndarray, tags=None) -> list[str]:
+def slot_tag_indices(plan: RunPlan, tags, slots, S: int) -> tuple[np.ndarray, list[str]]:
+    """tag_indices of a chip with S sequence slots: each output's slot and tag place it among
+    its slot's tokens (plan.slot_sequences), in order within the slot, any order across."""
+    idx, problems = np.full(len(tags), -1, np.int64), []
+    tags, slots = np.asarray(tags, np.int64), np.asarray(slots, np.int64)
+    for s, (ts, r) in enumerate(plan.slot_sequences(S)):
+        sel = np.flatnonzero(slots == s)
+        if not len(sel):
+            continue
+        if not len(ts):
+            problems.append(f"slot {s}: {len(sel)} outputs, no token was sent to it")
+            continue
+        local, pr = tag_indices(plan, tags[sel], resets=r)
+        problems += [f"slot {s}: {p}" for p in pr]
+        local = np.clip(local, 0, len(ts) - 1)
+        if np.any(np.diff(local) <= 0):
+            problems.append(f"slot {s}: outputs out of order or duplicated: its token indices "
+                            f"{ts[local].tolist()[:20]}...")
+        idx[sel] = ts[local]
+    if np.any((slots < 0) | (slots >= S)):
+        problems.append(f"an output names slot {int(slots.max())}: the chip has {S}")
+    return idx, problems
+
+
+def compare(plan: RunPlan, want: np.ndarray, idx: np.ndarray, got: np.ndarray, tags=None,
+            slots=None, S: int = 1) -> list[str]:
     """Every required token's output exactly once, in order, equal to the model's.  With the
     chip's ``tags`` the outputs are placed by them (tag_indices), and the bench's own
-    numbering ``idx`` (the k-th output after a reset) is only reported beside them."""
+    numbering ``idx`` (the k-th output after a reset) is only reported beside them.  With S
+    sequence slots (``slots``: each output's), in order within each slot (slot_tag_indices)."""
     problems = []
-    if tags is not None:
+    if tags is not None and S > 1:
+        idx, problems = slot_tag_indices(plan, tags, slots, S)
+        idx = np.clip(idx, 0, plan.tokens - 1)
+    elif tags is not None:
         idx, problems = tag_indices(plan, tags)
         idx = np.clip(idx, 0, plan.tokens - 1)
-    if len(idx) and np.any(np.diff(idx) <= 0):
+    if S == 1 and len(idx) and np.any(np.diff(idx) <= 0):
         problems.append(f"outputs out of order or duplicated: input indices {idx.tolist()[:20]}...")
     seen = set(int(i) for i in idx)
     lost = [t for t in np.flatnonzero(plan.required()) if t not in seen]
@@ -218,14 +283,18 @@ def compare(plan: RunPlan, want: np.ndarray, idx: np.ndarray, got: np.ndarray, t
     return problems
 
 
-def compare_logits(want: np.ndarray, got: np.ndarray) -> list[str]:
+def compare_logits(want: np.ndarray, got: np.ndarray, order=None) -> list[str]:
     """The model chip's logits stream, (index, value) per logit in order, against the
-    model's (T, V) logits: every token's V logits, indices 0..V-1, values equal."""
+    model's (T, V) logits: every token's V logits, indices 0..V-1, values equal.  ``order``:
+    the token of each output in the order they came out (the logits of a token come just
+    before its output; with several sequence slots that order is not the inputs')."""
     T, V = want.shape
+    order = np.arange(T) if order is None else np.asarray(order)
     if len(got) != T * V:
         return [f"logits stream: {len(got)} logits, the model has {T} tokens x {V}"]
     for k, (i, v) in enumerate(got.tolist()):
-        t, j = divmod(k, V)
+        n, j = divmod(k, V)
+        t = int(order[n])
         if i != j or v != want[t, j]:
             return [f"logits stream: token {t} logit {j}: chip (index {i}, value {v}), model {int(want[t, j])}"]
     return []
@@ -236,7 +305,9 @@ class LayerDriver:
                  model_seed: int = 0):
         """``model_seed``: the channel profile the model was calibrated on (the seed of a random
         layer; 0 for others), which the driver's input tokens are drawn with."""
+        from hw.image.memory_map import sequence_slots
         self.cfg, self.q, self.label, self.model_seed = cfg, qlayer, label, model_seed
+        self.slots = sequence_slots(cfg)       # independent sequences the chip interleaves
         self.build_root = Path(build_root) if build_root is not None else REPO_ROOT / "build" / cfg.name
 
     # ---- loading ------------------------------------------------------------------
@@ -272,6 +343,24 @@ class LayerDriver:
     def model(self, xs, resets) -> np.ndarray:
         from sim.models.int_layer import int_run_layer
         return int_run_layer(self.q, self.cfg, xs, resets)
+
+    def expected(self, xs, plan: RunPlan, logits: bool = False) -> np.ndarray:
+        """What the chip must give for ``xs`` under ``plan``: the integer model run on each
+        sequence slot's tokens with that slot's resets (plan.slot_sequences; one slot: the
+        plan's), placed back at the tokens' indices.  ``logits``: the model chip's logits."""
+        fn = self.logits if logits else self.model
+        xs = np.asarray(xs)
+        if self.slots == 1:
+            return fn(xs, plan.model_resets())
+        out = None
+        for ts, r in plan.slot_sequences(self.slots):
+            if not len(ts):
+                continue
+            y = fn(xs[ts], r)
+            if out is None:
+                out = np.zeros((len(xs), *y.shape[1:]), y.dtype)
+            out[ts] = y
+        return out
 
     def image(self) -> bytes:
         """The memory image the chip LOADs (hw/image/format.py)."""
@@ -369,7 +458,7 @@ class LayerDriver:
             waves = os.environ.get("WAVES", "0") not in ("", "0")
         t0 = time.monotonic()
         xs = self.inputs(plan.tokens, seed=plan.seed + 1) if xs is None else np.asarray(xs, np.int64)
-        want = self.model(xs, plan.model_resets())
+        want = self.expected(xs, plan)
         build_dir = self.build(simulator, waves, netlist, verilog_file)
         run_dir = build_dir / "runs" / (name or f"T{plan.tokens}_s{plan.seed}_{os.getpid()}")
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -391,7 +480,8 @@ class LayerDriver:
                  token_cycles=np.isin(np.arange(plan.tokens), plan.token_cycles),
                  bad_images=np.array([np.frombuffer(b, np.uint8) for b, _ in bad], np.uint8).reshape(len(bad), len(image)),
                  bad_errors=np.array([e for _, e in bad], np.int64),
-                 **({"want_logits": self.logits(xs, plan.model_resets())} if logits else {}),
+                 **({"want_logits": self.expected(xs, plan, logits=True)} if logits else {}),
+                 **({"slots": plan.slot_of(self.slots)} if self.slots > 1 else {}),
                  **({"feedback_from": feedback_from} if feedback_from else {}))
         plusargs = [] if activity_vcd is None else [f"+activity_vcd={Path(activity_vcd).resolve()}",
                                                     f"+activity_tokens={plan.tokens}"]
@@ -416,10 +506,17 @@ class LayerDriver:
         problems += [str(p) for p in z["bench_problems"]]
         # the outputs are placed by the chip's tags (sequence positions), not by the bench's count
         tags = z["tags"] if "tags" in z.files else None
-        problems += compare(plan, want, z["idx"], z["got"], tags)
+        out_slots = z["slots"] if "slots" in z.files else None
+        problems += compare(plan, want, z["idx"], z["got"], tags, out_slots, self.slots)
+        if tags is None:
+            idx = z["idx"]
+        elif self.slots > 1:
+            idx = slot_tag_indices(plan, tags, out_slots, self.slots)[0]
+        else:
+            idx = tag_indices(plan, tags)[0]
         if logits:
-            problems += compare_logits(self.logits(xs, plan.model_resets()), z["logits"])
-        idx = z["idx"] if tags is None else tag_indices(plan, tags)[0]
+            problems += compare_logits(self.expected(xs, plan, logits=True), z["logits"],
+                                       order=np.clip(idx, 0, plan.tokens - 1))
         wave_file = None
         if waves:       # Verilator dumps into the run directory, Icarus into the build directory
             found = [p for d in (run_dir, build_dir) for p in d.glob("*") if p.suffix in (".fst", ".vcd")]
@@ -478,18 +575,33 @@ class ModelDriver(LayerDriver):
         fed back as its next input (the bench sends it once the output is out), ``n_new`` ids.
         Returns (result, the chip's ids, the integer model's ids: int_generate); the run is also
         checked token by token against the model fed the same ids."""
+        res, got, want = self.generate_many([prompt], n_new, simulator, stall, seed)
+        return res, got[0], want[0]
+
+    def generate_many(self, prompts, n_new: int, simulator: str = "verilator", stall: bool = False,
+                      seed: int = 1) -> tuple[RunResult, list[list[int]], list[list[int]]]:
+        """``generate`` of up to hw.sequences prompts of one length at once, prompt p in sequence
+        slot p, their tokens interleaved (position k of every prompt, then k+1): the chip runs
+        them side by side.  Returns (result, the chip's ids per prompt, the model's per prompt)."""
         from sim.models.int_model import int_generate
-        prompt = [int(t) for t in prompt]
-        if not prompt or n_new < 1:
+        prompts = [[int(t) for t in p] for p in prompts]
+        if not prompts or not prompts[0] or n_new < 1:
             raise ValueError("generate: a non-empty prompt and n_new >= 1")
-        want_ids = int_generate(self.q, self.cfg, prompt, n_new)
+        if len(prompts) > self.slots or len({len(p) for p in prompts}) != 1:
+            raise ValueError(f"generate: 1 to {self.slots} prompts (hw.sequences) of one length")
+        n, P = len(prompts), len(prompts[0])
+        want_ids = [int_generate(self.q, self.cfg, p, n_new) for p in prompts]
         # the inputs the chip will be fed if it agrees with the model; the bench replaces every
-        # one after the prompt by the chip's own output, so a disagreement shows as a mismatch
-        xs = np.array(prompt + want_ids[:-1], np.int64)
-        plan = RunPlan(tokens=len(xs), first=(0,), stall=stall, seed=seed)
+        # one after the prompts by the chip's own output for the slot's token before, so a
+        # disagreement shows as a mismatch
+        seqs = [p + w[:-1] for p, w in zip(prompts, want_ids)]
+        xs = np.array([seqs[q][k] for k in range(len(seqs[0])) for q in range(n)], np.int64)
+        slots = tuple(q for _ in range(len(seqs[0])) for q in range(n)) if self.slots > 1 else ()
+        plan = RunPlan(tokens=len(xs), first=tuple(range(n)), stall=stall, seed=seed, slots=slots)
         res = self.run(plan, simulator=simulator, xs=xs, name=f"generate_{os.getpid()}",
-                       feedback_from=len(prompt) if n_new > 1 else 0)
-        got = [int(v) for v in res.got[len(prompt) - 1:, 0]] if len(res.got) >= len(xs) else []
+                       feedback_from=n * P if n_new > 1 else 0)
+        by_t = {int(t): int(g[0]) for t, g in zip(res.idx, res.got)}
+        got = [[by_t[t] for t in range(n * (P - 1) + q, len(xs), n) if t in by_t] for q in range(n)]
         return res, got, want_ids
 
     def image(self) -> bytes:

@@ -120,11 +120,12 @@ def test_short_run_is_flagged():
 def test_model_traffic_is_its_layers_head_and_fetches():
     """model-tiny's bytes and MACs per token from its parts: three MoE layers, each exactly the
     tiny layer chip's traffic; the dense layer (its KDA and d_ff_dense / d_ff chunks of one
-    shared expert's size); one parameter block FETCH per layer; the embedding row and the
-    tied LM head (V rows of d)."""
+    shared expert's size); per layer the FETCH of its block's two halves (the beat the split
+    falls in read by both) shared by the hw.sequences tokens that go through it together;
+    the embedding row and the tied LM head (V rows of d)."""
     from flow.bench import traffic
     from hw.image.memory_map import memory_map
-    from hw.image.param_map import layer_block_bytes
+    from hw.image.param_map import fetch_halves, layer_block_bytes
     from moekda.config import load_config
     mt, tiny = load_config("model-tiny"), load_config("tiny")
     t, one = traffic(mt), traffic(tiny)
@@ -134,7 +135,9 @@ def test_model_traffic_is_its_layers_head_and_fetches():
     expert = 2 * m.d_ff * row + m.d_model * (-(-m.d_ff // pb) * pb)
     dense = kda + m.dense_chunks * expert
     head = row + m.vocab * row
-    assert t.weight_bytes == 3 * one.weight_bytes + dense + 4 * layer_block_bytes(mt) + head
+    halves = sum(n for _, n in fetch_halves(mt)) * pb
+    assert halves == layer_block_bytes(mt) + pb and mt.hw.sequences == 2
+    assert t.weight_bytes == 3 * one.weight_bytes + dense + 4 * halves / 2 + head
     kda_macs = one.macs - (m.d_model * m.n_experts + (m.n_shared + m.top_k) * 3 * m.d_ff * m.d_model)
     assert t.macs == 3 * one.macs + kda_macs + m.dense_chunks * 3 * m.d_ff * m.d_model + m.vocab * m.d_model
 

@@ -47,7 +47,7 @@ word name           rw meaning
                        (hw/chip/loader.py LOAD_ERRORS): bit0 MAGIC, bit1 VERSION,
                        bit2 CONFIG_HASH, bit3 LENGTH, bit4 CHECKSUM
 0x0C IMAGE_BYTES    r  the image length this chip expects
-0x0D FETCH_CYCLES   r  model chip: cycles spent fetching layer parameter blocks
+0x0D FETCH_CYCLES   r  model chip: cycles with a FETCH of a parameter half in flight
 0x0E LAYER_CYCLES   r  model chip: cycles with a token in the layer datapath
 0x0F HEAD_CYCLES    r  model chip: cycles with a token in the head (LM head, argmax)
 0x10 D_MODEL ...    r  configuration read-back: D_MODEL, N_HEADS, HEAD_DIM,

@@ -28,15 +28,24 @@ Ports
 -----
 ``i``      stream, one beat per (token, layer): ``x`` (d_model x resid_bits signed), ``first``
            (the layer's state starts from zero before this token), ``layer`` (the index
-           the units use for addresses and state, hw/image/memory_map.py layer_bits) and
+           the units use for addresses and state, hw/image/memory_map.py layer_bits),
+           ``slot`` (the sequence slot: with ``layer`` it picks the KDA's state) and
            ``tag`` (carried to ``o`` unchanged: the top's sequence position).
-``o``      stream: ``y``, ``layer``, ``tag``.
+``o``      stream: ``y``, ``layer``, ``slot``, ``tag``.
 ``bank``   the parameter block of the layer inside (hw/image/param_map.py; on a model, one
-           layer's block of ``layer_block_bytes``, its first byte at bit 0).  It must hold
-           still while a token is inside; ``params_change`` says it is about to change, which
-           voids an early RMSNorm of a waiting token.
+           layer's block of ``layer_block_bytes``, its first byte at bit 0).  Stage A reads
+           only its token-mixer half (bits below ``mixer_split_bit``), stage B only the rest;
+           a half must hold still while its stage has a token (``a_free``, ``b_idle``);
+           ``params_change`` says the token half is about to change, which voids an early
+           RMSNorm of a waiting token.
 ``kda_wport``, ``moe_wport``  the units' weight ports (the top arbitrates them).
 ``idle``   no token inside and no early RMSNorm running: the bank may change.
+``b_go``   stage B may take the token stage A holds (default high; the model chip lowers it
+           until the bank's channel-mixer half holds that token's layer).
+``a_free`` stage A reads no parameters now (no token, or its token waits for stage B, and
+           no early RMSNorm running): the bank's token-mixer half may change (with
+           ``params_change``); ``a_busy``/``a_layer`` stage A has a token, of that layer;
+           ``b_idle`` stage B has none: the channel-mixer half may change.
 ``busy``   a token is inside; ``token_cycles`` the cycles the last token took from ``i``
            to ``o`` offered; ``mac_beat`` the two engines' beats (the MACS counter).
 """
@@ -49,7 +58,7 @@ from amaranth.lib.wiring import In, Out
 from hw.arith.counter import ChunkedCounter
 from hw.chip.residual import ResidualAdd
 from hw.chip.weight_port import WeightPortSignature
-from hw.image.memory_map import layer_bits, layer_count, layer_mixer
+from hw.image.memory_map import layer_bits, layer_count, layer_mixer, slot_bits
 from hw.image.param_map import layer_bank_bits, param_layout, param_map
 from hw.kda.norm import Normalizer
 from hw.kda.unit import KdaUnit
@@ -62,13 +71,13 @@ SEQ_BITS = 16     # the sequence-position tag's width (it wraps after 2**16 toke
 def datapath_in_layout(cfg) -> data.StructLayout:
     fm = formats_for(cfg)
     return data.StructLayout({"x": data.ArrayLayout(signed(fm.resid_bits), cfg.model.d_model), "first": 1,
-                              "layer": layer_bits(cfg), "tag": SEQ_BITS})
+                              "layer": layer_bits(cfg), "slot": slot_bits(cfg), "tag": SEQ_BITS})
 
 
 def datapath_out_layout(cfg) -> data.StructLayout:
     fm = formats_for(cfg)
     return data.StructLayout({"y": data.ArrayLayout(signed(fm.resid_bits), cfg.model.d_model),
-                              "layer": layer_bits(cfg), "tag": SEQ_BITS})
+                              "layer": layer_bits(cfg), "slot": slot_bits(cfg), "tag": SEQ_BITS})
 
 
 def has_dense(cfg) -> bool:
@@ -86,6 +95,12 @@ class LayerDatapath(wiring.Component):
             "o": Out(stream.Signature(datapath_out_layout(cfg))),
             "bank": In(layer_bank_bits(cfg)),
             "params_change": In(1),
+            "b_go": In(1, init=1),
+            "a_free": Out(1),
+            "a_busy": Out(1),
+            "a_layer": Out(layer_bits(cfg)),
+            "b_idle": Out(1),
+            "b_layer": Out(layer_bits(cfg)),
             "kda_wport": Out(WeightPortSignature(pb)),
             "moe_wport": Out(WeightPortSignature(pb)),
             "idle": Out(1),
@@ -146,7 +161,8 @@ class LayerDatapath(wiring.Component):
         # res2 parameters) and the top's tag, moved to stage B with h
         layer_a, layer_b = Signal(layer_bits(cfg)), Signal(layer_bits(cfg))
         tag_a, tag_b = Signal(SEQ_BITS), Signal(SEQ_BITS)
-        m.d.comb += [kda.layer.eq(layer_a), moe.layer.eq(layer_b)]
+        slot_a, slot_b = Signal(slot_bits(cfg)), Signal(slot_bits(cfg))
+        m.d.comb += [kda.layer.eq(layer_a), kda.slot.eq(slot_a), moe.layer.eq(layer_b)]
         if D is not None:
             # res2 is the one field whose place depends on the mixer kind; the kind is a
             # constant per layer, registered with stage B's layer at the hand-over
@@ -182,14 +198,15 @@ class LayerDatapath(wiring.Component):
         with m.If(res2.wr_en):
             m.d.sync += Array(HB)[res2.wr_idx].eq(res2.wr_y)
         with m.If(handoff):
-            m.d.sync += [Cat(*HB).eq(Cat(*XA)), tag_b.eq(tag_a), layer_b.eq(layer_a)]
+            m.d.sync += [Cat(*HB).eq(Cat(*XA)), tag_b.eq(tag_a), layer_b.eq(layer_a), slot_b.eq(slot_a)]
             if D is not None:
                 m.d.sync += dense_b.eq(Array(Const(int(layer_mixer(cfg, l) == "dense"), 1)
                                              for l in range(L))[layer_a])
 
         m.d.comb += [kda.i.payload.x.eq(Cat(*NA)), kda.i.payload.first.eq(first),
                      moe.tokens.payload.eq(Cat(*NB)), self.o.payload.y.eq(Cat(*HB)),
-                     self.o.payload.tag.eq(tag_b), self.o.payload.layer.eq(layer_b)]
+                     self.o.payload.tag.eq(tag_b), self.o.payload.layer.eq(layer_b),
+                     self.o.payload.slot.eq(slot_b)]
 
         accept = self.i.valid & self.i.ready
         with m.FSM(name="stage_a") as stage_a:
@@ -197,7 +214,8 @@ class LayerDatapath(wiring.Component):
                 m.d.comb += self.i.ready.eq(~pre_run)          # not while norm1 runs early
                 with m.If(accept):
                     m.d.sync += [Cat(*XA).eq(self.i.payload.x), first.eq(self.i.payload.first),
-                                 tag_a.eq(self.i.payload.tag), layer_a.eq(self.i.payload.layer)]
+                                 tag_a.eq(self.i.payload.tag), layer_a.eq(self.i.payload.layer),
+                                 slot_a.eq(self.i.payload.slot)]
                     # an early RMSNorm is of this very token: the payload was held still
                     with m.If(pre_done):
                         m.next = "SEND"
@@ -205,8 +223,8 @@ class LayerDatapath(wiring.Component):
                         m.next = "NORM_START"
             norm_unit_residual(m, d, norm1, kda.i, kda.o, res1, then="HOLD", name="stage_a")
             with m.State("HOLD"):                         # h waits for stage B
-                m.d.comb += handoff.eq(stage_b_idle)
-                with m.If(stage_b_idle):
+                m.d.comb += handoff.eq(stage_b_idle & self.b_go)
+                with m.If(handoff):
                     m.next = "IDLE"
 
         with m.FSM(name="stage_b") as stage_b:
@@ -240,6 +258,9 @@ class LayerDatapath(wiring.Component):
         busy_a, busy_b = ~stage_a.ongoing("IDLE"), ~stage_b.ongoing("IDLE")
         m.d.comb += [self.busy.eq(busy_a | busy_b), self.idle.eq(~busy_a & ~busy_b & ~pre_run),
                      stage_b_idle.eq(stage_b.ongoing("IDLE")),
+                     self.a_free.eq((stage_a.ongoing("IDLE") | stage_a.ongoing("HOLD")) & ~pre_run),
+                     self.a_busy.eq(busy_a), self.a_layer.eq(layer_a), self.b_idle.eq(stage_b_idle),
+                     self.b_layer.eq(layer_b),
                      self.mac_beat.eq(Cat(kda.mac_beat, moe.mac_beat))]
         # a stage counts every cycle it is not idle, the cycle of its last step included,
         # so "lat + 1" at the handoff and at the end is the counter's own next value

@@ -17,11 +17,18 @@ port's own request order, one beat per cycle when the memory keeps up:
   slice (no address decoder, one flip-flop with enable per bit).
 
 On a model (hw/chip/model.py) the bank holds ONE layer's parameter block (every
-layer's block has one size, hw/image/param_map.py layer_block_bytes): LOAD leaves
-layer 0's block there and the head's block in its own bank (``head_params``), and FETCH
-(``fetch`` strobe with ``fetch_layer``, while idle) reads another layer's block,
-one request of the block's beats, into the bank the same way, with no checks (the
-image was checked by LOAD).  ``busy`` covers both.
+layer's block has one size, hw/image/param_map.py layer_block_bytes), in two halves
+that change on their own: the token mixer's (bits [0, split), hw/image/param_map.py
+mixer_split_bit: what the datapath's stage A reads) and the channel mixer's (the rest:
+stage B's), so one half can change for the next layer while the other stage still
+works on this one.  LOAD leaves layer 0's block in both halves and the head's block in
+its own bank (``head_params``); FETCH (``fetch`` strobe with ``fetch_layer`` and
+``fetch_half``, while idle) reads one half of a layer's block, one request of the beats
+that hold it, into that half the same way, with no checks (the image was checked by
+LOAD).  A half is whole beats of the image: the beat the split falls in belongs to both
+and is read by both FETCHes; each half register keeps only its own bits (the other
+half's bits of that beat have no reader and are no flip-flops).  ``busy`` covers both;
+``fetching`` is high from the cycle after the strobe until the half is in place.
 
 ``loaded`` is high after a LOAD with no error and stays high until the next
 LOAD starts (or reset); the layer takes tokens only while it is high.
@@ -30,7 +37,7 @@ pipeline stages (``cycles`` counts them; CSR LOAD_CYCLES).
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Signal
+from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -38,7 +45,8 @@ from hw.arith.carry_save import compress_3_2, pipelined_add, reduce_to_two
 from hw.arith.counter import ChunkedCounter
 from hw.image.format import MAGIC, VERSION, config_hash_word, image_layout, param_blocks
 from hw.image.memory_map import layer_bits
-from hw.image.param_map import layer_bank_bits, layer_block_bytes, param_layout, param_map
+from hw.image.param_map import (fetch_halves, layer_bank_bits, layer_block_bytes, mixer_split_bit, param_layout,
+                                param_map)
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.chip.weight_port import WeightPortSignature, split_request
 
@@ -71,8 +79,11 @@ class ImageLoader(wiring.Component):
             self.head_block = [(addr, pm) for prefix, pm, addr in blocks if not prefix.startswith("layers.")]
             self.block_bytes = layer_block_bytes(cfg)
             assert all(nb == self.block_bytes for _, nb in self.layer_blocks)
+            self.split = mixer_split_bit(cfg)
+            self.halves = fetch_halves(cfg)
             ports.update({"bank": Out(layer_bank_bits(cfg)),
-                          "fetch": In(1), "fetch_layer": In(layer_bits(cfg)), "fetching": Out(1)})
+                          "fetch": In(1), "fetch_layer": In(layer_bits(cfg)), "fetch_half": In(1),
+                          "fetching": Out(1)})
             if self.head_block:
                 ports["head_params"] = Out(param_layout(cfg, "head", mixer="head"))
         else:
@@ -105,15 +116,21 @@ class ImageLoader(wiring.Component):
         with m.If(self.wport.req.valid & self.wport.req.ready & ~fetching):
             m.d.sync += req_idx.eq(req_idx + 1)
         if self.model:
-            # FETCH: one request, the layer's block (block sizes are equal: one beat count)
+            # FETCH: one request, the beats of one half of the layer's block (block sizes are
+            # equal: one beat count per half)
             fetch_req = Signal()
             fetch_addr = Signal(32)
+            half = Signal()                     # the half being fetched: 0 token mixer, 1 channel mixer
+            half_beats = Signal(range(self.block_bytes // W + 1))
+            m.d.comb += half_beats.eq(Mux(half, self.halves[1][1], self.halves[0][1]))
             with m.If(self.fetch & ~self.start & ~running & ~fetching):
-                m.d.sync += [fetch_req.eq(1), fetch_addr.eq(Array(Const(a, 32) for a, _ in self.layer_blocks)
-                                                            [self.fetch_layer])]
+                addrs = [Array(Const(a + b0 * W, 32) for a, _ in self.layer_blocks) for b0, _ in self.halves]
+                m.d.sync += [fetch_req.eq(1), half.eq(self.fetch_half),
+                             fetch_addr.eq(Mux(self.fetch_half, addrs[1][self.fetch_layer],
+                                               addrs[0][self.fetch_layer]))]
             with m.If(fetch_req):
                 m.d.comb += [self.wport.req.valid.eq(1), self.wport.req.payload.addr.eq(fetch_addr),
-                             self.wport.req.payload.beats.eq(self.block_bytes // W)]
+                             self.wport.req.payload.beats.eq(half_beats)]
                 with m.If(self.wport.req.ready):
                     m.d.sync += fetch_req.eq(0)
 
@@ -163,11 +180,18 @@ class ImageLoader(wiring.Component):
             self._shift_in(m, bank, beat_go & (beat.value >= p0) & (beat.value < p1), data, W)
             m.d.comb += self.bank.as_value().eq(bank[:self.pmap.bits])
         else:
-            # LOAD shifts layer 0's block in (the first token needs no FETCH), FETCH any layer's
+            # LOAD shifts layer 0's block into both halves (the first token needs no FETCH),
+            # FETCH one half of any layer's
             a0 = self.layer_blocks[0][0] // W
-            bank = Signal(8 * self.block_bytes, name="param_bank", reset_less=True)
-            self._shift_in(m, bank, beat_go & (fetching | ((beat.value >= a0) &
-                                                           (beat.value < a0 + self.block_bytes // W))), data, W)
+            regs = []
+            for h, (b0, nb) in enumerate(self.halves):
+                reg = Signal(8 * W * nb, name=f"param_bank_{('token', 'channel')[h]}", reset_less=True)
+                mine = fetching & (half == h)
+                self._shift_in(m, reg, beat_go & (mine | (running & (beat.value >= a0 + b0) &
+                                                          (beat.value < a0 + b0 + nb))), data, W)
+                regs.append(reg)
+            (_, _), (b1, _) = self.halves
+            bank = Cat(regs[0][:self.split], regs[1][self.split - 8 * W * b1:])
             m.d.comb += self.bank.eq(bank[:len(self.bank)])
             if self.head_block:
                 (h_addr, h_pm), = self.head_block
@@ -213,7 +237,7 @@ class ImageLoader(wiring.Component):
             if self.model:
                 with m.State("FETCH"):
                     m.d.comb += [fetching.eq(1), self.fetching.eq(1)]
-                    with m.If(beat_go & (beat.value == self.block_bytes // W - 1)):
+                    with m.If(beat_go & (beat.value == half_beats - 1)):
                         m.next = "IDLE"
             with m.State("READ"):
                 with m.If(last_beat):

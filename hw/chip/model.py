@@ -6,33 +6,38 @@ Implements ``sim.models.int_model.int_model_step`` bit for bit, token after toke
 
 Block diagram::
 
-  i (token, first) -> Embedding -> x -+-> LayerDatapath (layer l, bank = layer l's block) -+-> Head -> o (next, logit, seq)
-                                      +<-------------- y, while l < L-1 -------------------+      `-> logits (CTRL.LOGITS)
-  ImageLoader: LOAD (the image, checked; layer 0's block, the head's block), FETCH (layer l's block)
-  Embedding, datapath (KDA, MoE), loader, head -> WeightArbiter -> register slices -> wport
+  i (token, first, slot) -> Embedding -> X[slot] -> LayerDatapath (layer l, slot) -+-> Head -> o (next, logit, seq, slot)
+                                           ^------------- y, while l < L-1 ---------+      `-> logits (CTRL.LOGITS)
+  ImageLoader: LOAD (the image, checked; layer 0's block, the head's block), FETCH (one half of layer l's block)
+  KDA, loader, embedding, MoE, head -> WeightArbiter (fixed priority, in pieces) -> register slices -> wport
   bus (Wishbone) -> LayerCsr (hw/chip/csr.py; CTRL.LOGITS, N_LAYERS, VOCAB)
 
-Sequencing.  One token at a time, one layer at a time: a token's layer l+1 needs
-its layer l's output, and the datapath's two-stage pipeline (hw/chip/datapath.py)
-only overlaps independent tokens, so the stages run one after the other here.
-Before layer l runs, the loader FETCHes layer l's parameter block into the one
-bank (hw/chip/loader.py) unless the bank already holds it: a model's per-layer
-values are in the image (the chip is programmable), and one bank of one layer's
-size keeps the area of the parameter flops flat in L.  The price is the block's
-beats per layer and token on the weight port (model-tiny 947 beats of 4 bytes,
-model-small 288 of 16), which the bench counts with the weights.  The units keep
-one state per layer (KDA delta-rule state and short-convolution history) and take
-the layer's index with the token.
+Sequencing.  A token's layer l+1 needs its layer l, so one sequence cannot overlap its
+own layers; the chip keeps ``hw.sequences`` slots, one token of one sequence in each
+(``Slot``: EMPTY, EMBED, READY, INSIDE, HEADQ), and with two of them the datapath's two
+stages run both tokens half a layer apart: stage A has slot p's token at layer l+1 while
+stage B has slot q's at layer l (docs/chip.md "The model chip").  The parameter bank
+is two halves that change on their own (hw/chip/loader.py): the token mixer's, read by
+stage A, and the channel mixer's, read by stage B.  A ready slot is offered to stage A
+when the token half holds its layer; the channel half is fetched for stage A's token as
+soon as stage B is empty (the hand-over waits for it, ``b_go``); the token half is
+fetched for a ready slot when stage A has no use for it, or ahead for the layer stage
+B's token goes to next.  Each half of a layer is then fetched once for both slots'
+tokens, and the area of the parameter flops stays one layer's whatever L is.  The
+weight port is shared by fixed priority in pieces of ARB_CHUNK beats, the KDA first (the
+longer stage), so the MoE's experts stream in the KDA's delta rule rather than ahead
+of its projections.  The units keep one state per layer and slot (KDA delta-rule state
+and short-convolution history: context slot * L + layer) and take the layer's index and
+the slot with the token; the head runs one token at a time.
 
-Sequence rules as on the layer chip: a token starts a new sequence when its
-``first`` bit is set, after a CLEAR write, a LOAD or a reset; every layer's state
-then starts from zero (the token reaches each layer with ``first``).  ``seq`` on
-``o`` is the token's position in its sequence.
+Sequence rules per slot, as on the layer chip: a token starts a new sequence in its slot
+when its ``first`` bit is set; a CLEAR write, a LOAD or a reset starts a new one in
+every slot.  ``seq`` on ``o`` is the token's position in its slot's sequence.
 """
 from __future__ import annotations
 
-from amaranth import Cat, Module, Signal, signed
-from amaranth.lib import data, stream, wiring
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
+from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
 from hw.arith.counter import ChunkedCounter
@@ -45,21 +50,41 @@ from hw.chip.loader import ImageLoader
 from hw.chip.weight_arbiter import WeightArbiter
 from hw.chip.weight_port import WeightPortSignature
 from hw.image.format import image_layout
-from hw.image.memory_map import layer_bits, layer_count, layer_prefix, memory_map
+from hw.image.memory_map import layer_bits, layer_count, layer_prefix, memory_map, sequence_slots, slot_bits
 from moekda.config import ConfigError
 from moekda.formats import formats_for
 
 
+# the model chip's weight arbiter: pieces of 64 beats, two in flight (the memory's latency
+# and the register slices are covered; an urgent request waits about 128 beats)
+ARB_CHUNK, ARB_AHEAD = 64, 2
+
+
+class Slot(enum.Enum, shape=3):
+    """Where a sequence slot's token is."""
+    EMPTY = 0      # none: the slot takes the next token of its sequence
+    EMBED = 1      # its embedding row is being read
+    READY = 2      # x_l in the slot's register, waiting for stage A with layer l's token half
+    INSIDE = 3     # in the datapath
+    HEADQ = 4      # x_L ready, waiting for (or in) the head
+
+
 def model_in_layout(cfg) -> data.StructLayout:
-    """One input per token: its id and ``first`` (the embedding's input beat)."""
-    return token_id_layout(cfg)
+    """One input per token: its id and ``first`` (the embedding's input beat), and with
+    ``hw.sequences`` > 1 the sequence slot it belongs to."""
+    lay = dict(token_id_layout(cfg).members)
+    if sequence_slots(cfg) > 1:
+        lay["slot"] = slot_bits(cfg)
+    return data.StructLayout(lay)
 
 
 def model_out_layout(cfg) -> data.StructLayout:
     """One output per input token: the next token id (the argmax of the logits, lowest
     index on a tie), its logit (resid_bits), and ``seq`` as on the layer chip."""
-    return data.StructLayout({"token": token_bits(cfg), "logit": signed(formats_for(cfg).resid_bits),
-                              "seq": SEQ_BITS})
+    lay = {"token": token_bits(cfg), "logit": signed(formats_for(cfg).resid_bits), "seq": SEQ_BITS}
+    if sequence_slots(cfg) > 1:
+        lay["slot"] = slot_bits(cfg)
+    return data.StructLayout(lay)
 
 
 def _used_matrices(cfg) -> list[str]:
@@ -104,6 +129,7 @@ class ModelTop(wiring.Component):
                               "vocabulary (16 to 65536); a one-layer config builds the layer chip")
         self.cfg = cfg
         self.L = layer_count(cfg)
+        self.S = sequence_slots(cfg)
         super().__init__({
             "i": In(stream.Signature(model_in_layout(cfg))),
             "o": Out(stream.Signature(model_out_layout(cfg))),
@@ -114,17 +140,23 @@ class ModelTop(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cfg, L = self.cfg, self.L
+        cfg, L, S = self.cfg, self.L, self.S
         fm = formats_for(cfg)
         d = cfg.model.d_model
+        lb = layer_bits(cfg)
 
         m.submodules.loader = loader = ImageLoader(cfg)
         m.submodules.datapath = dp = LayerDatapath(cfg)
         m.submodules.embed = embed = Embedding(cfg)
         m.submodules.head = head = Head(cfg)
         m.d.comb += [dp.bank.eq(loader.bank), head.params.eq(loader.head_params)]
-        clients = [dp.kda_wport, dp.moe_wport, loader.wport, embed.wport, head.wport]
-        m.submodules.arbiter = arb = WeightArbiter(cfg.hw.weight_port_bytes, len(clients))
+        # fixed priority, most critical first: stage A (the KDA) is the longer stage and the
+        # FETCHes gate a stage; the MoE streams in stage A's delta rule; the head has a slot's
+        # time.  Requests go down in pieces (WeightArbiter chunk) so a later, more urgent one
+        # waits behind at most ARB_AHEAD pieces, not behind a whole expert
+        clients = [dp.kda_wport, loader.wport, embed.wport, dp.moe_wport, head.wport]
+        m.submodules.arbiter = arb = WeightArbiter(cfg.hw.weight_port_bytes, len(clients), priority=True,
+                                                   chunk=ARB_CHUNK, ahead=ARB_AHEAD)
         for n, port in enumerate(clients):
             connect(m, port, arb.up[n])
         weight_port_slices(m, cfg, arb.down, self.wport)
@@ -134,93 +166,151 @@ class ModelTop(wiring.Component):
         connect(m, head.logits, wiring.flipped(self.logits))
         m.d.comb += head.logits_en.eq(csr.logits_en)
 
-        seq_r = Signal(SEQ_BITS)                      # the tag of the token inside
-        first = Signal()                              # the token inside starts a sequence
-        layer = Signal(layer_bits(cfg))               # the layer it is at
-        bank_layer = Signal(layer_bits(cfg))          # the layer whose block the bank holds
-        X = Signal(data.ArrayLayout(signed(fm.resid_bits), d))   # x_l of the token inside
-        token_cycles = Signal(32)
-        # cycles since the token was accepted (chunked: no 32-bit carry chain)
-        cycles = ChunkedCounter(32, name="token_cycles_count")
-
+        # ---- LOAD: waits until no token is inside; leaves layer 0's block in both halves
         load_pending, loading, load_start = Signal(), Signal(), Signal()
         m.d.comb += loading.eq(load_pending | (loader.busy & ~loader.fetching))
         with m.If(csr.load):
             m.d.sync += load_pending.eq(1)
         allowed = csr.run & loader.loaded & ~loading
 
+        # ---- the sequence slots: one token of each sequence inside at a time
+        st = [Signal(Slot, name=f"slot{s}_state") for s in range(S)]
+        X = [Signal(data.ArrayLayout(signed(fm.resid_bits), d), name=f"slot{s}_x") for s in range(S)]
+        lay = [Signal(lb, name=f"slot{s}_layer") for s in range(S)]       # the layer it is at
+        first = [Signal(name=f"slot{s}_first") for s in range(S)]         # the token starts a sequence
+        tags = [Signal(SEQ_BITS, name=f"slot{s}_tag") for s in range(S)]
+        # cycles since the slot's token was accepted (chunked: no 32-bit carry chain)
+        cycles = [ChunkedCounter(32, name=f"slot{s}_cycles") for s in range(S)]
+        token_cycles = Signal(32)
+        in_slot = self.i.payload.slot if S > 1 else Const(0, 1)
         accept = self.i.valid & self.i.ready
-        seq = sequence_rules(m, csr, self.i.payload.first, accept, load_start)
+        seqs = [sequence_rules(m, csr, self.i.payload.first, accept & (in_slot == s), load_start)
+                for s in range(S)]
+        all_empty = Signal()
+        m.d.comb += all_empty.eq(Cat(st[s] == Slot.EMPTY for s in range(S)).all())
+
+        # ---- which layer each half of the bank holds (hw/chip/loader.py: LOAD puts layer 0 in both)
+        BA, BB = Signal(lb, name="bank_token_layer"), Signal(lb, name="bank_channel_layer")
+        f_half = Signal()                   # the half the loader's FETCH fills
+        strobe, strobe_half, strobe_layer = Signal(), Signal(), Signal(lb)
+        fa_busy, fb_busy = Signal(), Signal()
+        m.d.comb += [fa_busy.eq((loader.fetching & ~f_half) | (strobe & ~strobe_half)),
+                     fb_busy.eq((loader.fetching & f_half) | (strobe & strobe_half)),
+                     loader.fetch.eq(strobe), loader.fetch_half.eq(strobe_half),
+                     loader.fetch_layer.eq(strobe_layer)]
+        with m.If(strobe):
+            m.d.sync += f_half.eq(strobe_half)
+            with m.If(strobe_half):
+                m.d.sync += BB.eq(strobe_layer)
+            with m.Else():
+                m.d.sync += BA.eq(strobe_layer)
+
+        with m.If(load_pending & dp.idle & ~loader.busy & all_empty & ~strobe):
+            m.d.comb += [load_start.eq(1), loader.start.eq(1), dp.params_change.eq(1)]
+            m.d.sync += [load_pending.eq(0), BA.eq(0), BB.eq(0)]
+
+        # ---- input: a token of a free slot goes straight to the embedding's request
+        embed_busy = Signal()
+        embed_slot = Signal(range(S))
+        in_free = Array(st[s] == Slot.EMPTY for s in range(S))[in_slot]
+        m.d.comb += [embed.i.valid.eq(self.i.valid & allowed & ~embed_busy & in_free),
+                     self.i.ready.eq(embed.i.ready & allowed & ~embed_busy & in_free),
+                     embed.i.payload.token.eq(self.i.payload.token),
+                     embed.i.payload.first.eq(Array(q.starts for q in seqs)[in_slot]),
+                     embed.o.ready.eq(embed_busy)]
+        for s in range(S):
+            with m.If(accept & (in_slot == s)):
+                m.d.sync += [st[s].eq(Slot.EMBED), tags[s].eq(seqs[s].tag), first[s].eq(seqs[s].starts),
+                             lay[s].eq(0)]
+            with m.If(embed_busy & embed.o.valid & (embed_slot == s)):
+                m.d.sync += [X[s].eq(embed.o.payload.x), st[s].eq(Slot.READY)]
         with m.If(accept):
-            m.d.sync += [seq_r.eq(seq.tag), first.eq(seq.starts)]
+            m.d.sync += [embed_busy.eq(1), embed_slot.eq(in_slot)]
+        with m.Elif(embed.o.valid):
+            m.d.sync += embed_busy.eq(0)
 
-        m.d.comb += [dp.i.payload.x.eq(X), dp.i.payload.first.eq(first), dp.i.payload.layer.eq(layer),
-                     dp.i.payload.tag.eq(seq_r), head.x.payload.eq(X),
-                     embed.i.payload.token.eq(self.i.payload.token), embed.i.payload.first.eq(seq.starts),
-                     loader.fetch_layer.eq(layer),
+        # ---- the datapath: a ready slot whose layer the token half holds is offered to stage A
+        # (registered, and held until taken: the stream rule, which stage A's early RMSNorm needs)
+        offering = Signal()
+        offer_slot = Signal(range(S))
+        ready = [st[s] == Slot.READY for s in range(S)]
+        cand = [ready[s] & (lay[s] == BA) & ~fa_busy for s in range(S)]
+        with m.If(~offering):
+            for s in reversed(range(S)):          # the lowest slot first
+                with m.If(cand[s]):
+                    m.d.sync += [offering.eq(1), offer_slot.eq(s)]
+        m.d.comb += [dp.i.valid.eq(offering),
+                     dp.i.payload.x.eq(Array(X)[offer_slot]), dp.i.payload.first.eq(Array(first)[offer_slot]),
+                     dp.i.payload.layer.eq(Array(lay)[offer_slot]), dp.i.payload.tag.eq(Array(tags)[offer_slot]),
+                     dp.i.payload.slot.eq(offer_slot), dp.o.ready.eq(1)]
+        for s in range(S):
+            with m.If(dp.i.valid & dp.i.ready & (offer_slot == s)):
+                m.d.sync += [offering.eq(0), st[s].eq(Slot.INSIDE)]
+            with m.If(dp.o.valid & (dp.o.payload.slot == s)):
+                m.d.sync += X[s].eq(dp.o.payload.y)
+                with m.If(lay[s] == L - 1):
+                    m.d.sync += st[s].eq(Slot.HEADQ)
+                with m.Else():
+                    m.d.sync += [lay[s].eq(lay[s] + 1), st[s].eq(Slot.READY)]
+
+        # ---- FETCH, one half at a time: the channel half for the token in stage A (so the
+        # hand-over to stage B need not wait), else the token half for a ready slot, else
+        # (nothing ready, and stage A empty or its token done with it) the token half of the
+        # layer stage B's token goes to next, fetched while stage B works
+        m.d.comb += dp.b_go.eq((BB == dp.a_layer) & ~fb_busy)
+        any_ready, ba_wanted = Signal(), Signal()
+        m.d.comb += [any_ready.eq(Cat(*ready).any()),
+                     ba_wanted.eq(Cat(ready[s] & (lay[s] == BA) for s in range(S)).any())]
+        first_ready = Signal(lb)
+        for s in reversed(range(S)):
+            with m.If(ready[s]):
+                m.d.comb += first_ready.eq(lay[s])
+        b_next = Signal(lb)
+        m.d.comb += b_next.eq(Mux(dp.b_layer == L - 1, 0, dp.b_layer + 1))
+        can_fetch = ~loader.busy & ~load_pending & loader.loaded
+        a_free = dp.a_free & ~offering
+        with m.If(can_fetch):
+            with m.If(dp.b_idle & dp.a_busy & (dp.a_layer != BB)):
+                m.d.comb += [strobe.eq(1), strobe_half.eq(1), strobe_layer.eq(dp.a_layer)]
+            with m.Elif(a_free & any_ready & ~ba_wanted):
+                m.d.comb += [strobe.eq(1), strobe_half.eq(0), strobe_layer.eq(first_ready),
+                             dp.params_change.eq(1)]
+            with m.Elif(a_free & ~any_ready & ~dp.b_idle & (b_next != BA)):
+                m.d.comb += [strobe.eq(1), strobe_half.eq(0), strobe_layer.eq(b_next),
+                             dp.params_change.eq(1)]
+
+        # ---- the head, one token at a time; the next id (and its logits) out
+        head_offer, head_busy = Signal(), Signal()
+        head_slot = Signal(range(S))
+        with m.If(~head_offer & ~head_busy):
+            for s in reversed(range(S)):
+                with m.If(st[s] == Slot.HEADQ):
+                    m.d.sync += [head_offer.eq(1), head_slot.eq(s)]
+        m.d.comb += [head.x.valid.eq(head_offer), head.x.payload.eq(Array(X)[head_slot])]
+        with m.If(head.x.valid & head.x.ready):
+            m.d.sync += [head_offer.eq(0), head_busy.eq(1)]
+        out = self.o.valid & self.o.ready
+        m.d.comb += [self.o.valid.eq(head_busy & head.next.valid), head.next.ready.eq(head_busy & self.o.ready),
                      self.o.payload.token.eq(head.next.payload.token),
-                     self.o.payload.logit.eq(head.next.payload.logit), self.o.payload.seq.eq(seq_r)]
+                     self.o.payload.logit.eq(head.next.payload.logit),
+                     self.o.payload.seq.eq(Array(tags)[head_slot])]
+        if S > 1:
+            m.d.comb += self.o.payload.slot.eq(head_slot)
+        with m.If(out):
+            m.d.sync += [head_busy.eq(0), token_cycles.eq(Array(c.next for c in cycles)[head_slot])]
+        for s in range(S):
+            with m.If(out & (head_slot == s)):
+                m.d.sync += st[s].eq(Slot.EMPTY)
+            # a token counts every cycle it is inside, the one it is given out in included
+            m.d.comb += cycles[s].inc.eq(st[s] != Slot.EMPTY)
+            cycles[s].load(accept & (in_slot == s), 1)
+            cycles[s].elaborate(m)
 
-        with m.FSM(name="model") as fsm:
-            with m.State("IDLE"):
-                # LOAD waits until no token is inside; it leaves layer 0's block in the bank
-                with m.If(load_pending & dp.idle & ~loader.busy):
-                    m.d.comb += [load_start.eq(1), loader.start.eq(1), dp.params_change.eq(1)]
-                    m.d.sync += [load_pending.eq(0), bank_layer.eq(0)]
-                with m.Else():
-                    # the token goes straight to the embedding's request
-                    m.d.comb += [embed.i.valid.eq(self.i.valid & allowed),
-                                 self.i.ready.eq(embed.i.ready & allowed)]
-                    with m.If(accept):
-                        m.d.sync += layer.eq(0)
-                        m.next = "EMBED"
-            with m.State("EMBED"):
-                m.d.comb += embed.o.ready.eq(1)
-                with m.If(embed.o.valid):
-                    m.d.sync += X.eq(embed.o.payload.x)
-                    m.next = "PARAMS"
-            with m.State("PARAMS"):
-                # the bank must hold this layer's block; the datapath is idle here
-                with m.If(bank_layer != layer):
-                    m.d.comb += [loader.fetch.eq(1), dp.params_change.eq(1)]
-                    m.d.sync += bank_layer.eq(layer)
-                    m.next = "FETCH"
-                with m.Else():
-                    m.next = "LAYER"
-            with m.State("FETCH"):
-                with m.If(~loader.busy):
-                    m.next = "LAYER"
-            with m.State("LAYER"):
-                m.d.comb += dp.i.valid.eq(1)
-                with m.If(dp.i.ready):
-                    m.next = "LAYER_WAIT"
-            with m.State("LAYER_WAIT"):
-                m.d.comb += dp.o.ready.eq(1)
-                with m.If(dp.o.valid):
-                    m.d.sync += X.eq(dp.o.payload.y)
-                    with m.If(layer == L - 1):
-                        m.next = "HEAD"
-                    with m.Else():
-                        m.d.sync += layer.eq(layer + 1)
-                        m.next = "PARAMS"
-            with m.State("HEAD"):
-                m.d.comb += head.x.valid.eq(1)
-                with m.If(head.x.ready):
-                    m.next = "OUTPUT"
-            with m.State("OUTPUT"):
-                m.d.comb += [self.o.valid.eq(head.next.valid), head.next.ready.eq(self.o.ready)]
-                with m.If(head.next.valid & self.o.ready):
-                    m.d.sync += token_cycles.eq(cycles.next)
-                    m.next = "IDLE"
-        busy = ~fsm.ongoing("IDLE")
-        # a token counts every cycle it is inside, the one it is given out in included
-        m.d.comb += cycles.inc.eq(busy)
-        cycles.load(accept, 1)
-        cycles.elaborate(m)
-
-        connect_status(m, csr, self, loader, busy=busy, loading=loading, clear_pending=seq.clear_pending,
+        busy = ~all_empty
+        clear_pending = Signal()
+        m.d.comb += clear_pending.eq(Cat(q.clear_pending for q in seqs).any())
+        connect_status(m, csr, self, loader, busy=busy, loading=loading, clear_pending=clear_pending,
                        mac_beats=Cat(dp.mac_beat, head.mac_beat), token_cycles=token_cycles)
-        m.d.comb += [csr.ev_fetch.eq(fsm.ongoing("FETCH")),
-                     csr.ev_layer.eq(fsm.ongoing("LAYER") | fsm.ongoing("LAYER_WAIT")),
-                     csr.ev_head.eq(fsm.ongoing("HEAD") | fsm.ongoing("OUTPUT"))]
+        m.d.comb += [csr.ev_fetch.eq(loader.fetching), csr.ev_layer.eq(dp.busy),
+                     csr.ev_head.eq(head_offer | head_busy)]
         return m

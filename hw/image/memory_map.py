@@ -329,6 +329,23 @@ def layer_bits(cfg) -> int:
     return max(1, (layer_count(cfg) - 1).bit_length())
 
 
+def sequence_slots(cfg) -> int:
+    """Independent sequences the model chip interleaves through its two datapath stages
+    (``hw.sequences``; the layer chip: 1).  Each has its own KDA state per layer."""
+    return 1 if cfg.model.is_layer_chip else cfg.hw.sequences
+
+
+def slot_bits(cfg) -> int:
+    """Width of a ``slot`` index (at least 1 bit)."""
+    return max(1, (sequence_slots(cfg) - 1).bit_length())
+
+
+def state_contexts(cfg) -> int:
+    """KDA states (and short-convolution histories) the chip keeps: one per layer and sequence
+    slot, context ``slot * L + layer``."""
+    return layer_count(cfg) * sequence_slots(cfg)
+
+
 def layer_prefix(cfg, l: int) -> str:
     """The memory-map (and parameter) name prefix of layer ``l``."""
     if not 0 <= l < layer_count(cfg):

@@ -258,6 +258,26 @@ def layer_block_bytes(cfg) -> int:
     return max(ParamMap(tuple(param_fields(cfg, mx)), cfg.hw.weight_port_bytes).nbytes for mx in set(cfg.model.mixers))
 
 
+def mixer_split_bit(cfg) -> int:
+    """Bit offset in a layer's block where the channel mixer's fields begin (``mlp_norm``
+    first): bits [0, split) are the token mixer's half (attn_norm, kda, res1), read by the
+    datapath's stage A only, the rest the channel mixer's, read by stage B only.  The same
+    in every mixer kind (param_fields lists the token mixer first), so a model chip can
+    fetch either half of a layer's block into the bank on its own (hw/chip/loader.py)."""
+    splits = {param_map(cfg, mx).offsets()["mlp_norm.eps_int"] for mx in set(cfg.model.mixers)}
+    assert len(splits) == 1, "the mixer kinds' blocks differ before the channel mixer"
+    return splits.pop()
+
+
+def fetch_halves(cfg) -> list[tuple[int, int]]:
+    """(first beat within the block, beats) of each half of a layer's parameter block, the
+    token mixer's then the channel mixer's: the whole beats holding bits [0, split) and
+    [split, end); the beat the split falls in is in both."""
+    W8 = 8 * cfg.hw.weight_port_bytes
+    split, nb = mixer_split_bit(cfg), layer_block_bytes(cfg) // cfg.hw.weight_port_bytes
+    return [(0, -(-split // W8)), (split // W8, nb - split // W8)]
+
+
 def layer_bank_bits(cfg) -> int:
     """Bits of the chip's layer parameter bank: the fields of the largest mixer kind (the
     layer chip: its whole map)."""

@@ -18,6 +18,9 @@ Ports
         this token; the other layers' are kept).
 ``layer`` the token's layer, 0 .. L-1 (hw/image/memory_map.py ``layer_count``,
         ``layer_bits`` wide; on the layer chip L = 1 and the port is ignored).
+``slot``  the token's sequence slot, 0 .. S-1 (``hw.sequences``; ignored when S = 1): the
+        state and history are those of context ``slot * L + layer``; the weights are the
+        layer's.
         Sampled in the cycle ``i`` is accepted, with ``first``, and used for
         everything of that token: its weight addresses (``layer_prefix``: the
         layer's own regions), its state and history.  It may change as soon as
@@ -82,7 +85,8 @@ from hw.kda.delta import DeltaRule
 from hw.arith.matvec import MatVecEngine
 from hw.kda.norm import Normalizer
 from hw.arith.lut import LookupTable
-from hw.image.memory_map import layer_bits, layer_count, layer_prefix, memory_map
+from hw.image.memory_map import (layer_bits, layer_count, layer_prefix, memory_map, sequence_slots, slot_bits,
+                                 state_contexts)
 from hw.image.param_map import kda_norm_ss_bits, param_layout, param_map, structural
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.kda.short_conv import ShortConv
@@ -150,6 +154,8 @@ class KdaUnit(wiring.Component):
                              f"({hw.weight_port_bytes}), one port beat per MAC beat")
         self.mm = memory_map(cfg)
         self.layers = layer_count(cfg)
+        # the states it keeps: one per layer and sequence slot (context slot * L + layer)
+        self.slots, self.contexts = sequence_slots(cfg), state_contexts(cfg)
         # per layer (projections', W_o's) requests; the layers differ only in addresses
         self.layer_reqs = [kda_requests(cfg, l) for l in range(self.layers)]
         self.proj_reqs, self.wo_reqs = self.layer_reqs[0]
@@ -160,6 +166,7 @@ class KdaUnit(wiring.Component):
         super().__init__({
             "i": In(stream.Signature(token_layout(self.d, a))),
             "layer": In(layer_bits(cfg)),
+            "slot": In(slot_bits(cfg)),
             "o": Out(stream.Signature(data.ArrayLayout(signed(a), self.d))),
             "wport": Out(WeightPortSignature(self.W)),
             "params": In(param_layout(cfg, "kda")),
@@ -187,10 +194,14 @@ class KdaUnit(wiring.Component):
         d, H, dk, dv, r, W = self.d, self.H, self.dk, self.dv, self.r, self.W
         a = fm.act_bits
         hk, hv = H * dk, H * dv
-        L = self.layers
-        # the accepted token's layer: its weights' addresses, its state and history
+        L, C = self.layers, self.contexts
+        # the accepted token's layer (its weights' addresses) and context (its state and history)
         if L > 1:
             tok_layer = Signal(range(L))
+        if C > 1:
+            tok_ctx = Signal(range(C))
+            ctx_now = Signal(range(C))      # the context of the token on ``i``
+            m.d.comb += ctx_now.eq(self.layer + L * self.slot if self.slots > 1 else self.layer)
 
         # ---- registers holding the token's vectors ---------------------------------
         def vec(name, n, shape):
@@ -360,9 +371,9 @@ class KdaUnit(wiring.Component):
         # short convolution of q, k, v (channels in that order), requant, SiLU
         conv_names = ("conv_q", "conv_k", "conv_v")
         m.submodules.conv = conv = ShortConv(hk + hk + hv, cfg.model.conv_kernel, a, fm.weight_bits,
-                                             clock_period_ns=cfg.hw.clock_period_ns, layers=L)
-        if L > 1:
-            m.d.comb += conv.layer.eq(tok_layer)
+                                             clock_period_ns=cfg.hw.clock_period_ns, layers=C)
+        if C > 1:
+            m.d.comb += conv.layer.eq(tok_ctx)
         for name, base_c, n in zip(conv_names, (0, hk, 2 * hk), (hk, hk, hv)):
             for c in range(n):
                 m.d.comb += conv.taps[base_c + c].eq(getattr(P, name).w[c])
@@ -454,9 +465,9 @@ class KdaUnit(wiring.Component):
         m.submodules.delta = delta = DeltaRule(
             fm, H, dk, dv, cfg.hw.state_lanes, clock_period_ns=cfg.hw.clock_period_ns,
             shift_fields={k: (pm[f"kda.{k}"].bits, pm[f"kda.{k}"].hi) for k in shift_names},
-            state_memory=cfg.hw.state_memory, layers=L)
-        if L > 1:
-            m.d.comb += delta.layer.eq(tok_layer)
+            state_memory=cfg.hw.state_memory, layers=C)
+        if C > 1:
+            m.d.comb += delta.layer.eq(tok_ctx)
         m.d.comb += [getattr(delta.shifts, k).eq(getattr(P, k)) for k in shift_names]
         m.d.comb += [delta.k.eq(Cat(*KN)), delta.q.eq(Cat(*QN)), delta.alpha.eq(Cat(*ALPHA)),
                      delta.v.eq(Cat(*V)), delta.beta.eq(Cat(*BETA)), delta.o.ready.eq(1)]
@@ -483,14 +494,16 @@ class KdaUnit(wiring.Component):
                     m.d.sync += [req_idx.eq(0), req_end.eq(len(self.proj_reqs)), f_op.eq(0), f_row.eq(0), f_beat.eq(0),
                                  res_op.eq(0), res_row.eq(0)]
                     m.d.comb += token_clear.eq(1)
-                    if L == 1:
+                    if L > 1:
+                        m.d.sync += tok_layer.eq(self.layer)
+                    if C == 1:
                         with m.If(self.i.payload.first):
                             m.d.comb += [delta.clear.eq(1), conv.restart.eq(1)]
                     else:
-                        # a new sequence of the accepted token's layer (the port's value now):
-                        # only that layer's state and history start again
-                        m.d.sync += tok_layer.eq(self.layer)
-                        starts = Cat(self.i.payload.first & (self.layer == l) for l in range(L))
+                        # a new sequence of the accepted token's layer and slot (the ports'
+                        # values now): only that context's state and history start again
+                        m.d.sync += tok_ctx.eq(ctx_now)
+                        starts = Cat(self.i.payload.first & (ctx_now == c) for c in range(C))
                         m.d.comb += [delta.clear.eq(starts), conv.restart.eq(starts)]
                     m.next = "PROJ"
             with m.State("PROJ"):

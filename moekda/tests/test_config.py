@@ -145,7 +145,10 @@ def test_model_configs():
         # the layers are the one-layer config's, field for field
         same = {k: v for k, v in one.to_dict()["model"].items()}
         assert {k: cfg.to_dict()["model"][k] for k in same} == same
-        assert cfg.to_dict()["hw"] == one.to_dict()["hw"] and cfg.to_dict()["formats"] == one.to_dict()["formats"]
+        # the layer config's hardware, running two sequences side by side
+        assert cfg.hw.sequences == 2 and one.hw.sequences == 1
+        assert {k: v for k, v in cfg.to_dict()["hw"].items() if k != "sequences"} == one.to_dict()["hw"]
+        assert cfg.to_dict()["formats"] == one.to_dict()["formats"]
         assert m.d_ff_dense == (m.top_k + m.n_shared) * m.d_ff and m.dense_chunks == m.top_k + m.n_shared
 
 
@@ -239,3 +242,15 @@ def test_state_memory_field():
     assert explicit.hash() == config_from_dict(base()).hash()
     with pytest.raises(ConfigError, match="hw.state_memory = 'latches': allowed values are flops, sram"):
         config_from_dict(base(hw={"state_memory": "latches"}))
+
+
+def test_sequences_field():
+    """hw.sequences: 1 or 2, more than one only on a model chip; one line naming the field."""
+    raw = load_config("model-tiny").to_dict()
+    for bad, says in ((3, "hw.sequences"), (0, "hw.sequences")):
+        with pytest.raises(ConfigError, match=says):
+            config_from_dict({**raw, "name": "x", "hw": {**raw["hw"], "sequences": bad}})
+    tiny = load_config("tiny").to_dict()
+    with pytest.raises(ConfigError, match="hw.sequences = 2: more than one sequence needs the model chip"):
+        config_from_dict({**tiny, "name": "x", "hw": {**tiny["hw"], "sequences": 2}})
+    assert "sequences" not in tiny["hw"]          # the default keeps older configs' hashes

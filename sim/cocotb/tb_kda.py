@@ -41,7 +41,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from hw.image.memory_map import build_image, layer_bits, layer_count, layer_mixer, memory_map
+from hw.image.memory_map import (build_image, layer_bits, layer_count, layer_mixer, memory_map, sequence_slots,
+                                 slot_bits)
 from hw.kda.unit import OPS
 from hw.image.param_map import region_value
 from moekda.config import config_from_dict, load_config
@@ -64,10 +65,13 @@ class KdaCase:
     want: np.ndarray    # (T, d) int8 model outputs
     layer: np.ndarray = None    # (T,) the layer of each token (all 0 on the layer chip)
     reset_in: int = -1  # the token in whose middle the unit is reset (-1: none)
+    slot: np.ndarray = None     # (T,) the sequence slot of each token (hw.sequences; all 0 for one)
 
     def __post_init__(self):
         if self.layer is None:
             self.layer = np.zeros(len(self.xn), np.int64)
+        if self.slot is None:
+            self.slot = np.zeros(len(self.xn), np.int64)
 
 
 @lru_cache(maxsize=4)
@@ -98,10 +102,11 @@ def kda_case(config: str, seed: int, tokens: int, first=(0,)) -> KdaCase:
                    xn, starts, want)
 
 
-def model_kda_case(config: str, seed: int, layers, first=(), reset_in: int = -1) -> KdaCase:
-    """The unit on a model config: token t of layer ``layers[t]``, a new sequence of that
-    layer where t is in ``first``; ``reset_in`` a token cut off by a reset (every layer's
-    state is zero after it).  Expected: per layer its own IntKDAState."""
+def model_kda_case(config: str, seed: int, layers, first=(), reset_in: int = -1, slots=None) -> KdaCase:
+    """The unit on a model config: token t of layer ``layers[t]`` and sequence slot
+    ``slots[t]`` (default 0), a new sequence of that layer and slot where t is in ``first``;
+    ``reset_in`` a token cut off by a reset (every state is zero after it).  Expected: per
+    (slot, layer) its own IntKDAState."""
     from sim.models.image import qmodel_image
     from sim.models.int_model import int_run_model
     from sim.models.params import random_tokens
@@ -114,31 +119,35 @@ def model_kda_case(config: str, seed: int, layers, first=(), reset_in: int = -1)
     T = len(layers)
     if layers.min() < 0 or layers.max() >= L:
         raise ValueError(f"layers {layers.tolist()}: {config} has {L}")
+    S = sequence_slots(cfg)
+    slots = np.zeros(T, np.int64) if slots is None else np.asarray(slots, dtype=np.int64)
+    if len(slots) != T or slots.min() < 0 or slots.max() >= S:
+        raise ValueError(f"slots {slots.tolist()}: one per token, 0 to {S - 1}")
     # each layer's own KDA inputs: the model's stack run over a token sequence
     traces: list = []
     int_run_model(qm, cfg, random_tokens(cfg, T, seed=seed + 1, model_seed=seed), traces=traces)
     xn = np.array([traces[t]["layers"][layers[t]]["xn_unit"] for t in range(T)], dtype=np.int64)
     starts = np.zeros(T, bool)
     starts[[f for f in first if f < T]] = True
-    states = [IntKDAState.zeros(cfg) for _ in range(L)]
+    states = {}
     want = np.zeros_like(xn)
     for t in range(T):
-        l = layers[t]
-        if starts[t]:
-            states[l] = IntKDAState.zeros(cfg)
-        new, want[t] = int_kda_step(qm.layers[l].kda, cfg, fm, states[l], xn[t])
+        l, c = layers[t], (slots[t], layers[t])
+        if starts[t] or c not in states:
+            states[c] = IntKDAState.zeros(cfg)
+        new, want[t] = int_kda_step(qm.layers[l].kda, cfg, fm, states[c], xn[t])
         if t == reset_in:
-            states = [IntKDAState.zeros(cfg) for _ in range(L)]
+            states = {}
         else:
-            states[l] = new
+            states[c] = new
     params = [region_value(cfg, qm.layers[l].to_flat(), "kda", mixer=layer_mixer(cfg, l)) for l in range(L)]
-    return KdaCase(cfg, None, qmodel_image(cfg, qm), params, xn, starts, want, layers, reset_in)
+    return KdaCase(cfg, None, qmodel_image(cfg, qm), params, xn, starts, want, layers, reset_in, slots)
 
 
 def save_case(case: KdaCase, path) -> None:
     nbytes = max(1, max(-(-p.bit_length() // 8) for p in case.params))
     np.savez(path, config=case.cfg.source, xn=case.xn, first=case.first, want=case.want,
-             layer=case.layer, reset_in=case.reset_in,
+             layer=case.layer, reset_in=case.reset_in, slot=case.slot,
              image=np.frombuffer(case.image, dtype=np.uint8),
              params=np.array([np.frombuffer(p.to_bytes(nbytes, "little"), dtype=np.uint8) for p in case.params]))
 
@@ -147,7 +156,7 @@ def case_from_env() -> KdaCase:
     z = np.load(os.environ["KDA_CASE"])
     return KdaCase(load_config(str(z["config"])), None, z["image"].tobytes(),
                    [int.from_bytes(p.tobytes(), "little") for p in z["params"]], z["xn"], z["first"], z["want"],
-                   z["layer"], int(z["reset_in"]))
+                   z["layer"], int(z["reset_in"]), z["slot"] if "slot" in z.files else None)
 
 
 def unit_bound(cfg) -> float:
@@ -160,6 +169,7 @@ def unit_bound(cfg) -> float:
     raw = cfg.to_dict()
     for key in ("n_layers", "layers", "mixers", "vocab", "tie_embedding", "d_ff_dense"):
         raw["model"].pop(key, None)
+    raw["hw"].pop("sequences", None)       # a layer chip runs one sequence
     return roofline_cycles(config_from_dict({**raw, "name": f"{cfg.name}-layer"}))
 
 
@@ -198,11 +208,17 @@ if cocotb is not None:
         T = len(case.xn)
         per_layer = len(case.params) > 1
         layer_values = 1 << layer_bits(cfg)
+        slot_values = 1 << slot_bits(cfg)
+
+        def port_noise():
+            """The layer and slot ports between acceptances: anything (the unit must not look)."""
+            dut.layer.value = noise.randrange(layer_values)
+            dut.slot.value = noise.randrange(slot_values)
 
         cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
         dut.rst.value = 1
         dut.params.value = case.params[int(case.layer[0])]   # stable from before reset on
-        dut.layer.value = noise.randrange(layer_values)
+        port_noise()
         dut.i__valid.value = 0
         dut.o__ready.value = 0
         resp_stall = tb_param("resp_stall", 0.15 if stall else 0.0, float)
@@ -232,7 +248,7 @@ if cocotb is not None:
                 raise AssertionError(over_limit("KDA unit", got, T, waited, limit, bound))
             if just_taken:
                 # the unit took the token with its layer: from now on the port means nothing to it
-                dut.layer.value = noise.randrange(layer_values)
+                port_noise()
                 just_taken = False
             if reset_countdown == 0:
                 # the reset lands inside the token: it is dropped, and every layer starts anew
@@ -262,6 +278,7 @@ if cocotb is not None:
                     and (not stall or rng.random() < 0.7):
                 dut.i__payload.value = pack(case.xn[sent], a) | (int(case.first[sent]) << (d * a))
                 dut.layer.value = int(case.layer[sent])
+                dut.slot.value = int(case.slot[sent])
                 offering = True
             else:
                 params_settled = True

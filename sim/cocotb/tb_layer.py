@@ -66,7 +66,9 @@ class ChipIO:
     logit)), and has a ``logits`` stream."""
 
     def __init__(self, cfg):
+        from hw.image.memory_map import sequence_slots
         self.model = not cfg.model.is_layer_chip
+        self.slots = sequence_slots(cfg)
         if self.model:
             from hw.chip.model import model_engine_macs_per_token, model_in_layout, model_out_layout
             self.in_layout, self.out_layout = model_in_layout(cfg), model_out_layout(cfg)
@@ -75,9 +77,9 @@ class ChipIO:
             self.in_layout, self.out_layout = token_in_layout(cfg), token_out_layout(cfg)
             self.engine_macs = engine_macs_per_token(cfg)
 
-    def item(self, x, first) -> dict:
+    def item(self, x, first, slot=0) -> dict:
         if self.model:
-            return {"token": int(x), "first": int(first)}
+            return {"token": int(x), "first": int(first), **({"slot": int(slot)} if self.slots > 1 else {})}
         return {"x": [int(v) for v in x], "first": int(first)}
 
     def value(self, item) -> list[int]:
@@ -179,8 +181,18 @@ async def layer_run(dut):
     dut.mem_seed_load.value = 0
     bus = Wishbone(dut)
 
+    S = io.slots
+    # each token's sequence slot (several: the chip keeps one token of each inside); an output
+    # belongs to the oldest token of its slot without one
+    slot_of = np.array(z["slots"]) if "slots" in z.files else np.zeros(T, np.int64)
+    prev_in_slot = np.full(T, -1)
+    last = {}
+    for t in range(T):
+        prev_in_slot[t] = last.get(int(slot_of[t]), -1)
+        last[int(slot_of[t])] = t
+
     def token(t):
-        return io.item(xs[t], first[t])
+        return io.item(xs[t], first[t], slot_of[t])
 
     idx: list[int] = []         # input index of each output taken, as the bench counts them
     tags: list[int] = []        # the chip's tag of each output (its position in its sequence)
@@ -188,14 +200,27 @@ async def layer_run(dut):
     out_cycles: list[int] = []  # clock cycle at which each output was collected
     token_cycles: list[tuple[int, int]] = []  # (token, TOKEN_CYCLES read after its output)
     seg = {"base": 0, "taken": 0, "sent_base": 0}   # the current segment (since the last reset)
+    by_index: dict[int, list[int]] = {}
+    slot_outs: list[int] = []  # the slot of each output (several slots)
+
+    def slot_queues(base):
+        """Per slot, the tokens from ``base`` on waiting for their output, oldest first."""
+        return {s: [t for t in range(base, T) if slot_of[t] == s] for s in range(S)}
+    queue = slot_queues(0)
     failed = Event()
     failure: list[str] = []
 
     def on_output(item):
         y = io.value(item)
         tags.append(int(item["seq"]))
-        t = seg["base"] + seg["taken"]
+        if S > 1:
+            s_out = int(item["slot"])
+            slot_outs.append(s_out)
+            t = queue[s_out].pop(0) if queue.get(s_out) else T
+        else:
+            t = seg["base"] + seg["taken"]
         seg["taken"] += 1
+        by_index[t] = y
         idx.append(t)
         outputs.append(y)
         out_cycles.append(int(get_sim_time(unit="ns")) // CLOCK_NS)
@@ -218,6 +243,21 @@ async def layer_run(dut):
                           backpressure=STALL["sink"] if stall else 0.0, on_item=on_output)
     src.start()
     sink.start()
+    trace_file = os.environ.get("LAYER_TRACE")
+    if trace_file:
+        # a debugging aid, off by default (it wakes every cycle): each weight request the chip
+        # issues, as "cycle addr beats", and each cycle the port carries a beat, to a text file
+        async def trace_port():
+            with open(trace_file, "w") as f:
+                while True:
+                    await RisingEdge(dut.clk)
+                    cyc = int(get_sim_time(unit="ns")) // CLOCK_NS
+                    if int(dut.chip__wport__req__valid.value) and int(dut.chip__wport__req__ready.value):
+                        word = int(dut.chip__wport__req__payload.value)
+                        f.write(f"R {cyc} {word & 0xFFFF_FFFF:#x} {word >> 32}\n")
+                    if int(dut.chip__wport__resp__valid.value) and int(dut.chip__wport__resp__ready.value):
+                        f.write(f"B {cyc}\n")
+        cocotb.start_soon(trace_port())
     logits: list[tuple[int, int]] = []
     if io.model:
         from hw.chip.head import logit_layout
@@ -316,11 +356,12 @@ async def layer_run(dut):
         seg_end = T if reset_at < 0 else reset_at
         if feedback_from > 0:
             # generation (model chip): from token ``feedback_from`` on, the input is the chip's
-            # own output for the token before, sent once that output is out
+            # own output for the token before it in its slot, sent once that output is out
             await stream(1, feedback_from)
             for t in range(feedback_from, T):
-                await sink.wait_items(t)
-                xs[t] = outputs[t - 1][0]
+                while prev_in_slot[t] not in by_index:
+                    await sink.wait_items(len(sink.items) + 1)
+                xs[t] = by_index[prev_in_slot[t]][0]
                 src.send([token(t)])
                 await src.wait_sent(t + 1)
         else:
@@ -341,6 +382,8 @@ async def layer_run(dut):
             # outputs that made it out before the reset are recorded; start over at ``resumed``
             sink.items.clear()
             seg.update(base=resumed, taken=0, sent_base=resumed)
+            queue.clear()
+            queue.update(slot_queues(resumed))
             src.sent.clear()
             await bus.write("CTRL", RUN)
             # the first token after the reset must start a new sequence by itself
@@ -411,5 +454,6 @@ async def layer_run(dut):
              token_cycles_idx=np.array([t for t, _ in token_cycles], np.int64),
              out_cycles=np.array(out_cycles, np.int64),
              load_cycles=np.array(load_cycles, np.int64),
-             bench_problems=np.array(problems, dtype=str))
+             bench_problems=np.array(problems, dtype=str),
+             **({"slots": np.array(slot_outs, np.int64)} if S > 1 else {}))
     assert not failure and not problems, (failure or problems)[0]

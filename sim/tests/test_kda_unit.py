@@ -81,12 +81,15 @@ def run_kda(config: str, simulator: str, tokens: int, first=(0,), stall=True, se
     return run_case(case, config, simulator, f"s{seed}_t{tokens}_{int(stall)}", stall, seed)
 
 
-def run_model_kda(config: str, simulator: str, layers, first, reset_in=-1, stall=True, seed=0) -> list[int]:
-    """The unit of a model config on tokens of the layers ``layers`` (sim/cocotb/tb_kda.py
-    model_kda_case); returns token_cycles per token (the reset token's left out)."""
+def run_model_kda(config: str, simulator: str, layers, first, reset_in=-1, stall=True, seed=0,
+                  slots=None) -> list[int]:
+    """The unit of a model config on tokens of the layers ``layers`` (and sequence slots
+    ``slots``: sim/cocotb/tb_kda.py model_kda_case); returns token_cycles per token (the reset
+    token's left out)."""
     from sim.cocotb.tb_kda import model_kda_case
-    case = model_kda_case(config, seed, layers, first, reset_in)
-    name = hashlib.sha256(repr((list(layers), sorted(first), reset_in)).encode()).hexdigest()[:8]
+    case = model_kda_case(config, seed, layers, first, reset_in, slots)
+    name = hashlib.sha256(repr((list(layers), sorted(first), reset_in,
+                                None if slots is None else list(slots))).encode()).hexdigest()[:8]
     return run_case(case, config, simulator, f"model_s{seed}_{name}_{int(stall)}", stall, seed)
 
 
@@ -151,6 +154,16 @@ def test_kda_model_tiny_layers_icarus():
     short-conv history carried across the others' tokens, per-layer restarts, a reset
     mid-token; the layer port changes as soon as a token is taken."""
     run_model_kda("model-tiny", "icarus", MODEL_LAYERS, MODEL_FIRST, reset_in=17)
+
+
+def test_kda_model_tiny_slots_icarus():
+    """Two sequence slots (model-tiny's hw.sequences = 2): each (slot, layer) its own state
+    and history, the same layer of the two slots back to back as the model chip runs them,
+    a restart of one slot's layer 1 (token 6) that must leave the other slot's layer 1
+    alone (token 7 continues it), and the slot port noise between acceptances."""
+    layers = [0, 0, 1, 1, 0, 2, 1, 1, 2, 3, 3, 2]
+    slots = [0, 1, 0, 1, 0, 0, 1, 0, 1, 0, 1, 1]
+    run_model_kda("model-tiny", "icarus", layers, [0, 1, 2, 3, 5, 6, 9, 10], slots=slots)
 
 
 def test_kda_model_tiny_sram_layers_icarus():

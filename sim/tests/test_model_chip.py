@@ -8,6 +8,9 @@ port, CSR clears, stream-marked sequence starts, a reset with tokens inside, and
 logits stream (CTRL.LOGITS) against the model's logits.
 
 MOEKDA_CONFIG chooses a model config (`make sim CONFIG=model-small`); default model-tiny.
+With ``hw.sequences = 2`` (both model configs) the plans' tokens alternate between the two
+sequence slots (token t in slot t mod 2), each slot's outputs are placed by the chip's slot
+and tag, and one run takes the same config with one sequence, the other scheduler path.
 Verilator throughout: a model-tiny token is about 13 000 cycles (four layers, four parameter
 FETCHes, the head), which Icarus simulates at a few hundred cycles per second; one Verilator
 build (about a minute) serves every run.  Default suite: a few tokens; the 256-token run is
@@ -18,9 +21,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dataclasses import replace
+
 from moekda.config import load_config
 from sim.cocotb_util import sim_config, simulator_available
-from sim.driver import ModelDriver, RunPlan
+from sim.driver import ModelDriver, RunPlan, sequence_positions
 
 CONFIG = sim_config("model-tiny")
 pytestmark = [pytest.mark.skipif(load_config(CONFIG).model.is_layer_chip,
@@ -41,11 +46,27 @@ def _check(res):
 def test_model_chip_short(driver):
     """Quick: 5 tokens through all layers and the head, stalls everywhere, a CSR clear
     before token 2, every logit read off the logits stream and compared."""
-    res = driver.run(RunPlan(tokens=5, first=(0,), clears=(2,), seed=3), simulator="verilator",
-                     name="short", logits=True)
+    plan = RunPlan(tokens=5, first=(0,), clears=(2,), seed=3)
+    res = driver.run(plan, simulator="verilator", name="short", logits=True)
     _check(res)
     assert res.counters["TOKENS"] == 5
-    assert res.tags is not None and res.tags.tolist() == [0, 1, 0, 1, 2]
+    # the CLEAR restarts every slot's sequence: one slot [0, 1, 0, 1, 2], two [0, 0, 0, 0, 1]
+    want_tags = sequence_positions(plan, driver.slots)
+    assert res.tags is not None and res.tags.tolist() == want_tags[res.idx].tolist()
+    assert sorted(res.idx.tolist()) == list(range(5))
+
+
+def test_model_chip_one_sequence(driver):
+    """The config with hw.sequences = 1 (when it has more): the scheduler with one slot, the
+    layer-by-layer order of a single sequence; stalls, a CLEAR and the logits as above."""
+    if driver.slots == 1:
+        pytest.skip(f"{CONFIG} runs one sequence: the other tests are this one")
+    cfg = replace(driver.cfg, name=f"{driver.cfg.name}-1seq", hw=replace(driver.cfg.hw, sequences=1))
+    one = ModelDriver(cfg, driver.q, label=driver.label, model_seed=driver.model_seed)
+    res = one.run(RunPlan(tokens=4, first=(0,), clears=(2,), seed=6), simulator="verilator",
+                  name="one_sequence", logits=True)
+    _check(res)
+    assert res.tags.tolist() == [0, 1, 0, 1]
 
 
 def test_model_chip_reset_and_generation(driver):
@@ -59,6 +80,11 @@ def test_model_chip_reset_and_generation(driver):
     res, got, want = driver.generate([3, 1, 4], 4, simulator="verilator", stall=True)
     _check(res)
     assert got == want and len(got) == 4
+    if driver.slots > 1:
+        # two prompts side by side, one per slot, each fed its own outputs
+        res, got, want = driver.generate_many([[3, 1, 4], [5, 9, 2]], 3, simulator="verilator", stall=True)
+        _check(res)
+        assert got == want and all(len(g) == 3 for g in got)
 
 
 @pytest.mark.slow
