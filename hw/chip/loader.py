@@ -121,13 +121,16 @@ class ImageLoader(wiring.Component):
             fetch_req = Signal()
             fetch_addr = Signal(32)
             half = Signal()                     # the half being fetched: 0 token mixer, 1 channel mixer
+            f_layer = Signal(layer_bits(self.cfg))
             half_beats = Signal(range(self.block_bytes // W + 1))
             m.d.comb += half_beats.eq(Mux(half, self.halves[1][1], self.halves[0][1]))
+            # the strobe's layer and half are registered and the address is looked up from the
+            # registers: the strobe itself comes from the top's comparisons of the datapath's
+            # state, and the table lookup behind them was model-small-sram's worst path
+            addrs = [Array(Const(a + b0 * W, 32) for a, _ in self.layer_blocks) for b0, _ in self.halves]
+            m.d.comb += fetch_addr.eq(Mux(half, addrs[1][f_layer], addrs[0][f_layer]))
             with m.If(self.fetch & ~self.start & ~running & ~fetching):
-                addrs = [Array(Const(a + b0 * W, 32) for a, _ in self.layer_blocks) for b0, _ in self.halves]
-                m.d.sync += [fetch_req.eq(1), half.eq(self.fetch_half),
-                             fetch_addr.eq(Mux(self.fetch_half, addrs[1][self.fetch_layer],
-                                               addrs[0][self.fetch_layer]))]
+                m.d.sync += [fetch_req.eq(1), half.eq(self.fetch_half), f_layer.eq(self.fetch_layer)]
             with m.If(fetch_req):
                 m.d.comb += [self.wport.req.valid.eq(1), self.wport.req.payload.addr.eq(fetch_addr),
                              self.wport.req.payload.beats.eq(half_beats)]
