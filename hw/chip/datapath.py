@@ -45,7 +45,8 @@ Ports
 ``a_free`` stage A reads no parameters now (no token, or its token waits for stage B, and
            no early RMSNorm running): the bank's token-mixer half may change (with
            ``params_change``); ``a_busy``/``a_layer`` stage A has a token, of that layer;
-           ``b_idle`` stage B has none: the channel-mixer half may change.
+           ``b_idle`` stage B has none: the channel-mixer half may change (``b_layer``: the
+           layer of stage B's token otherwise).
 ``busy``   a token is inside; ``token_cycles`` the cycles the last token took from ``i``
            to ``o`` offered; ``mac_beat`` the two engines' beats (the MACS counter).
 """
