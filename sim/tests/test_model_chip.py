@@ -56,9 +56,11 @@ def test_model_chip_short(driver):
     assert sorted(res.idx.tolist()) == list(range(5))
 
 
+@pytest.mark.slow
 def test_model_chip_one_sequence(driver):
     """The config with hw.sequences = 1 (when it has more): the scheduler with one slot, the
-    layer-by-layer order of a single sequence; stalls, a CLEAR and the logits as above."""
+    layer-by-layer order of a single sequence; stalls, a CLEAR and the logits as above.
+    Slow (its own Verilator build, about a minute): make test was at 19.9 of its 20 minutes."""
     if driver.slots == 1:
         pytest.skip(f"{CONFIG} runs one sequence: the other tests are this one")
     cfg = replace(driver.cfg, name=f"{driver.cfg.name}-1seq", hw=replace(driver.cfg.hw, sequences=1))
