@@ -115,8 +115,7 @@ def model_traffic(cfg: Config) -> Traffic:
     halves' beats / sequences), the embedding row and the LM head.  ``dense_bytes``: the
     same with every routed expert."""
     from hw.chip.model import model_macs_per_token
-    from hw.image.memory_map import layer_count, layer_prefix, memory_map
-    from hw.image.memory_map import sequence_slots
+    from hw.image.memory_map import layer_count, layer_prefix, memory_map, sequence_slots
     from hw.image.param_map import fetch_halves
     mm = memory_map(cfg)
     m = cfg.model

@@ -256,18 +256,21 @@ def slot_tag_indices(plan: RunPlan, tags, slots, S: int) -> tuple[np.ndarray, li
     return idx, problems
 
 
+def place_outputs(plan: RunPlan, tags, slots=None, S: int = 1) -> tuple[np.ndarray, list[str]]:
+    """The input index of each output by the chip's tags (tag_indices), with S sequence slots by
+    its slot and tag (slot_tag_indices), and the problems found placing them."""
+    return slot_tag_indices(plan, tags, slots, S) if S > 1 else tag_indices(plan, tags)
+
+
 def compare(plan: RunPlan, want: np.ndarray, idx: np.ndarray, got: np.ndarray, tags=None,
             slots=None, S: int = 1) -> list[str]:
     """Every required token's output exactly once, in order, equal to the model's.  With the
-    chip's ``tags`` the outputs are placed by them (tag_indices), and the bench's own
+    chip's ``tags`` the outputs are placed by them (place_outputs), and the bench's own
     numbering ``idx`` (the k-th output after a reset) is only reported beside them.  With S
     sequence slots (``slots``: each output's), in order within each slot (slot_tag_indices)."""
     problems = []
-    if tags is not None and S > 1:
-        idx, problems = slot_tag_indices(plan, tags, slots, S)
-        idx = np.clip(idx, 0, plan.tokens - 1)
-    elif tags is not None:
-        idx, problems = tag_indices(plan, tags)
+    if tags is not None:
+        idx, problems = place_outputs(plan, tags, slots, S)
         idx = np.clip(idx, 0, plan.tokens - 1)
     if S == 1 and len(idx) and np.any(np.diff(idx) <= 0):
         problems.append(f"outputs out of order or duplicated: input indices {idx.tolist()[:20]}...")
@@ -459,6 +462,7 @@ class LayerDriver:
         t0 = time.monotonic()
         xs = self.inputs(plan.tokens, seed=plan.seed + 1) if xs is None else np.asarray(xs, np.int64)
         want = self.expected(xs, plan)
+        want_logits = self.expected(xs, plan, logits=True) if logits else None
         build_dir = self.build(simulator, waves, netlist, verilog_file)
         run_dir = build_dir / "runs" / (name or f"T{plan.tokens}_s{plan.seed}_{os.getpid()}")
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -480,7 +484,7 @@ class LayerDriver:
                  token_cycles=np.isin(np.arange(plan.tokens), plan.token_cycles),
                  bad_images=np.array([np.frombuffer(b, np.uint8) for b, _ in bad], np.uint8).reshape(len(bad), len(image)),
                  bad_errors=np.array([e for _, e in bad], np.int64),
-                 **({"want_logits": self.expected(xs, plan, logits=True)} if logits else {}),
+                 **({"want_logits": want_logits} if logits else {}),
                  **({"slots": plan.slot_of(self.slots)} if self.slots > 1 else {}),
                  **({"feedback_from": feedback_from} if feedback_from else {}))
         plusargs = [] if activity_vcd is None else [f"+activity_vcd={Path(activity_vcd).resolve()}",
@@ -507,16 +511,15 @@ class LayerDriver:
         # the outputs are placed by the chip's tags (sequence positions), not by the bench's count
         tags = z["tags"] if "tags" in z.files else None
         out_slots = z["slots"] if "slots" in z.files else None
-        problems += compare(plan, want, z["idx"], z["got"], tags, out_slots, self.slots)
         if tags is None:
             idx = z["idx"]
-        elif self.slots > 1:
-            idx = slot_tag_indices(plan, tags, out_slots, self.slots)[0]
+            problems += compare(plan, want, idx, z["got"], S=self.slots)
         else:
-            idx = tag_indices(plan, tags)[0]
+            # placed once: the comparison and the result both use it
+            idx, placing = place_outputs(plan, tags, out_slots, self.slots)
+            problems += placing + compare(plan, want, np.clip(idx, 0, plan.tokens - 1), z["got"], S=self.slots)
         if logits:
-            problems += compare_logits(self.expected(xs, plan, logits=True), z["logits"],
-                                       order=np.clip(idx, 0, plan.tokens - 1))
+            problems += compare_logits(want_logits, z["logits"], order=np.clip(idx, 0, plan.tokens - 1))
         wave_file = None
         if waves:       # Verilator dumps into the run directory, Icarus into the build directory
             found = [p for d in (run_dir, build_dir) for p in d.glob("*") if p.suffix in (".fst", ".vcd")]

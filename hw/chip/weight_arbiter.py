@@ -6,7 +6,13 @@ block end, towards the memory).
 
 Requests: round-robin among the ports whose ``req.valid`` is high, or with
 ``priority`` the lowest-numbered one (a chip whose critical block must not
-wait behind the others' requests: the model chip's KDA unit).
+wait behind the others' requests: the model chip's KDA unit).  The grant is
+registered first and the request offered on ``down`` the cycle after, then
+held until the memory takes it, so the payload never changes under a valid
+(the stream rule) and the pick never meets the payload mux in one cycle.  Every
+request that goes down is also written, as ``(port, beats)``, into an order
+queue of ``depth`` entries; a full queue holds further requests back, which
+bounds the requests in flight.
 
 ``chunk`` > 0 cuts requests: a port's request is taken into the port's own
 remainder register at once, and the arbiter sends it on in pieces of at most
@@ -14,13 +20,7 @@ remainder register at once, and the arbiter sends it on in pieces of at most
 pieces in flight.  Without it a long request (an expert's 768 beats) holds the
 in-order memory for its whole length, and a block asking later waits behind
 all of it; with it the wait is about ``ahead`` x ``chunk`` beats, so priority
-means what it says.  A port's next request is taken when its remainder is sent.  The grant
-is registered first and the request offered on ``down`` the cycle after, then
-held until the memory takes it, so the payload never changes under a valid
-(the stream rule) and the pick never meets the payload mux in one cycle.  Every
-request that goes down is also written, as ``(port, beats)``, into an order
-queue of ``depth`` entries; a full queue holds further requests back, which
-bounds the requests in flight.
+means what it says.  A port's next request is taken when its remainder is sent.
 
 Responses: the memory answers in request order (the port contract), so the
 head of the order queue says whose beats are arriving; after ``beats`` of
@@ -61,21 +61,44 @@ class WeightArbiter(wiring.Component):
         entry = data.StructLayout({"port": range(max(2, n)), "beats": BEATS_BITS})
         m.submodules.order = order = SyncFIFOBuffered(width=entry.size, depth=self.depth)
 
-        # ---- request side: round-robin grant, held while the memory waits --------------
+        # ---- request side: one grant, registered, held while the memory waits ------------
+        # the grant is registered before the request is offered: the round-robin pick over n
+        # valids and the n:1 payload mux in one cycle into the port's register slice did not
+        # fit model-small's 1 ns with five clients (-0.184 ns from ``last``); a request waits
+        # one cycle for its grant, and requests are a few per token
         last = Signal(range(max(2, n)))        # port granted last (lowest priority next)
-        held, held_port = Signal(), Signal(range(max(2, n)))
+        held, grant = Signal(), Signal(range(max(2, n)))
         pick = Signal(range(max(2, n)))
         any_valid = Signal()
+        room = Signal()
         if self.chunk:
-            self._chunked(m, order, held, held_port, pick, any_valid)
+            # a piece is offered only while fewer than ``ahead`` are in flight (the order
+            # queue's level), so a block that asks now waits behind at most ``ahead`` pieces
+            m.d.comb += room.eq(order.w_rdy & (order.r_level < self.ahead))
         else:
-            self._whole(m, order, last, held, held_port, pick, any_valid)
+            m.d.comb += room.eq(order.w_rdy)
+        valid = Signal()
+        m.d.comb += [valid.eq(held & room), self.down.req.valid.eq(valid)]
+        go = valid & self.down.req.ready
+        m.d.comb += [order.w_en.eq(go), order.w_data.eq(Cat(grant, self.down.req.payload.beats))]   # = entry
+        if self.chunk:
+            self._pick(m, self._chunked(m, grant, go), last, pick, any_valid)
+        else:
+            self._pick(m, [self.up[i].req.valid for i in range(n)], last, pick, any_valid)
+            for i in range(n):
+                with m.If(grant == i):
+                    m.d.comb += [self.down.req.payload.eq(self.up[i].req.payload),
+                                 self.up[i].req.ready.eq(go)]
+        with m.If(go):
+            m.d.sync += [held.eq(0), last.eq(grant)]
+        with m.Elif(~held & any_valid):
+            m.d.sync += [held.eq(1), grant.eq(pick)]
         self._responses(m, order, entry)
         return m
 
     def _pick(self, m, valids, last, pick, any_valid) -> None:
-        # first valid port after ``last``, cyclically: scan in reverse priority so the
-        # highest-priority candidate is assigned last and wins
+        # first valid port after ``last``, cyclically (or the lowest with ``priority``): scan
+        # in reverse so the winning candidate is assigned last
         n = self.n
         if self.priority:
             for port in reversed(range(n)):
@@ -89,32 +112,9 @@ class WeightArbiter(wiring.Component):
                         with m.If(valids[port]):
                             m.d.comb += [pick.eq(port), any_valid.eq(1)]
 
-    def _whole(self, m, order, last, held, held_port, pick, any_valid) -> None:
-        """Each request goes down as the block made it."""
-        n = self.n
-        self._pick(m, [self.up[i].req.valid for i in range(n)], last, pick, any_valid)
-        # the grant is registered before the request is offered: the round-robin pick over n
-        # valids and the n:1 payload mux in one cycle into the port's register slice did not
-        # fit model-small's 1 ns with five clients (-0.184 ns from ``last``); a request waits
-        # one cycle for its grant, and requests are a few per token
-        grant = held_port
-        valid = Signal()
-        m.d.comb += valid.eq(held & order.w_rdy)
-        m.d.comb += self.down.req.valid.eq(valid)
-        for i in range(n):
-            with m.If(grant == i):
-                m.d.comb += self.down.req.payload.eq(self.up[i].req.payload)
-                m.d.comb += self.up[i].req.ready.eq(held & self.down.req.ready & order.w_rdy)
-        go = valid & self.down.req.ready
-        m.d.comb += [order.w_en.eq(go),
-                     order.w_data.eq(Cat(grant, self.down.req.payload.beats))]   # = entry
-        with m.If(go):
-            m.d.sync += [held.eq(0), last.eq(grant)]
-        with m.Elif(~held & any_valid):
-            m.d.sync += [held.eq(1), held_port.eq(pick)]
-
-    def _chunked(self, m, order, held, held_port, pick, any_valid) -> None:
-        """Requests taken into per-port remainders and sent on ``chunk`` beats at a time."""
+    def _chunked(self, m, grant, go) -> list:
+        """Requests taken into per-port remainders and sent on ``chunk`` beats at a time; returns
+        the remainders' valid flags (what the pick chooses among)."""
         n, W, K = self.n, self.port_bytes, self.chunk
         rem_valid = [Signal(name=f"rem{i}_valid") for i in range(n)]
         rem_addr = [Signal(32, name=f"rem{i}_addr") for i in range(n)]
@@ -123,16 +123,6 @@ class WeightArbiter(wiring.Component):
         # do not wait for a compare behind the grant mux (that path, mux -> compare -> mux ->
         # subtract, was model-small-sram's worst at -0.463 ns)
         rem_big = [Signal(name=f"rem{i}_big") for i in range(n)]
-        last = Signal(range(max(2, n)))
-        # a piece is offered only while fewer than ``ahead`` are in flight (the order queue's
-        # level), so a block that asks now waits behind at most ``ahead`` pieces
-        room = Signal()
-        m.d.comb += room.eq(order.w_rdy & (order.r_level < self.ahead))
-        self._pick(m, rem_valid, last, pick, any_valid)
-        grant = held_port
-        piece = Signal(BEATS_BITS)
-        valid = Signal()
-        m.d.comb += [valid.eq(held & room), self.down.req.valid.eq(valid)]
         for i in range(n):
             up = self.up[i].req
             m.d.comb += up.ready.eq(~rem_valid[i])
@@ -140,19 +130,13 @@ class WeightArbiter(wiring.Component):
                 m.d.sync += [rem_valid[i].eq(1), rem_addr[i].eq(up.payload.addr), rem_beats[i].eq(up.payload.beats),
                              rem_big[i].eq(up.payload.beats > K)]
             with m.If(grant == i):
-                m.d.comb += [piece.eq(Mux(rem_big[i], K, rem_beats[i])),
-                             self.down.req.payload.addr.eq(rem_addr[i]), self.down.req.payload.beats.eq(piece)]
-        go = valid & self.down.req.ready
-        m.d.comb += [order.w_en.eq(go), order.w_data.eq(Cat(grant, piece))]
-        with m.If(go):
-            m.d.sync += [held.eq(0), last.eq(grant)]
-            for i in range(n):
-                with m.If(grant == i):
+                m.d.comb += [self.down.req.payload.addr.eq(rem_addr[i]),
+                             self.down.req.payload.beats.eq(Mux(rem_big[i], K, rem_beats[i]))]
+                with m.If(go):
                     # a remainder of at most K went down whole; a bigger one loses K
                     m.d.sync += [rem_addr[i].eq(rem_addr[i] + K * W), rem_beats[i].eq(rem_beats[i] - K),
                                  rem_big[i].eq(rem_beats[i] > 2 * K), rem_valid[i].eq(rem_big[i])]
-        with m.Elif(~held & any_valid):
-            m.d.sync += [held.eq(1), held_port.eq(pick)]
+        return rem_valid
 
     def _responses(self, m, order, entry) -> None:
         n = self.n

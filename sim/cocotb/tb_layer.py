@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections import deque
 
 import numpy as np
 
@@ -199,13 +200,13 @@ async def layer_run(dut):
     outputs: list[list[int]] = []
     out_cycles: list[int] = []  # clock cycle at which each output was collected
     token_cycles: list[tuple[int, int]] = []  # (token, TOKEN_CYCLES read after its output)
-    seg = {"base": 0, "taken": 0, "sent_base": 0}   # the current segment (since the last reset)
+    seg = {"base": 0, "sent_base": 0}   # the current segment (since the last reset)
     by_index: dict[int, list[int]] = {}
     slot_outs: list[int] = []  # the slot of each output (several slots)
 
     def slot_queues(base):
         """Per slot, the tokens from ``base`` on waiting for their output, oldest first."""
-        return {s: [t for t in range(base, T) if slot_of[t] == s] for s in range(S)}
+        return {s: deque(t for t in range(base, T) if slot_of[t] == s) for s in range(S)}
     queue = slot_queues(0)
     failed = Event()
     failure: list[str] = []
@@ -213,13 +214,10 @@ async def layer_run(dut):
     def on_output(item):
         y = io.value(item)
         tags.append(int(item["seq"]))
+        s_out = int(item["slot"]) if S > 1 else 0
         if S > 1:
-            s_out = int(item["slot"])
             slot_outs.append(s_out)
-            t = queue[s_out].pop(0) if queue.get(s_out) else T
-        else:
-            t = seg["base"] + seg["taken"]
-        seg["taken"] += 1
+        t = queue[s_out].popleft() if queue.get(s_out) else T
         by_index[t] = y
         idx.append(t)
         outputs.append(y)
@@ -381,7 +379,7 @@ async def layer_run(dut):
             await ClockCycles(dut.clk, 2)
             # outputs that made it out before the reset are recorded; start over at ``resumed``
             sink.items.clear()
-            seg.update(base=resumed, taken=0, sent_base=resumed)
+            seg.update(base=resumed, sent_base=resumed)
             queue.clear()
             queue.update(slot_queues(resumed))
             src.sent.clear()
