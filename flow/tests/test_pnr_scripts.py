@@ -212,14 +212,17 @@ def test_routing_layers_and_fill(tiny_runs):
 
 
 def test_every_global_route_call_allows_congestion(tiny_runs):
-    """26Q3's global_route sets the congestion rule anew from each call's flags, so the
-    incremental re-routes after the repairs must repeat -allow_congestion (the real tiny
-    run stopped at GRT-0232 without it)."""
+    """26Q3's global_route and repair_antennas set the congestion rule anew from each call's
+    flags, so the incremental re-routes after the repairs and the antenna repair must repeat
+    -allow_congestion (the real tiny run stopped at GRT-0232 without it on the re-route, and at
+    EST-0005 without it on repair_antennas)."""
     _, _, _, runs = tiny_runs
     calls = runs["global_route"].named("global_route")
     assert len(calls) == 5 and "-allow_congestion" in calls[0].options
-    for c in calls:
-        assert "-allow_congestion" in c.options, c.options
+    antennas = runs["global_route"].named("repair_antennas")
+    assert len(antennas) == 1
+    for c in calls + antennas:
+        assert "-allow_congestion" in c.options, (c.name, c.options)
 
 
 # ---- the kit has every name the scripts use ------------------------------------------------
