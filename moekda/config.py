@@ -100,7 +100,7 @@ class HwConfig:
     state_memory: str = _field("flops", choices=("flops", "sram"),
                                doc="where the KDA state lives: flip-flops, or the platform's 1RW SRAM "
                                    "macros (fakeram45, two banks by word parity; hw/kda/state.py)")
-    sequences: int = _field(1, 1, 2, doc="independent sequences the model chip interleaves through its "
+    sequences: int = _field(1, 1, 4, doc="independent sequences the model chip interleaves through its "
                                          "two datapath stages (one token of each inside; KDA state per "
                                          "sequence; hw/chip/model.py)")
 

@@ -9,14 +9,19 @@ feeds it each layer of a token in turn, with that layer's parameter block in ``b
 
 Block diagram::
 
-      stage A (token mixer)                          stage B (channel mixer)
-  i -> XA -> norm1 -> NA -> KdaUnit -> res1 -> XA(h) => HB -> norm2 -> NB -> MoEUnit -> res2 -> HB(y) -> o
+      stage A (token mixer)                               stage B (channel mixer)
+  i -> XA -> norm1 -> NA -> KdaUnit -> res1 -> XA(h) -> HQ => HB -> norm2 -> NB -> MoEUnit -> res2 -> HB(y) -> o
                                |                                             |
                           kda_wport                                      moe_wport
 
 The two stages are a two-token pipeline: while stage B runs the MoE of token t, stage A
 already runs the RMSNorm and KDA of token t+1 (a token's KDA never needs an earlier
-token's MoE).  ``h`` moves from A to B in one cycle (``=>``) when B is idle.  Within a
+token's MoE).  A finished ``h`` leaves stage A for the hand-over register HQ at once, so
+stage A takes its next token (and the KDA starts that token's weight reads) while stage B
+still finishes the MoE, its residual add and its output; ``h`` moves from HQ to B in one
+cycle (``=>``) when B is idle.  (Without HQ the port sat idle between the MoE's last
+weight read and the next token's first KDA read: about 100 cycles a hand-over on
+model-small.)  Within a
 stage the phases run one after the other: RMSNorm (hw/kda/norm.py), the block, the
 element-serial residual add (hw/chip/residual.py), which writes its sum over its own
 input (``h`` over ``x``, ``y`` over ``h``).  Stage A's RMSNorm of the next token need not
@@ -44,7 +49,8 @@ Ports
            until the bank's channel-mixer half holds that token's layer).
 ``a_free`` stage A reads no parameters now (no token, or its token waits for stage B, and
            no early RMSNorm running): the bank's token-mixer half may change (with
-           ``params_change``); ``a_busy``/``a_layer`` stage A has a token, of that layer;
+           ``params_change``); ``a_busy``/``a_layer`` a token is in stage A or in HQ, and
+           the layer of the one that goes to stage B next (HQ's, else stage A's);
            ``b_idle`` stage B has none: the channel-mixer half may change (``b_layer``: the
            layer of stage B's token otherwise).
 ``busy``   a token is inside; ``token_cycles`` the cycles the last token took from ``i``
@@ -173,8 +179,14 @@ class LayerDatapath(wiring.Component):
             m.d.comb += res2.params.eq(P.res2)
         # cycles since the stage's token was accepted (chunked: no 32-bit carry chain)
         lat_a, lat_b = ChunkedCounter(32, name="lat_a"), ChunkedCounter(32, name="lat_b")
-        handoff = Signal()                      # h moves from stage A to stage B this cycle
+        handoff = Signal()                      # h moves from HQ to stage B this cycle
+        enq = Signal()                          # h moves from stage A to HQ this cycle
         stage_b_idle = Signal()
+        # HQ: the hand-over register between the stages, with what travels with h
+        HQ = Signal(rb * d, name="hq")
+        q_full = Signal()
+        layer_q, tag_q, slot_q = Signal(layer_bits(cfg)), Signal(SEQ_BITS), Signal(slot_bits(cfg))
+        lat_q = ChunkedCounter(32, name="lat_q")
 
         # norm1 early: once the KDA has taken NA (stage A past SEND), norm1 normalises the
         # token waiting on ``i`` straight from the stream's payload (held stable while
@@ -198,11 +210,15 @@ class LayerDatapath(wiring.Component):
             m.d.sync += Array(XA)[res1.wr_idx].eq(res1.wr_y)
         with m.If(res2.wr_en):
             m.d.sync += Array(HB)[res2.wr_idx].eq(res2.wr_y)
+        with m.If(enq):
+            m.d.sync += [HQ.eq(Cat(*XA)), tag_q.eq(tag_a), layer_q.eq(layer_a), slot_q.eq(slot_a), q_full.eq(1)]
+        with m.Elif(handoff):
+            m.d.sync += q_full.eq(0)
         with m.If(handoff):
-            m.d.sync += [Cat(*HB).eq(Cat(*XA)), tag_b.eq(tag_a), layer_b.eq(layer_a), slot_b.eq(slot_a)]
+            m.d.sync += [Cat(*HB).eq(HQ), tag_b.eq(tag_q), layer_b.eq(layer_q), slot_b.eq(slot_q)]
             if D is not None:
                 m.d.sync += dense_b.eq(Array(Const(int(layer_mixer(cfg, l) == "dense"), 1)
-                                             for l in range(L))[layer_a])
+                                             for l in range(L))[layer_q])
 
         m.d.comb += [kda.i.payload.x.eq(Cat(*NA)), kda.i.payload.first.eq(first),
                      moe.tokens.payload.eq(Cat(*NB)), self.o.payload.y.eq(Cat(*HB)),
@@ -223,10 +239,11 @@ class LayerDatapath(wiring.Component):
                     with m.Else():
                         m.next = "NORM_START"
             norm_unit_residual(m, d, norm1, kda.i, kda.o, res1, then="HOLD", name="stage_a")
-            with m.State("HOLD"):                         # h waits for stage B
-                m.d.comb += handoff.eq(stage_b_idle & self.b_go)
-                with m.If(handoff):
+            with m.State("HOLD"):                         # h waits for HQ (full only while
+                m.d.comb += enq.eq(~q_full)               # stage B is busy)
+                with m.If(enq):
                     m.next = "IDLE"
+        m.d.comb += handoff.eq(q_full & stage_b_idle & self.b_go)
 
         with m.FSM(name="stage_b") as stage_b:
             with m.State("IDLE"):
@@ -257,19 +274,21 @@ class LayerDatapath(wiring.Component):
             m.d.sync += [pre_done.eq(0), pre_ok.eq(0)]
 
         busy_a, busy_b = ~stage_a.ongoing("IDLE"), ~stage_b.ongoing("IDLE")
-        m.d.comb += [self.busy.eq(busy_a | busy_b), self.idle.eq(~busy_a & ~busy_b & ~pre_run),
+        m.d.comb += [self.busy.eq(busy_a | q_full | busy_b), self.idle.eq(~busy_a & ~q_full & ~busy_b & ~pre_run),
                      stage_b_idle.eq(stage_b.ongoing("IDLE")),
                      self.a_free.eq((stage_a.ongoing("IDLE") | stage_a.ongoing("HOLD")) & ~pre_run),
-                     self.a_busy.eq(busy_a), self.a_layer.eq(layer_a), self.b_idle.eq(stage_b_idle),
+                     self.a_busy.eq(busy_a | q_full), self.a_layer.eq(Mux(q_full, layer_q, layer_a)),
+                     self.b_idle.eq(stage_b_idle),
                      self.b_layer.eq(layer_b),
                      self.mac_beat.eq(Cat(kda.mac_beat, moe.mac_beat))]
         # a stage counts every cycle it is not idle, the cycle of its last step included,
         # so "lat + 1" at the handoff and at the end is the counter's own next value
-        m.d.comb += [lat_a.inc.eq(busy_a), lat_b.inc.eq(busy_b)]
+        m.d.comb += [lat_a.inc.eq(busy_a), lat_q.inc.eq(q_full), lat_b.inc.eq(busy_b)]
         lat_a.load(accept, 1)
-        lat_b.load(handoff, lat_a.next)
-        lat_a.elaborate(m)
-        lat_b.elaborate(m)
+        lat_q.load(enq, lat_a.next)
+        lat_b.load(handoff, lat_q.next)
+        for c in (lat_a, lat_q, lat_b):
+            c.elaborate(m)
         with m.If(done_b):
             m.d.sync += self.token_cycles.eq(lat_b.next)
         return m

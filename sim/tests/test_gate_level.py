@@ -14,6 +14,11 @@ takes the existing netlist and its RTL file as they are (no regeneration check).
 A handful of tokens is enough at gate level (a few thousand cycles each at
 ~0.1 s per cycle in Icarus), after the LOAD (~2 800 cycles with stalls): 2 tokens per
 model with stalls on every port and a CSR clear.
+The model chip (issue 14) has its own run: model-tiny's netlist (4 layers on one datapath,
+two sequence slots, the LM head and the argmax) takes its image and one token in each slot,
+with stalls, and must give the integer model's next tokens and logits' argmax, and the
+same outputs and counters as the RTL file it was synthesised from.
+
 Selected by `-m gl` (make sim GL=1); also marked slow, so `-m "not slow"` leaves it out.
 """
 from __future__ import annotations
@@ -28,20 +33,20 @@ import pytest
 from flow.paths import BuildPaths
 from moekda.config import REPO_ROOT, load_config
 from sim.cocotb_util import sim_config
-from sim.driver import LayerDriver, RunPlan
+from sim.driver import LayerDriver, RunPlan, chip_driver
 
 CONFIG = sim_config("tiny")    # `make sim GL=1 CONFIG=x` synthesises and runs x
 GL_PLAN = RunPlan(tokens=2, first=(0,), clears=(1,), stall=True, seed=11)
 GL_SEEDS = (0, 31, 32)
 
 
-def _netlist(driver: LayerDriver):
-    paths = BuildPaths.for_config(load_config(CONFIG), top="layer")
+def _netlist(driver: LayerDriver, config: str = CONFIG):
+    paths = BuildPaths.for_config(load_config(config), top="layer")
     fresh = (paths.netlist.is_file() and paths.rtl.is_file()
              and paths.netlist.stat().st_mtime >= paths.rtl.stat().st_mtime
              and (os.environ.get("MOEKDA_GL_REUSE") == "1" or paths.rtl.read_text() == driver.verilog()))
     if not fresh:
-        subprocess.run([sys.executable, "-m", "moekda", "synth", "-c", CONFIG, "--top", "layer"],
+        subprocess.run([sys.executable, "-m", "moekda", "synth", "-c", config, "--top", "layer"],
                        cwd=REPO_ROOT, check=True)
     assert paths.netlist.is_file(), f"no netlist at {paths.netlist}"
     return paths.rtl, paths.netlist
@@ -65,3 +70,26 @@ def test_gate_level_tiny_runs_three_models():
                 "netlist and RTL outputs differ"
             for name in ("TOKENS", "MACS", "WEIGHT_BYTES"):
                 assert gl.counters[name] == rtl.counters[name], (name, gl.counters, rtl.counters)
+
+
+MODEL_CONFIG = "model-tiny"
+# one token in each of the two slots, both inside together: the LOAD (~8 900 beats) and
+# ~7 000 cycles of the two tokens' four layers and heads
+MODEL_GL_PLAN = RunPlan(tokens=2, stall=True, seed=5)
+
+
+@pytest.mark.gl
+@pytest.mark.slow
+@pytest.mark.timeout(4 * 3600)   # synthesis + two Icarus runs of ~17 000 cycles (the netlist: ~0.2 s a cycle)
+def test_gate_level_model_tiny():
+    driver = chip_driver(MODEL_CONFIG, seed=3)
+    rtl_file, netlist = _netlist(driver, MODEL_CONFIG)
+    rtl = driver.run(MODEL_GL_PLAN, simulator="icarus", verilog_file=rtl_file, name="gl_model_reference")
+    assert rtl.match, rtl.summary()
+    gl = driver.run(MODEL_GL_PLAN, simulator="icarus", netlist=netlist, name="gl_model")
+    assert gl.match, gl.summary()          # the next tokens of the integer model
+    assert np.array_equal(gl.idx, rtl.idx) and np.array_equal(gl.got, rtl.got), "netlist and RTL outputs differ"
+    for name in ("TOKENS", "MACS", "WEIGHT_BYTES", "BUSY_CYCLES"):
+        assert gl.counters[name] == rtl.counters[name], (name, gl.counters, rtl.counters)
+    print(f"gate level, {MODEL_CONFIG}: {len(gl.idx)} tokens match the integer model; LOAD "
+          f"{int(gl.load_cycles[0])} cycles; {gl.wall_s:.0f} s; counters {gl.counters}")
