@@ -245,9 +245,10 @@ def test_state_memory_field():
 
 
 def test_sequences_field():
-    """hw.sequences: 1 or 2, more than one only on a model chip; one line naming the field."""
+    """hw.sequences: 1 to 4, more than one only on a model chip; one line naming the field."""
     raw = load_config("model-tiny").to_dict()
-    for bad, says in ((3, "hw.sequences"), (0, "hw.sequences")):
+    assert config_from_dict({**raw, "name": "x", "hw": {**raw["hw"], "sequences": 4}}).hw.sequences == 4
+    for bad, says in ((5, "hw.sequences"), (0, "hw.sequences")):
         with pytest.raises(ConfigError, match=says):
             config_from_dict({**raw, "name": "x", "hw": {**raw["hw"], "sequences": bad}})
     tiny = load_config("tiny").to_dict()
