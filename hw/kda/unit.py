@@ -453,8 +453,10 @@ class KdaUnit(wiring.Component):
         m.d.comb += g_val.eq(Array(GATE)[g_live["idx"]])
         # the gate read gets a stage of its own: the index's decode and fan-out (a NOR4 of
         # 0.29 ns) and the mux tree, with the product's first Booth words behind them, were
-        # 0.038 ns longer than model-tiny's 1.25 ns in one stage (776 MHz); one cycle more
-        # per o element costs nothing measurable (the gated values drain into ZO in order)
+        # 0.038 ns longer than model-tiny's 1.25 ns in one stage (776 MHz).  The stage adds
+        # one cycle of latency to the o path, not one per element (the elements still
+        # flow one a cycle into ZO); g_pending counts it through gp.stages.  The stage is
+        # unconditional, not placed by the clock plan: a slow-clock config pays it too
         g_live["g"] = g_val
         g_live = gp.register(g_live)
         g_val = g_live.pop("g")
