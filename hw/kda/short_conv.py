@@ -39,7 +39,8 @@ one channel per cycle.  The K products and their sum are Booth partial
 products in one carry-save tree over stages that follow from the clock
 (hw/arith/pipeline.py); the pipeline itself never stalls: results land in a FIFO as
 deep as the pipeline, and ``i`` is ready only while every channel in flight
-has a place there, so back-pressure on ``o`` stalls ``i`` without loss.
+has a place there, so back-pressure on ``o`` stalls ``i`` without loss; with ``o``
+always ready, ``i`` is always ready (the KDA unit relies on it).
 """
 from __future__ import annotations
 
@@ -191,7 +192,12 @@ class ShortConv(wiring.Component):
         live["a"], live["b"] = live.pop("words")
         live = pipelined_add(pipe, live, "a", "b", "acc", width)
         live = pipe.register(live)
-        depth = pipe.stages + 2          # stage 1 and the pipeline, plus one
+        # an accepted channel holds a credit for stage 1, the pipeline's stages, the two
+        # cycles SyncFIFOBuffered takes from w_en to r_rdy and the cycle ``credit`` takes to
+        # see the read: with fewer places ``i`` fell to not ready at one channel a cycle
+        # with ``o`` always ready, and the KDA unit (which sends without looking at ready:
+        # its rows cannot stall) lost channels (d_model 4 = lanes: a row a cycle)
+        depth = pipe.stages + 4
         m.submodules.out = out = SyncFIFOBuffered(width=width, depth=depth)
         m.d.comb += [out.w_en.eq(live["valid"]), out.w_data.eq(live["acc"]),
                      self.o.valid.eq(out.r_rdy), self.o.payload.eq(Value.cast(out.r_data).as_signed()),

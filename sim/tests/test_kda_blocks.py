@@ -326,6 +326,44 @@ def test_short_conv_matches_reference_under_stalls(C, K, L):
     assert got == [int(v) for v in want]
 
 
+@pytest.mark.parametrize("period", [0.8, 1.25, 2.5])
+def test_short_conv_is_always_ready_at_full_rate(period):
+    """With ``o`` always ready, ``i`` takes a channel every cycle, tokens back to back: the
+    KDA unit sends its rows without looking at ``ready`` (a row a cycle when d_model =
+    lanes), so a not-ready cycle there is a lost channel.  The pipeline depth follows
+    from the clock, so several periods."""
+    C, K = 5, 4
+    dut = ShortConv(C, K, clock_period_ns=period)
+    not_ready, outs = [], []
+
+    async def bench(ctx):
+        ctx.set(dut.o.ready, 1)
+        for c in range(C):
+            ctx.set(dut.taps[c], [1] * K)
+        await ctx.tick()
+        ctx.set(dut.i.valid, 1)
+        for n in range(8 * C):
+            ctx.set(dut.i.payload, n % 7 - 3)
+            if not ctx.get(dut.i.ready):
+                not_ready.append(n)
+            await ctx.tick()
+        ctx.set(dut.i.valid, 0)
+        for _ in range(40):
+            await ctx.tick()
+
+    async def monitor(ctx):
+        async for clk_edge, rst, valid in ctx.tick().sample(dut.o.valid):
+            if valid:
+                outs.append(1)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.add_process(monitor)
+    sim.run_until(1e-8 * 200)
+    assert not_ready == [] and len(outs) == 8 * C, (not_ready, len(outs))
+
+
 # ---- the unit's sparse event counter ---------------------------------------------------
 
 def test_sparse_event_count_across_the_halves():
