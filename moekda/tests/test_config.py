@@ -136,7 +136,7 @@ def test_one_layer_configs_keep_their_hash_and_dict():
 
 
 def test_model_configs():
-    for name, layer, vocab, tied in (("model-tiny", "tiny", 64, True), ("model-small", "small", 256, False)):
+    for name, layer, vocab, tied, slots in (("model-tiny", "tiny", 64, True, 2), ("model-small", "small", 256, False, 3)):
         cfg, one = load_config(name), load_config(layer)
         m = cfg.model
         assert (m.n_layers, m.layers, m.mixers, m.vocab, m.tie_embedding) == (
@@ -145,8 +145,8 @@ def test_model_configs():
         # the layers are the one-layer config's, field for field
         same = {k: v for k, v in one.to_dict()["model"].items()}
         assert {k: cfg.to_dict()["model"][k] for k in same} == same
-        # the layer config's hardware, running two sequences side by side
-        assert cfg.hw.sequences == 2 and one.hw.sequences == 1
+        # the layer config's hardware, running two (model-small: three) sequences side by side
+        assert cfg.hw.sequences == slots and one.hw.sequences == 1
         assert {k: v for k, v in cfg.to_dict()["hw"].items() if k != "sequences"} == one.to_dict()["hw"]
         assert cfg.to_dict()["formats"] == one.to_dict()["formats"]
         assert m.d_ff_dense == (m.top_k + m.n_shared) * m.d_ff and m.dense_chunks == m.top_k + m.n_shared
