@@ -28,3 +28,11 @@ def test_nothing_imports_the_cli():
             if "tests" in p.parts:
                 continue
             assert "moekda.cli" not in _imports(p), p
+
+
+def test_nothing_imports_the_training_extra():
+    """train/ (JAX, an optional extra) sits on top of the models: the chip, the flow and the
+    models run without it."""
+    for top in ("moekda", "hw", "sim", "flow", "pdk"):
+        for p in (REPO_ROOT / top).rglob("*.py"):
+            assert not {m for m in _imports(p) if m == "train" or m.startswith("train.")}, p
