@@ -32,6 +32,8 @@ help:
 	@echo "  make vectors  [CONFIG=]        export inputs, integer parameters and expected outputs (256 tokens)"
 	@echo "  make bench                     cycles/token vs roofline, Fmax, area, energy: tiny, small, model-tiny, model-small"
 	@echo "  make sweep                     design-space sweep with Ray: Pareto table and plot"
+	@echo "  make train [TRAIN_ARGS=]       train a model on MQAR with JAX (installed on first use; docs/training.md)"
+	@echo "  make train-setup               install the training extra (requirements-train.txt) into .venv"
 	@echo "  make clean                     remove build/"
 	@echo ""
 	@echo "  CONFIG is a name under configs/ (tiny, small) or a path to a .toml file; default tiny."
@@ -104,6 +106,23 @@ $(SWEEP_STAMP): $(STAMP)
 
 sweep: $(SWEEP_STAMP)
 	$(MOEKDA) sweep --grid bench/sweep.toml
+
+# make train: the training extra (JAX on the CPU, requirements-train.txt) is installed on
+# first use, never by make setup.  One XLA thread and nice: the machine's cores belong to
+# the simulations first.
+TRAIN_STAMP := $(VENV)/.train-stamp
+TRAIN_ARGS  ?=
+.PHONY: train train-setup
+$(TRAIN_STAMP): $(STAMP) requirements-train.txt
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-train.txt
+	@touch $@
+
+train-setup: $(TRAIN_STAMP)
+	@:
+
+train: $(TRAIN_STAMP)
+	XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
+	  nice -n 10 $(VENV)/bin/python -m train $(TRAIN_ARGS)
 
 clean:
 	rm -rf build

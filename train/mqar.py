@@ -41,17 +41,19 @@ class MQAR:
     mask: np.ndarray
 
 
-def check_sizes(vocab: int, n_pairs: int, seq_len: int) -> None:
-    """ValueError, one line naming the argument and what is allowed, unless the sizes make
-    an MQAR example: distinct keys and values fit their halves of the vocabulary, and the
-    query region has a slot (two positions) per pair."""
+def check_sizes(vocab: int, n_pairs: int, seq_len: int, names=("vocab", "pairs", "seq_len")) -> None:
+    """ValueError, one line naming the argument (``names``: what the caller calls vocab,
+    n_pairs and seq_len) and what is allowed, unless the sizes make an MQAR example:
+    distinct keys and values fit their halves of the vocabulary, and the query region has a
+    slot (two positions) per pair."""
+    v, p, t = names
     if vocab < 4:
-        raise ValueError(f"vocab {vocab}: allowed is 4 or more (keys and values take half each)")
+        raise ValueError(f"{v} {vocab}: allowed is 4 or more (keys and values take half each)")
     if not 1 <= n_pairs <= vocab // 2 - 1:
-        raise ValueError(f"pairs {n_pairs}: allowed is 1 to {vocab // 2 - 1} for vocab {vocab} "
+        raise ValueError(f"{p} {n_pairs}: allowed is 1 to {vocab // 2 - 1} for vocab {vocab} "
                          f"(distinct keys from 1 to {vocab // 2 - 1})")
     if seq_len < 4 * n_pairs:
-        raise ValueError(f"seq_len {seq_len}: allowed is {4 * n_pairs} or more for {n_pairs} pairs "
+        raise ValueError(f"{t} {seq_len}: allowed is {4 * n_pairs} or more for {n_pairs} pairs "
                          f"(2 per pair of context, a 2-position slot per query)")
 
 
