@@ -9,10 +9,13 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
+from sim.models.int_model import int_run_model  # noqa: E402
 from sim.models.params import load_model_params  # noqa: E402
+from sim.models.quantize import quantize_model  # noqa: E402
 from sim.tests.model_cases import model_config  # noqa: E402
 from train.__main__ import main  # noqa: E402
 from train.loop import ADAM_EPS, RunSettings, adam_init, adam_update, run  # noqa: E402
+from train.mqar import split  # noqa: E402
 
 
 def test_adam_first_step_and_clipping():
@@ -32,9 +35,9 @@ def test_adam_first_step_and_clipping():
 
 def test_short_run_learns_and_writes(tmp_path):
     """A one-layer model on 2-pair MQAR: the held-out loss falls, and the written parameters
-    load as the config's ModelParams and give sim/models' float model the accuracy the
-    run measured in JAX on the same held-out examples (float32 against float64: at most
-    one answer apart, a near tie)."""
+    load as the config's ModelParams, give sim/models' float model the accuracy the run
+    measured in JAX on the same held-out examples (float32 against float64: at most one
+    answer apart, a near tie), and go through the quantiser as they are."""
     cfg = model_config("model-tiny", n_layers=1, layers=["kda"], mixers=["moe"])
     s = RunSettings(pairs=2, seq_len=16, steps=60, batch=16, lr=1e-2, warmup=5, train_examples=512,
                     heldout_examples=24, eval_every=30, float_check_examples=24)
@@ -50,6 +53,9 @@ def test_short_run_learns_and_writes(tmp_path):
     answers = 24 * 2
     assert abs(rec["final"]["float_model_heldout_acc"] - rec["final"]["heldout_acc"]) <= 1 / answers + 1e-9
     assert lines[-1].startswith("wrote ")
+    data = split("train", 2, 64, 2, 16, seed=0)
+    qm = quantize_model(mp, cfg, token_seqs=list(data.inputs))
+    assert int_run_model(qm, cfg, data.inputs[0]).shape == (16, 64)
 
 
 @pytest.mark.parametrize("argv,word", [
