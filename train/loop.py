@@ -156,11 +156,15 @@ def run(cfg: Config, s: RunSettings, log=print, out: Path | None = None) -> dict
     wall = time.perf_counter() - t0
     mp = model_from_tree(tree, cfg)
     n_check = min(s.float_check_examples, s.heldout_examples)
-    final = dict(history[-1], float_model_heldout_acc=round(float_model_accuracy(mp, cfg, held, n_check), 5),
-                 float_model_examples=n_check)
-    log(f"trained {step} steps in {wall:.0f} s ({stopped}); held-out accuracy {final['heldout_acc']:.3f} "
-        f"(JAX, {s.heldout_examples} examples), {final['float_model_heldout_acc']:.3f} (sim float model, "
-        f"{n_check} examples)")
+    final = dict(history[-1], float_model_examples=n_check)
+    msg = f"trained {step} steps in {wall:.0f} s ({stopped}); held-out accuracy {final['heldout_acc']:.3f} " \
+          f"(JAX, {s.heldout_examples} examples)"
+    if n_check:     # the same examples in JAX (float32) and in sim/models' float model (float64)
+        final["jax_heldout_acc_same_examples"] = round(float(evaluate(tree, *(a[:n_check] for a in held_j))[1]), 5)
+        final["float_model_heldout_acc"] = round(float_model_accuracy(mp, cfg, held, n_check), 5)
+        msg += f"; on the first {n_check}: {final['jax_heldout_acc_same_examples']:.3f} (JAX, float32), " \
+               f"{final['float_model_heldout_acc']:.3f} (sim float model, float64)"
+    log(msg)
     rec = {"task": "mqar", "config": cfg.name, "model": cfg.to_dict()["model"], "settings": asdict(s) | {"vocab": vocab},
            "seed": s.seed, "steps_done": step, "stopped_by": stopped, "wall_time_s": round(wall, 1),
            "history": history, "final": final, "jax": jax.__version__, "python": platform.python_version()}
