@@ -305,6 +305,11 @@ def goals(rec: dict) -> dict:
     return out
 
 
+def _contexts(rec: dict) -> list:
+    """The context positions of ``token_cycles_at_context`` in increasing order."""
+    return sorted(rec["token_cycles_at_context"], key=int)
+
+
 def _fmt(v, spec=",.1f", none="n/a"):
     return none if v is None else format(v, spec)
 
@@ -313,8 +318,10 @@ def markdown(rec: dict) -> str:
     s = rec["sim"]
     rows = [
         ("MACs per token", _fmt(rec["macs_per_token"], ",d")),
-        ("weight bytes per token (MoE, top_k)", _fmt(rec["weight_bytes_per_token"], ",d")),
-        ("weight bytes per token, dense equivalent", _fmt(rec["dense_weight_bytes_per_token"], ",d")
+        # a model chip's bytes per token are fractional (a layer's parameter halves are
+        # fetched once for hw.sequences tokens), a layer chip's whole
+        ("weight bytes per token (MoE, top_k)", _fmt(rec["weight_bytes_per_token"], ",.1f")),
+        ("weight bytes per token, dense equivalent", _fmt(rec["dense_weight_bytes_per_token"], ",.1f")
          + f" (MoE fetches {100 * (1 - rec['moe_bytes_saving']):.1f}%)"),
         ("weight bytes per token, measured on the port", _fmt(rec["measured_weight_bytes_per_token"])),
         ("roofline bound, cycles/token", f"{rec['roofline_bound']:,.1f} (bound by {rec['bound_by']}: "
@@ -323,8 +330,9 @@ def markdown(rec: dict) -> str:
         (f"cycles/token measured ({s['long']['simulator']}, {s['long']['tokens']} tokens)",
          f"{rec['cycles_per_token']:,.1f}"),
         ("utilisation of the roofline", f"{100 * rec['utilisation']:.1f}%"),
-        ("per-token cycles (TOKEN_CYCLES) at context " + " / ".join(rec["token_cycles_at_context"]),
-         " / ".join(_fmt(v) for v in rec["token_cycles_at_context"].values())
+        # (a JSON record read back has its keys as strings, in the file's order)
+        ("per-token cycles (TOKEN_CYCLES) at context " + " / ".join(_contexts(rec)),
+         " / ".join(_fmt(rec["token_cycles_at_context"][k]) for k in _contexts(rec))
          + f" (ratio {rec['context_far']} to 16: {_fmt(rec['context_ratio'], '.4f')})"),
         ("Fmax (post-synthesis, reg-to-reg)", _fmt(rec.get("fmax_mhz"), ",.0f") + " MHz"),
         ("area", _fmt(rec.get("area_um2"), ",.0f") + " um2"),
@@ -361,6 +369,10 @@ def markdown(rec: dict) -> str:
         lines.append(f"- {g}: {'met' if ok else 'NOT met'}")
     if rec["synth_note"]:
         lines += ["", f"Synthesis figures missing: {rec['synth_note']}"]
+    if rec.get("commit"):
+        lines += ["", f"Produced by `{rec['command']}` at commit {rec['commit'][:12]}"
+                  + (" (working tree changed)" if rec.get("working_tree_changed") else "")
+                  + f", {rec.get('date', '')}." + (f" {rec['note']}" if rec.get("note") else "")]
     lines += ["", f"Rerun: `moekda bench -c {rec['config']}`", ""]
     return "\n".join(lines)
 

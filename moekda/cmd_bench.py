@@ -66,6 +66,9 @@ def run(args) -> int:
     speed[other] = bench.simulate(args.config, args.speed_tokens, other)
     synth, note = bench.synth_metrics(cfg)     # read again: a synthesis may have finished meanwhile
     rec = bench.assemble(cfg, tr, long_run, speed, synth, note)
+    from flow.provenance import provenance
+    rec.update(provenance(f"moekda bench -c {args.config} --tokens {args.tokens} --speed-tokens "
+                          f"{args.speed_tokens}" + (" --synth" if args.synth else "")))
     j, md = bench.write(rec, args.out or bench.RESULTS_DIR)
     print(md.read_text())
     print(f"wrote {j} and {md}")
