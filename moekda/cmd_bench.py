@@ -67,8 +67,9 @@ def run(args) -> int:
     synth, note = bench.synth_metrics(cfg)     # read again: a synthesis may have finished meanwhile
     rec = bench.assemble(cfg, tr, long_run, speed, synth, note)
     from flow.provenance import provenance
+    # every option that changes the record (--out only moves it)
     rec.update(provenance(f"moekda bench -c {args.config} --tokens {args.tokens} --speed-tokens "
-                          f"{args.speed_tokens}" + (" --synth" if args.synth else "")))
+                          f"{args.speed_tokens} --sim {args.sim}" + (" --synth" if args.synth else "")))
     j, md = bench.write(rec, args.out or bench.RESULTS_DIR)
     print(md.read_text())
     print(f"wrote {j} and {md}")
