@@ -16,7 +16,7 @@ TOPARG := $(if $(TOP),--top $(TOP))
 
 .DEFAULT_GOAL := help
 .PHONY: help setup setup-force versions test sim rtl synth report pnr drc pnr-check \
-        accuracy vectors bench sweep clean distclean
+        accuracy vectors bench sweep demo clean distclean
 
 help:
 	@echo "moekda - KDA + MoE layer accelerator generator and Nangate45 flow"
@@ -32,6 +32,7 @@ help:
 	@echo "  make vectors  [CONFIG=]        export inputs, integer parameters and expected outputs (256 tokens)"
 	@echo "  make bench                     cycles/token vs roofline, Fmax, area, energy: tiny, small, model-tiny, model-small"
 	@echo "  make sweep                     design-space sweep with Ray: Pareto table and plot"
+	@echo "  make demo [GL=1]               a trained model on MQAR: float, integer and RTL accuracy, cycles/token (docs/training.md)"
 	@echo "  make train [TRAIN_ARGS=]       train a model on MQAR with JAX (installed on first use; docs/training.md)"
 	@echo "  make train-setup               install the training extra (requirements-train.txt) into .venv"
 	@echo "  make clean                     remove build/"
@@ -92,6 +93,11 @@ vectors: $(STAMP)
 
 # make bench: measured performance of the layer chips (tiny, small) and the model chips
 # (model-tiny, model-small) into bench/results/.
+# a committed trained model on its task: float, integer and RTL accuracy, cycles per token
+# (no training framework); GL=1 also runs a few tokens on the synthesised netlist (slow)
+demo: $(STAMP)
+	$(MOEKDA) demo $(if $(GL),--netlist) $(DEMO_ARGS)
+
 bench: $(STAMP)
 	$(MOEKDA) bench -c tiny --tokens 4096 --synth
 	$(MOEKDA) bench -c small --tokens 1024 --synth

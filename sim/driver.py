@@ -607,6 +607,38 @@ class ModelDriver(LayerDriver):
         got = [[by_t[t] for t in range(n * (P - 1) + q, len(xs), n) if t in by_t] for q in range(n)]
         return res, got, want_ids
 
+    def run_sequences(self, seqs, simulator: str = "verilator", stall: bool = False, seed: int = 1,
+                      logits: bool = False, name: str | None = None) -> tuple[RunResult, np.ndarray]:
+        """Teacher-forced sequences of one length on the chip, each a sequence of its own: S at
+        a time (hw.sequences), sequence j of a group in slot j with their tokens interleaved
+        (position k of each, then k+1), so the chip runs them side by side.  Returns the run
+        (checked token by token against the integer model; ``logits``: every logit too) and
+        the chip's next-token id at every position (n, T), -1 where it gave none."""
+        seqs = np.asarray(seqs, np.int64)
+        if seqs.ndim != 2 or not seqs.size:
+            raise ValueError("run_sequences: an (n, T) array of token ids")
+        n, T = seqs.shape
+        S = self.slots
+        xs, where, slots, first = [], [], [], []
+        for g in range(0, n, S):
+            group = range(g, min(n, g + S))
+            for k in range(T):
+                for j, e in enumerate(group):
+                    if k == 0:
+                        first.append(len(xs))
+                    xs.append(seqs[e, k])
+                    where.append((e, k))
+                    slots.append(j)
+        plan = RunPlan(tokens=len(xs), first=tuple(first), stall=stall, seed=seed,
+                       slots=tuple(slots) if S > 1 else ())
+        res = self.run(plan, simulator=simulator, xs=np.array(xs, np.int64), logits=logits,
+                       name=name or f"sequences_{os.getpid()}")
+        pred = np.full((n, T), -1, np.int64)
+        for t, g in zip(res.idx, res.got):
+            if 0 <= t < len(where):
+                pred[where[t]] = int(g[0])
+        return res, pred
+
     def image(self) -> bytes:
         from sim.models.image import qmodel_image
         return qmodel_image(self.cfg, self.q)

@@ -2,7 +2,7 @@
 
 ``train.model`` is the float model (sim/models/float_layer.py, float_model.py) in JAX over
 whole sequences, with its parameters as a pytree converted exactly to and from
-``sim.models.params``; ``train.mqar`` the multi-query associative recall data;
+``sim.models.params``; the task data (multi-query associative recall) are ``sim.tasks``, numpy only;
 ``train.loop`` a short training run (``python -m train``).  Nothing in hw/, flow/ or sim/
 imports this package: the chip and its models never need JAX.
 """

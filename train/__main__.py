@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     vocab = args.vocab or cfg.model.vocab
     if vocab > cfg.model.vocab:
         ap.error(f"--vocab {vocab}: allowed is 4 to {cfg.model.vocab} (model.vocab of config {cfg.name})")
-    from train.mqar import check_sizes
+    from sim.tasks.mqar import check_sizes
     try:
         check_sizes(vocab, args.pairs, args.seq_len, names=("--vocab", "--pairs", "--seq-len"))
     except ValueError as e:

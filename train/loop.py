@@ -22,7 +22,7 @@ import numpy as np
 from moekda.config import Config
 from sim.models import float_model
 from sim.models.params import ModelParams, random_model_params, save_model_params
-from train import mqar
+from sim.tasks import mqar
 from train.model import model_from_tree, run_model, to_tree
 
 

@@ -15,7 +15,7 @@ from sim.models.quantize import quantize_model  # noqa: E402
 from sim.tests.model_cases import model_config  # noqa: E402
 from train.__main__ import main  # noqa: E402
 from train.loop import ADAM_EPS, RunSettings, adam_init, adam_update, run  # noqa: E402
-from train.mqar import split  # noqa: E402
+from sim.tasks.mqar import split  # noqa: E402
 
 
 def test_adam_first_step_and_clipping():

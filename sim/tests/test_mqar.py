@@ -1,10 +1,10 @@
-"""train/mqar.py: every query's target is its key's value from the context, the mask marks
+"""sim/tasks/mqar.py: every query's target is its key's value from the context, the mask marks
 the queries and nothing else, the data are deterministic per seed and the splits differ.
 numpy only: runs without the training extra."""
 import numpy as np
 import pytest
 
-from train.mqar import check_sizes, mqar, split
+from sim.tasks.mqar import check_sizes, mqar, split
 
 
 @pytest.mark.parametrize("vocab,n_pairs,seq_len", [(64, 4, 64), (64, 8, 32), (16, 7, 30), (64, 1, 4), (64, 4, 17)])
