@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("moekda.cmd_report", "rebuild report.md from an earlier synth's reports"),
     "run": ("moekda.cmd_run", "run tokens (or generate from a prompt on a model chip) through the chip's simulation and the integer model, compare"),
     "demo": ("moekda.cmd_demo", "a committed trained model on its task: accuracy at float, integer and the chip's RTL, cycles per token"),
+    "generate": ("moekda.cmd_generate", "text from a character model (byte vocabulary), generated on the chip's RTL"),
     "bench": ("moekda.cmd_bench", "measured cycles/token vs roofline, Fmax, area, energy -> bench/results/"),
     "sweep": ("moekda.cmd_sweep", "design-space sweep (rtl, synth, STA, cycles) in parallel -> Pareto table and plot"),
     "pnr": ("moekda.cmd_pnr", "OpenROAD place and route on Nangate45 (--check: static checks without OpenROAD)"),

@@ -1,19 +1,19 @@
-"""`moekda demo`: a committed trained model on its task, float -> integer -> the chip's RTL.
+"""`moekda demo`: committed trained models on their tasks, float -> integer -> the chip's RTL.
 
-    moekda demo                                   # train/runs/model-tiny-mqar4, Verilator
-    moekda demo --run train/runs/NAME --examples 500 --rtl-examples 8
-    moekda demo --netlist                         # also a few tokens on the synthesised netlist (Icarus, slow)
+    moekda demo                       # the committed runs: MQAR on model-tiny, characters on model-small
+    moekda demo --run train/runs/model-tiny-mqar4 --examples 500 --rtl-examples 8
+    moekda demo --netlist             # also a few tokens on the synthesised netlist (Icarus, slow)
 
-No training framework is needed: the run's ``params.npz`` (float weights) and ``run.json``
-(config, task settings, seed) are committed.  The demo draws the task's training and
-held-out examples from the run's seed (sim/tasks), quantises the float model on
+No training framework is needed: each run's ``params.npz`` (float weights) and ``run.json``
+(config, task, settings, seed) are committed.  Per run, the demo draws the task's training
+and held-out examples from the run's settings (sim/tasks), quantises the float model on
 ``--calib-examples`` training examples (sim/models/task_accuracy.py), writes the memory
-image, scores the float model and the integer model on ``--examples`` held-out examples,
-runs the first ``--rtl-examples`` of them through the chip's RTL (every next token compared
-with the integer model's; the chip's own argmax is what is scored), and prints one table:
-task accuracy (and bits per token) at float, integer and RTL, the chip's cycles per token
-(no stalls) and tokens/s at the synthesised Fmax.  It writes the table and a JSON record
-to build/demo/<run>/.
+image, scores the float model and the integer model on the held-out examples, runs a few
+of them through the chip's RTL (every next token compared with the integer model's; the
+chip's own argmax is what is scored), and prints one table: next-token accuracy and bits
+per scored token (MQAR's answers; every character of a text) at float, integer and RTL,
+the chip's cycles per token (no stalls) and tokens/s at the synthesised Fmax.  It writes
+the table and a JSON record to build/demo/, each run's image to build/demo/<run>/.
 """
 from __future__ import annotations
 
@@ -26,13 +26,23 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RUN = "train/runs/model-tiny-mqar4"
 
 
+# the committed runs `make demo` shows, and per task: held-out examples on the float and
+# integer models, of them on the RTL, tokens of each on the RTL (0: whole examples)
+DEFAULT_RUNS = ("train/runs/model-tiny-mqar4", "train/runs/model-small-chars")
+TASK_DEFAULTS = {"mqar": (200, 4, 0), "chars": (64, 3, 32)}
+
+
 def configure(p):
-    p.add_argument("--run", default=DEFAULT_RUN,
-                   help=f"directory of a trained run: params.npz and run.json (default {DEFAULT_RUN})")
-    p.add_argument("--examples", type=int, default=200,
-                   help="held-out examples scored on the float and integer models (default 200)")
-    p.add_argument("--rtl-examples", type=int, default=4,
-                   help="of those, how many run through the chip's RTL (default 4; 0: none)")
+    p.add_argument("--run", action="append", default=None,
+                   help="directory of a trained run: params.npz and run.json (repeat for several; default "
+                        + ", ".join(DEFAULT_RUNS) + ")")
+    p.add_argument("--examples", type=int, default=None,
+                   help="held-out examples scored on the float and integer models (default: MQAR 200, chars 64 "
+                        "windows)")
+    p.add_argument("--rtl-examples", type=int, default=None,
+                   help="of those, how many run through the chip's RTL (default: MQAR 4, chars 3; 0: none)")
+    p.add_argument("--rtl-tokens", type=int, default=None,
+                   help="tokens of each RTL example (a prefix; default: MQAR the whole example, chars 32)")
     p.add_argument("--calib-examples", type=int, default=16,
                    help="training examples the quantiser calibrates on (default 16)")
     p.add_argument("--sim", choices=("verilator", "icarus"), default="verilator",
@@ -41,7 +51,7 @@ def configure(p):
                    help="also run --gl-tokens tokens of the first held-out example on the synthesised "
                         "netlist (build/<cfg>/synth/layer.netlist.v; Icarus, about an hour)")
     p.add_argument("--gl-tokens", type=int, default=4, help="tokens of the gate-level run (default 4)")
-    p.add_argument("-o", "--out", default=None, help="output directory (default build/demo/<run name>)")
+    p.add_argument("-o", "--out", default=None, help="output directory (default build/demo)")
 
 
 def _load_run(path: Path) -> tuple[dict, Path]:
@@ -56,8 +66,9 @@ def _load_run(path: Path) -> tuple[dict, Path]:
     for key in ("task", "config", "model", "settings"):
         if key not in rec:
             raise UserError(f"--run {path}: {rec_path.name} has no field {key!r}")
-    if rec["task"] != "mqar":
-        raise UserError(f"--run {path}: task {rec['task']!r}; allowed is 'mqar'")
+    from sim.tasks import TASKS
+    if rec["task"] not in TASKS:
+        raise UserError(f"--run {path}: task {rec['task']!r}; allowed are {', '.join(TASKS)}")
     return rec, params
 
 
@@ -77,14 +88,26 @@ def _fmax(cfg) -> tuple[float | None, str]:
 
 
 def run(args) -> int:
+    runs = args.run or [r for r in DEFAULT_RUNS if (REPO_ROOT / r / "run.json").is_file()]
+    out = Path(args.out) if args.out else REPO_ROOT / "build" / "demo"
+    results = [demo_run(Path(r), args, out / Path(r).name) for r in runs]
+    table = _table(results)
+    print(table)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "demo.md").write_text(table + "\n")
+    (out / "demo.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {out / 'demo.md'} and {out / 'demo.json'}")
+    return 0
+
+
+def demo_run(run_dir: Path, args, out: Path) -> dict:
     from moekda.config import ConfigError, load_config
     from sim.models.params import load_model_params
     from sim.models.task_accuracy import calibrate, float_scores, int_scores, score
-    from sim.tasks import mqar
+    from sim.tasks import splits
 
-    run_dir = Path(args.run)
     rec, params_file = _load_run(run_dir)
-    s = rec["settings"]
+    s, task = rec["settings"], rec["task"]
     try:
         cfg = load_config(rec["config"])
     except ConfigError as e:
@@ -94,25 +117,35 @@ def run(args) -> int:
                         f"configs/{cfg.name}.toml today; retrain or restore the config")
     if args.config not in ("tiny", cfg.name):
         raise UserError(f"-c {args.config}: the run {run_dir} is of config {cfg.name}")
-    held_n = int(s.get("heldout_examples", 0))
-    if not 1 <= args.examples <= 100_000:
-        raise UserError(f"--examples {args.examples}: allowed range is 1 to 100000")
-    if not 0 <= args.rtl_examples <= args.examples:
-        raise UserError(f"--rtl-examples {args.rtl_examples}: allowed range is 0 to --examples ({args.examples})")
+    d_ex, d_rtl, d_tok = TASK_DEFAULTS[task]
+    n_ex = d_ex if args.examples is None else args.examples
+    n_rtl = min(d_rtl, n_ex) if args.rtl_examples is None else args.rtl_examples
+    n_tok = (d_tok if args.rtl_tokens is None else args.rtl_tokens) or s["seq_len"]
+    if not 1 <= n_ex <= 100_000:
+        raise UserError(f"--examples {n_ex}: allowed range is 1 to 100000")
+    if not 0 <= n_rtl <= n_ex:
+        raise UserError(f"--rtl-examples {n_rtl}: allowed range is 0 to --examples ({n_ex})")
+    if not 1 <= n_tok <= s["seq_len"]:
+        raise UserError(f"--rtl-tokens {n_tok}: allowed range is 1 to {s['seq_len']} (the run's seq_len)")
     if not 1 <= args.calib_examples <= int(s["train_examples"]):
         raise UserError(f"--calib-examples {args.calib_examples}: allowed range is 1 to {s['train_examples']} "
                         f"(the run's training set)")
     if not 1 <= args.gl_tokens <= s["seq_len"]:
         raise UserError(f"--gl-tokens {args.gl_tokens}: allowed range is 1 to {s['seq_len']}")
-    out = Path(args.out) if args.out else REPO_ROOT / "build" / "demo" / run_dir.name
     out.mkdir(parents=True, exist_ok=True)
 
-    vocab = s["vocab"] or cfg.model.vocab
-    train = mqar.split("train", args.calib_examples, vocab, s["pairs"], s["seq_len"], s["seed"])
-    held = mqar.split("heldout", args.examples, vocab, s["pairs"], s["seq_len"], s["seed"])
-    print(f"moekda demo: {run_dir} ({cfg.name}, MQAR {s['pairs']} pairs in {s['seq_len']} tokens, "
-          f"vocab {vocab}, seed {s['seed']}; held-out set: {args.examples} examples"
-          f"{'' if held_n in (0, args.examples) else f', the run evaluated {held_n}'})", flush=True)
+    vocab, train, held = splits(task, s, cfg.model.vocab, args.calib_examples, n_ex)
+    notes = []
+    if task == "chars":
+        from sim.tasks.chars import corpus_differences
+        diff = corpus_differences(rec["corpus"]) if "corpus" in rec else ["no corpus record"]
+        if diff:
+            notes.append(f"{len(diff)} of the run's {len(rec.get('corpus', {}).get('files', []))} corpus files "
+                         f"differ on this machine's Python (the run's: {rec.get('corpus', {}).get('python')}); "
+                         f"first: {diff[0]}")
+    what = (f"MQAR {s['pairs']} pairs in {s['seq_len']} tokens, vocab {vocab}" if task == "mqar"
+            else f"characters of the standard library, windows of {s['seq_len']}")
+    print(f"moekda demo: {run_dir} ({cfg.name}, {what}, seed {s['seed']}; {n_ex} held-out examples)", flush=True)
     mp = load_model_params(params_file, cfg)
     q = calibrate(mp, cfg, train.inputs)
 
@@ -122,39 +155,40 @@ def run(args) -> int:
     print(f"  quantised on {args.calib_examples} training examples; image {out / 'image.bin'} "
           f"({len(image):,} bytes)", flush=True)
     rows = {}
-    print(f"  float model on {args.examples} held-out examples ...", flush=True)
-    rows["float"], float_pred = float_scores(mp, cfg, held, args.examples)
-    print(f"  integer model on {args.examples} held-out examples ...", flush=True)
-    rows["integer"], int_pred = int_scores(q, cfg, held, args.examples)
+    print(f"  float model on {n_ex} held-out examples ...", flush=True)
+    rows["float"], float_pred = float_scores(mp, cfg, held, n_ex)
+    print(f"  integer model on {n_ex} held-out examples ...", flush=True)
+    rows["integer"], int_pred = int_scores(q, cfg, held, n_ex)
     rtl = None
-    if args.rtl_examples:
+    if n_rtl:
         from sim.driver import ModelDriver
-        n = args.rtl_examples
         drv = ModelDriver(cfg, q, label=f"demo-{run_dir.name}")
-        print(f"  chip RTL ({args.sim}) on the first {n} ({n * s['seq_len']} tokens; builds the "
-              f"simulation first) ...", flush=True)
-        res, pred = drv.run_sequences(held.inputs[:n], simulator=args.sim, name="demo")
-        if not res.match or (pred != int_pred[:n]).any():
+        part = _prefix(held, n_rtl, n_tok)
+        print(f"  chip RTL ({args.sim}) on {n_rtl} of them, {n_tok} tokens each (builds the simulation first) ...",
+              flush=True)
+        res, pred = drv.run_sequences(part.inputs, simulator=args.sim, name=f"demo_{run_dir.name}")
+        if not res.match or (pred != int_pred[:n_rtl, :n_tok]).any():
             print(res.summary())
             raise UserError(f"the chip's RTL disagrees with the integer model: {res.problems[:1]}")
         rtl = {"match": True, "cycles_per_token": res.cycles_per_token, "tokens": int(res.counters.get("TOKENS", 0)),
                "sim_cycles_per_s": res.cycles_per_s, "wall_s": res.wall_s}
-        rows["RTL"] = score(pred, None, held, n)
-        rows["integer, same examples"] = score(int_pred[:n], None, held, n)
-        rows["float, same examples"] = score(float_pred[:n], None, held, n)
+        rows["RTL"] = score(pred, None, part, n_rtl)
+        rows["integer, same tokens"] = score(int_pred[:n_rtl, :n_tok], None, part, n_rtl)
+        rows["float, same tokens"] = score(float_pred[:n_rtl, :n_tok], None, part, n_rtl)
     fmax, fmax_from = _fmax(cfg)
     if rtl and fmax:
         rtl["tokens_per_s_at_fmax"] = fmax * 1e6 / rtl["cycles_per_token"]
     gl = _gate_level(cfg, q, held, args) if args.netlist else None
-    table = _table(rows, rtl, fmax, fmax_from, gl)
-    print(table)
-    record = {"run": str(run_dir), "config": cfg.name, "task": rec["task"], "settings": s,
-              "calib_examples": args.calib_examples, "scores": rows, "rtl": rtl, "fmax_mhz": fmax,
-              "fmax_from": fmax_from, "gate_level": gl}
-    (out / "demo.json").write_text(json.dumps(record, indent=1) + "\n")
-    (out / "demo.md").write_text(table + "\n")
-    print(f"wrote {out / 'demo.md'} and {out / 'demo.json'}")
-    return 0
+    return {"run": str(run_dir), "config": cfg.name, "task": task, "what": what, "settings": s,
+            "calib_examples": args.calib_examples, "scores": rows, "rtl": rtl, "fmax_mhz": fmax,
+            "fmax_from": fmax_from, "gate_level": gl, "notes": notes, "image": str(out / "image.bin")}
+
+
+def _prefix(data, n: int, t: int):
+    """The first t tokens of the first n examples (a causal model's outputs on a prefix are
+    its outputs on the whole example's first t tokens)."""
+    from types import SimpleNamespace
+    return SimpleNamespace(inputs=data.inputs[:n, :t], targets=data.targets[:n, :t], mask=data.mask[:n, :t])
 
 
 def _gate_level(cfg, q, held, args) -> dict:
@@ -175,25 +209,34 @@ def _gate_level(cfg, q, held, args) -> dict:
 
 
 def _pct(r: dict) -> str:
-    return f"{100 * r['accuracy']:.1f} % ({r['hits']}/{r['scored']})"
+    return f"{100 * r['accuracy']:.1f} % ({r['hits']:,}/{r['scored']:,})"
 
 
-def _table(rows, rtl, fmax, fmax_from, gl) -> str:
-    lines = ["| model | held-out examples | MQAR accuracy | bits per answer | cycles per token | tokens/s at Fmax |",
-             "|---|---|---|---|---|---|"]
-    for name, r in rows.items():
-        b = r.get("bits_per_token")
-        cyc = tps = ""
-        if name == "RTL" and rtl:
-            cyc = f"{rtl['cycles_per_token']:,.0f}"
-            tps = f"{rtl['tokens_per_s_at_fmax']:,.0f}" if rtl.get("tokens_per_s_at_fmax") else "no Fmax"
-        lines.append(f"| {name} | {r['examples']} | {_pct(r)} | {'' if b is None else f'{b:.3f}'} | {cyc} | {tps} |")
+def _table(results: list[dict]) -> str:
+    lines = ["| task | model | held-out examples | next-token accuracy | bits per scored token | cycles per token "
+             "| tokens/s at Fmax |", "|---|---|---|---|---|---|---|"]
     notes = []
-    if rtl:
-        notes.append(f"RTL: every next token equal to the integer model's ({rtl['tokens']} tokens, no stalls); "
-                     f"{rtl['sim_cycles_per_s']:,.0f} simulated cycles/s")
-    notes.append(f"Fmax {fmax:,.0f} MHz from {fmax_from}" if fmax else f"no Fmax: {fmax_from}")
-    if gl:
-        notes.append(f"gate level: {gl['tokens']} tokens, {'MATCH' if gl['match'] else 'MISMATCH: ' + str(gl['first_problem'])}"
-                     f" ({gl['cycles']:,} cycles, {gl['wall_s']:.0f} s)")
+    for r in results:
+        rtl = r["rtl"]
+        for name, sc in r["scores"].items():
+            b = sc.get("bits_per_token")
+            cyc = tps = ""
+            if name == "RTL" and rtl:
+                cyc = f"{rtl['cycles_per_token']:,.0f}"
+                tps = f"{rtl['tokens_per_s_at_fmax']:,.0f}" if rtl.get("tokens_per_s_at_fmax") else "no Fmax"
+            lines.append(f"| {r['what']} ({r['config']}) | {name} | {sc['examples']} | {_pct(sc)} | "
+                         f"{'' if b is None else f'{b:.3f}'} | {cyc} | {tps} |")
+        head = f"{r['config']} ({r['task']}): "
+        if rtl:
+            notes.append(head + f"RTL: every next token equal to the integer model's ({rtl['tokens']} tokens, "
+                         f"no stalls, {rtl['sim_cycles_per_s']:,.0f} simulated cycles/s)")
+        notes.append(head + (f"Fmax {r['fmax_mhz']:,.0f} MHz from {r['fmax_from']}" if r["fmax_mhz"]
+                             else f"no Fmax: {r['fmax_from']}"))
+        gl = r["gate_level"]
+        if gl:
+            notes.append(head + f"gate level: {gl['tokens']} tokens, "
+                         f"{'MATCH' if gl['match'] else 'MISMATCH: ' + str(gl['first_problem'])}"
+                         f" ({gl['cycles']:,} cycles, {gl['wall_s']:.0f} s)")
+        notes += [head + n for n in r["notes"]]
+    notes.append("bits per scored token: MQAR's answers, every byte of a text (bits per character)")
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes)

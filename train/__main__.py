@@ -1,5 +1,5 @@
-"""``python -m train``: train the float model of a config on MQAR for a short run and print
-the loss and held-out accuracy (train/loop.py).  ``--help`` lists every option.
+"""``python -m train``: train the float model of a config on a task (MQAR, or the character
+LM with ``--task chars``) for a short run and print the loss and held-out accuracy (train/loop.py).  ``--help`` lists every option.
 
 A bad option is refused with one line naming it and what is allowed, exit code 2."""
 from __future__ import annotations
@@ -63,6 +63,12 @@ def main(argv=None) -> int:
     for opt, (name, kind, lo, hi, text) in OPTIONS.items():
         ap.add_argument(opt, dest=name, type=ranged(kind, lo, hi), default=defaults[name],
                         help=f"{text} ({lo} to {hi}; default {defaults[name]})")
+    ap.add_argument("--task", choices=("mqar", "chars"), default="mqar",
+                    help="mqar (multi-query associative recall; default) or chars (character LM on the "
+                         "Python standard library's sources: a byte vocabulary, model-small)")
+    ap.add_argument("--rule", choices=("delta", "gla"), default="delta",
+                    help="state update: delta (KDA, what the chip computes; default) or gla (the baseline "
+                         "without the delta rule: plain gated linear attention)")
     ap.add_argument("-o", "--out", type=Path, help="directory for params.npz and run.json")
     args = ap.parse_args(argv)
 
@@ -75,13 +81,19 @@ def main(argv=None) -> int:
         ap.error(f"--config {args.config}: model.vocab is {cfg.model.vocab}; allowed is a model config "
                  f"with vocab 4 or more (model-tiny, model-small)")
     vocab = args.vocab or cfg.model.vocab
-    if vocab > cfg.model.vocab:
+    if args.task == "chars":
+        from sim.tasks.chars import VOCAB
+        if cfg.model.vocab != VOCAB or args.vocab not in (0, VOCAB):
+            ap.error(f"--task chars: a byte vocabulary of {VOCAB}; config {cfg.name} has model.vocab "
+                     f"{cfg.model.vocab} (use -c model-small)")
+    elif vocab > cfg.model.vocab:
         ap.error(f"--vocab {vocab}: allowed is 4 to {cfg.model.vocab} (model.vocab of config {cfg.name})")
-    from sim.tasks.mqar import check_sizes
-    try:
-        check_sizes(vocab, args.pairs, args.seq_len, names=("--vocab", "--pairs", "--seq-len"))
-    except ValueError as e:
-        ap.error(str(e))
+    else:
+        from sim.tasks.mqar import check_sizes
+        try:
+            check_sizes(vocab, args.pairs, args.seq_len, names=("--vocab", "--pairs", "--seq-len"))
+        except ValueError as e:
+            ap.error(str(e))
     if args.float_check_examples > args.heldout_examples:
         ap.error(f"--float-check {args.float_check_examples}: allowed is 0 to --heldout-examples "
                  f"({args.heldout_examples})")
@@ -89,7 +101,8 @@ def main(argv=None) -> int:
         ap.error(f"--out {args.out}: a file; allowed is a directory (made if missing)")
 
     from train.loop import run
-    settings = RunSettings(**{name: getattr(args, name) for name, *_ in OPTIONS.values()})
+    settings = RunSettings(**{name: getattr(args, name) for name, *_ in OPTIONS.values()}, rule=args.rule,
+                           task=args.task)
     run(cfg, settings, out=args.out)
     return 0
 

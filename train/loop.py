@@ -22,7 +22,7 @@ import numpy as np
 from moekda.config import Config
 from sim.models import float_model
 from sim.models.params import ModelParams, random_model_params, save_model_params
-from sim.tasks import mqar
+from sim.tasks import chars, splits
 from train.model import model_from_tree, run_model, to_tree
 
 
@@ -42,6 +42,8 @@ class RunSettings:
     eval_every: int = 50
     time_limit_s: float = 540.0
     float_check_examples: int = 32
+    rule: str = "delta"        # "gla": the baseline without the delta rule (train/model.py)
+    task: str = "mqar"         # "chars": character LM on the standard library (sim/tasks/chars.py)
 
 
 # ---- the optimiser -------------------------------------------------------------------------
@@ -89,7 +91,7 @@ def masked_loss_acc(logits, targets, mask):
 def make_functions(cfg: Config, s: RunSettings):
     """(train_step, evaluate), compiled: train_step(tree, opt, step, inputs, targets, mask)
     -> (tree, opt, loss, grad_norm); evaluate(tree, inputs, targets, mask) -> (loss, acc)."""
-    batched = jax.vmap(lambda tree, toks: run_model(tree, cfg, toks), in_axes=(None, 0))
+    batched = jax.vmap(lambda tree, toks: run_model(tree, cfg, toks, rule=s.rule), in_axes=(None, 0))
 
     def loss_fn(tree, inputs, targets, mask):
         return masked_loss_acc(batched(tree, inputs), targets, mask)[0]
@@ -107,7 +109,7 @@ def make_functions(cfg: Config, s: RunSettings):
     return train_step, evaluate
 
 
-def float_model_accuracy(mp: ModelParams, cfg: Config, data: mqar.MQAR, n: int) -> float:
+def float_model_accuracy(mp: ModelParams, cfg: Config, data, n: int) -> float:
     """Accuracy of sim/models' float model (float64) on the first n examples' answers."""
     hit = total = 0
     for inp, tgt, msk in zip(data.inputs[:n], data.targets[:n], data.mask[:n]):
@@ -117,12 +119,16 @@ def float_model_accuracy(mp: ModelParams, cfg: Config, data: mqar.MQAR, n: int) 
     return hit / max(1, total)
 
 
+def task_data(cfg: Config, s: RunSettings):
+    """(vocab, training split, held-out split, extra record fields) of the run's task."""
+    vocab, train_data, held = splits(s.task, asdict(s), cfg.model.vocab, s.train_examples, s.heldout_examples)
+    return vocab, train_data, held, ({"corpus": chars.corpus_record()} if s.task == "chars" else {})
+
+
 def run(cfg: Config, s: RunSettings, log=print, out: Path | None = None) -> dict:
-    """Train from ``random_model_params(cfg, s.seed)`` on MQAR and return the run's record
+    """Train from ``random_model_params(cfg, s.seed)`` on the task and return the run's record
     (module doc); with ``out``, write ``params.npz`` and ``run.json`` there."""
-    vocab = s.vocab or cfg.model.vocab
-    train_data = mqar.split("train", s.train_examples, vocab, s.pairs, s.seq_len, s.seed)
-    held = mqar.split("heldout", s.heldout_examples, vocab, s.pairs, s.seq_len, s.seed)
+    vocab, train_data, held, extra = task_data(cfg, s)
     tree = to_tree(random_model_params(cfg, s.seed), jnp.float32)
     opt = adam_init(tree)
     train_step, evaluate = make_functions(cfg, s)
@@ -136,6 +142,8 @@ def run(cfg: Config, s: RunSettings, log=print, out: Path | None = None) -> dict
         h_loss, h_acc = (float(x) for x in evaluate(tree, *held_j))
         row = {"step": step, "train_loss": round(float(loss), 5), "heldout_loss": round(h_loss, 5),
                "heldout_acc": round(h_acc, 5), "wall_s": round(time.perf_counter() - t0, 1)}
+        if s.task == "chars":
+            row["heldout_bpc"] = round(h_loss / np.log(2.0), 5)
         history.append(row)
         log("  ".join(f"{k} {v}" for k, v in row.items()))
 
@@ -155,7 +163,8 @@ def run(cfg: Config, s: RunSettings, log=print, out: Path | None = None) -> dict
         record(loss)
     wall = time.perf_counter() - t0
     mp = model_from_tree(tree, cfg)
-    n_check = min(s.float_check_examples, s.heldout_examples)
+    # sim/models computes the delta rule only: a GLA baseline has no float model to check against
+    n_check = min(s.float_check_examples, s.heldout_examples) if s.rule == "delta" else 0
     final = dict(history[-1], float_model_examples=n_check)
     msg = f"trained {step} steps in {wall:.0f} s ({stopped}); held-out accuracy {final['heldout_acc']:.3f} " \
           f"(JAX, {s.heldout_examples} examples)"
@@ -165,9 +174,9 @@ def run(cfg: Config, s: RunSettings, log=print, out: Path | None = None) -> dict
         msg += f"; on the first {n_check}: {final['jax_heldout_acc_same_examples']:.3f} (JAX, float32), " \
                f"{final['float_model_heldout_acc']:.3f} (sim float model, float64)"
     log(msg)
-    rec = {"task": "mqar", "config": cfg.name, "model": cfg.to_dict()["model"], "settings": asdict(s) | {"vocab": vocab},
+    rec = {"task": s.task, "config": cfg.name, "model": cfg.to_dict()["model"], "settings": asdict(s) | {"vocab": vocab},
            "seed": s.seed, "steps_done": step, "stopped_by": stopped, "wall_time_s": round(wall, 1),
-           "history": history, "final": final, "jax": jax.__version__, "python": platform.python_version()}
+           "history": history, "final": final, "jax": jax.__version__, "python": platform.python_version(), **extra}
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         save_model_params(mp, out / "params.npz")

@@ -121,16 +121,26 @@ def causal_conv(a, w, seg_start):
     return out
 
 
-def delta_rule(q, k, v, g, beta, starts):
+RULES = ("delta", "gla")
+
+
+def delta_rule(q, k, v, g, beta, starts, rule: str = "delta"):
     """float_layer.delta_rule_step over a sequence, the state zeroed where ``starts``.
-    q, k, g (T, H, dk); v (T, H, dv); beta (T, H); starts (T,).  Returns o (T, H, dv)."""
+    q, k, g (T, H, dk); v (T, H, dv); beta (T, H); starts (T,).  Returns o (T, H, dv).
+
+    ``rule="gla"`` is the training baseline without the delta rule, plain gated linear
+    attention (Yang et al. 2023): S = diag(exp g) S + k v^T, the same decay and readout
+    but no correction by what S already holds for k and no write strength beta (the chip
+    and sim/models compute only the delta rule)."""
+    if rule not in RULES:
+        raise ValueError(f"rule {rule!r}: allowed are {', '.join(RULES)}")
     H, dk, dv = q.shape[1], q.shape[2], v.shape[2]
 
     def step(S, tok):
         qt, kt, vt, gt, bt, st = tok
         S = jnp.where(st, jnp.zeros_like(S), S)
         S = S * jnp.exp(gt)[:, :, None]
-        u = bt[:, None] * (vt - jnp.einsum("hkv,hk->hv", S, kt))
+        u = vt if rule == "gla" else bt[:, None] * (vt - jnp.einsum("hkv,hk->hv", S, kt))
         S = S + kt[:, :, None] * u[:, None, :]
         return S, jnp.einsum("hkv,hk->hv", S, qt)
 
@@ -138,7 +148,7 @@ def delta_rule(q, k, v, g, beta, starts):
     return o
 
 
-def kda(p: dict, cfg: Config, xn, starts, seg_start):
+def kda(p: dict, cfg: Config, xn, starts, seg_start, rule: str = "delta"):
     """float_layer.kda_step over a sequence: xn (T, d) the normalised input. Returns (T, d)."""
     m = cfg.model
     T, H, dk = xn.shape[0], m.n_heads, m.head_dim
@@ -150,7 +160,7 @@ def kda(p: dict, cfg: Config, xn, starts, seg_start):
     a = jnp.repeat(jnp.exp(p["kda.a_log"]), dk)
     g = m.decay_lower_bound * jax.nn.sigmoid(a * (f + p["kda.dt_bias"]))
     beta = jax.nn.sigmoid(xn @ p["kda.w_b"].T)
-    o = delta_rule(q * dk ** -0.5, k, v, g.reshape(T, H, dk), beta, starts)
+    o = delta_rule(q * dk ** -0.5, k, v, g.reshape(T, H, dk), beta, starts, rule)
     on = rms_unit(o, m.norm_eps)
     gate = jax.nn.sigmoid((xn @ p["kda.w_g_down"].T) @ p["kda.w_g_up"].T)
     return ((on * p["kda.o_norm_w"]).reshape(T, H * dk) * gate) @ p["kda.w_o"].T
@@ -176,10 +186,10 @@ def moe(p: dict, cfg: Config, hn):
     return routed + shared
 
 
-def layer(p: dict, cfg: Config, x, starts, seg_start):
+def layer(p: dict, cfg: Config, x, starts, seg_start, rule: str = "delta"):
     """float_layer.layer_step over a sequence: x (T, d) -> y (T, d)."""
     eps = cfg.model.norm_eps
-    h = x + kda(p, cfg, rms_unit(x, eps) * p["attn_norm_w"], starts, seg_start)
+    h = x + kda(p, cfg, rms_unit(x, eps) * p["attn_norm_w"], starts, seg_start, rule)
     hn = rms_unit(h, eps) * p["mlp_norm_w"]
     mixer = swiglu(p["dense.w_gate"], p["dense.w_up"], p["dense.w_down"], hn) if "dense.w_gate" in p \
         else moe(p, cfg, hn)
@@ -192,21 +202,21 @@ def run_layer(tree: dict, cfg: Config, xs, resets=None):
     return layer(tree, cfg, jnp.asarray(xs, tree["attn_norm_w"].dtype), starts, seg_start)
 
 
-def run_stack(tree: dict, cfg: Config, xs, resets=None):
+def run_stack(tree: dict, cfg: Config, xs, resets=None, rule: str = "delta"):
     """float_model.run_stack: a model tree's L layers on xs (T, d) -> x_L (T, d)."""
     starts, seg_start = segment_starts(resets, xs.shape[0])
     x = jnp.asarray(xs, tree["layers.0.attn_norm_w"].dtype)
     for l in range(cfg.model.n_layers):
-        x = layer(_layer_view(tree, f"layers.{l}."), cfg, x, starts, seg_start)
+        x = layer(_layer_view(tree, f"layers.{l}."), cfg, x, starts, seg_start, rule)
     return x
 
 
-def run_model(tree: dict, cfg: Config, tokens, resets=None):
+def run_model(tree: dict, cfg: Config, tokens, resets=None, rule: str = "delta"):
     """float_model.run_model, teacher-forced: token ids (T,) -> logits (T, V), row t the
     prediction of the token after tokens[t].  The ids must lie in 0 .. vocab-1 (JAX clamps
     an index out of range instead of refusing it; float_model.embed refuses it)."""
     tokens = jnp.asarray(tokens)
-    xL = run_stack(tree, cfg, tree["embedding"][tokens], resets)
+    xL = run_stack(tree, cfg, tree["embedding"][tokens], resets, rule)
     fn = rms_unit(xL, cfg.model.norm_eps) * tree["final_norm_w"]
     head = tree["lm_head"] if "lm_head" in tree else tree["embedding"]
     return fn @ head.T

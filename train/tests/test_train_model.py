@@ -136,3 +136,28 @@ def test_layer_tree_round_trip_exact_and_checked():
     del tree["layers.3.moe.w_router"]
     with pytest.raises(ValueError, match="layers.3.moe.w_router"):
         tm.model_from_tree(tree, cfg_m)
+
+
+def test_gla_baseline_is_plain_gated_linear_attention():
+    """rule="gla": S = diag(exp g) S + k v^T (no delta correction, no beta), zeroed at a
+    restart; the delta rule on the same inputs differs."""
+    rng = np.random.default_rng(5)
+    T, H, dk, dv = 9, 2, 3, 4
+    q, k, g = (rng.standard_normal((T, H, dk)) for _ in range(3))
+    g = -np.abs(g)
+    v, beta = rng.standard_normal((T, H, dv)), rng.random((T, H))
+    starts = np.zeros(T, bool)
+    starts[[0, 5]] = True
+    S = np.zeros((H, dk, dv))
+    want = np.zeros((T, H, dv))
+    for t in range(T):
+        if starts[t]:
+            S[:] = 0
+        S = S * np.exp(g[t])[:, :, None] + k[t][:, :, None] * v[t][:, None, :]
+        want[t] = np.einsum("hkv,hk->hv", S, q[t])
+    got = tm.delta_rule(*(jnp.asarray(a) for a in (q, k, v, g, beta, starts)), rule="gla")
+    np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-12)
+    delta = tm.delta_rule(*(jnp.asarray(a) for a in (q, k, v, g, beta, starts)))
+    assert np.abs(np.asarray(delta) - want).max() > 1e-3
+    with pytest.raises(ValueError, match="allowed are delta, gla"):
+        tm.delta_rule(*(jnp.asarray(a) for a in (q, k, v, g, beta, starts)), rule="linear")
