@@ -12,6 +12,7 @@ import jax.numpy as jnp  # noqa: E402
 from sim.models.int_model import int_run_model  # noqa: E402
 from sim.models.params import load_model_params  # noqa: E402
 from sim.models.quantize import quantize_model  # noqa: E402
+from moekda.config import load_config  # noqa: E402
 from sim.tests.model_cases import model_config  # noqa: E402
 from train.__main__ import main  # noqa: E402
 from train.loop import ADAM_EPS, RunSettings, adam_init, adam_update, run  # noqa: E402
@@ -65,6 +66,7 @@ def test_short_run_learns_and_writes(tmp_path):
     (["--steps", "0"], "--steps"), (["--lr", "fast"], "--lr"), (["--pairs", "40"], "--pairs"),
     (["--seq-len", "10"], "--seq-len"), (["-c", "tiny"], "--config"), (["-c", "no-such"], "--config"),
     (["--vocab", "100"], "--vocab"), (["--float-check", "5", "--heldout-examples", "4"], "--float-check"),
+    (["--task", "chars"], "--task chars"), (["--task", "text"], "--task"), (["--rule", "linear"], "--rule"),
 ])
 def test_bad_options_one_line_exit_2(argv, word, capsys):
     with pytest.raises(SystemExit) as e:
@@ -73,3 +75,17 @@ def test_bad_options_one_line_exit_2(argv, word, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("python -m train: error: ") and word in err, err
     assert "Traceback" not in err
+
+
+def test_character_run_records_its_corpus(tmp_path):
+    """--task chars on model-small: bits per character in the history, the corpus (every file
+    with its hash) in the record, and the float model checked on a held-out window."""
+    from train.loop import RunSettings, run
+    cfg = load_config("model-small")
+    s = RunSettings(task="chars", seq_len=16, steps=2, batch=2, train_examples=8, heldout_examples=2,
+                    eval_every=2, float_check_examples=1)
+    rec = run(cfg, s, log=lambda m: None, out=tmp_path)
+    assert rec["task"] == "chars" and rec["corpus"]["files"] and "sha256" in rec["corpus"]["files"][0]
+    h = rec["history"][-1]
+    assert abs(h["heldout_bpc"] - h["heldout_loss"] / np.log(2)) < 1e-4
+    assert abs(rec["final"]["float_model_heldout_acc"] - rec["final"]["jax_heldout_acc_same_examples"]) <= 1 / 16
