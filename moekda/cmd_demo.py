@@ -29,7 +29,10 @@ DEFAULT_RUN = "train/runs/model-tiny-mqar4"
 # the committed runs `make demo` shows, and per task: held-out examples on the float and
 # integer models, of them on the RTL, tokens of each on the RTL (0: whole examples)
 DEFAULT_RUNS = ("train/runs/model-tiny-mqar4", "train/runs/model-small-chars")
-TASK_DEFAULTS = {"mqar": (200, 4, 0), "chars": (64, 3, 32)}
+TASK_DEFAULTS = {"mqar": (200, 4, 0), "chars": (32, 3, 16)}
+# the chip whose RTL runs a model of this config by default: the same [model] with its KDA
+# state in SRAM macros builds and simulates several times faster than 400k state flip-flops
+FAST_CHIP = {"model-small": "model-small-sram"}
 
 
 def configure(p):
@@ -43,6 +46,11 @@ def configure(p):
                    help="of those, how many run through the chip's RTL (default: MQAR 4, chars 3; 0: none)")
     p.add_argument("--rtl-tokens", type=int, default=None,
                    help="tokens of each RTL example (a prefix; default: MQAR the whole example, chars 32)")
+    p.add_argument("--chip", default=None,
+                   help="config of the chip whose RTL runs the model: one with the run's [model] (default: the "
+                        "run's config; model-small runs on model-small-sram)")
+    p.add_argument("--logits", action="store_true",
+                   help="on the RTL, compare every logit with the integer model's, not only the next token")
     p.add_argument("--calib-examples", type=int, default=16,
                    help="training examples the quantiser calibrates on (default 16)")
     p.add_argument("--sim", choices=("verilator", "icarus"), default="verilator",
@@ -117,6 +125,16 @@ def demo_run(run_dir: Path, args, out: Path) -> dict:
                         f"configs/{cfg.name}.toml today; retrain or restore the config")
     if args.config not in ("tiny", cfg.name):
         raise UserError(f"-c {args.config}: the run {run_dir} is of config {cfg.name}")
+    chip = cfg
+    chip_name = args.chip or FAST_CHIP.get(cfg.name, cfg.name)
+    if chip_name != cfg.name:
+        try:
+            chip = load_config(chip_name)
+        except ConfigError as e:
+            raise UserError(f"--chip: {e}") from None
+        if chip.to_dict()["model"] != cfg.to_dict()["model"]:
+            raise UserError(f"--chip {chip_name}: its [model] differs from the run's ({cfg.name}); allowed is a "
+                            f"config with the same model")
     d_ex, d_rtl, d_tok = TASK_DEFAULTS[task]
     n_ex = d_ex if args.examples is None else args.examples
     n_rtl = min(d_rtl, n_ex) if args.rtl_examples is None else args.rtl_examples
@@ -162,23 +180,25 @@ def demo_run(run_dir: Path, args, out: Path) -> dict:
     rtl = None
     if n_rtl:
         from sim.driver import ModelDriver
-        drv = ModelDriver(cfg, q, label=f"demo-{run_dir.name}")
+        drv = ModelDriver(chip, q, label=f"demo-{run_dir.name}")
         part = _prefix(held, n_rtl, n_tok)
-        print(f"  chip RTL ({args.sim}) on {n_rtl} of them, {n_tok} tokens each (builds the simulation first) ...",
-              flush=True)
-        res, pred = drv.run_sequences(part.inputs, simulator=args.sim, name=f"demo_{run_dir.name}")
+        print(f"  chip RTL ({chip.name}, {args.sim}) on {n_rtl} of them, {n_tok} tokens each"
+              f"{', every logit compared' if args.logits else ''} (builds the simulation first) ...", flush=True)
+        res, pred = drv.run_sequences(part.inputs, simulator=args.sim, name=f"demo_{run_dir.name}",
+                                      logits=args.logits)
         if not res.match or (pred != int_pred[:n_rtl, :n_tok]).any():
             print(res.summary())
             raise UserError(f"the chip's RTL disagrees with the integer model: {res.problems[:1]}")
-        rtl = {"match": True, "cycles_per_token": res.cycles_per_token, "tokens": int(res.counters.get("TOKENS", 0)),
+        rtl = {"match": True, "chip": chip.name, "logits_compared": args.logits,
+               "cycles_per_token": res.cycles_per_token, "tokens": int(res.counters.get("TOKENS", 0)),
                "sim_cycles_per_s": res.cycles_per_s, "wall_s": res.wall_s}
         rows["RTL"] = score(pred, None, part, n_rtl)
         rows["integer, same tokens"] = score(int_pred[:n_rtl, :n_tok], None, part, n_rtl)
         rows["float, same tokens"] = score(float_pred[:n_rtl, :n_tok], None, part, n_rtl)
-    fmax, fmax_from = _fmax(cfg)
+    fmax, fmax_from = _fmax(chip)
     if rtl and fmax:
         rtl["tokens_per_s_at_fmax"] = fmax * 1e6 / rtl["cycles_per_token"]
-    gl = _gate_level(cfg, q, held, args) if args.netlist else None
+    gl = _gate_level(chip, q, held, args) if args.netlist else None
     return {"run": str(run_dir), "config": cfg.name, "task": task, "what": what, "settings": s,
             "calib_examples": args.calib_examples, "scores": rows, "rtl": rtl, "fmax_mhz": fmax,
             "fmax_from": fmax_from, "gate_level": gl, "notes": notes, "image": str(out / "image.bin")}
@@ -228,8 +248,9 @@ def _table(results: list[dict]) -> str:
                          f"{'' if b is None else f'{b:.3f}'} | {cyc} | {tps} |")
         head = f"{r['config']} ({r['task']}): "
         if rtl:
-            notes.append(head + f"RTL: every next token equal to the integer model's ({rtl['tokens']} tokens, "
-                         f"no stalls, {rtl['sim_cycles_per_s']:,.0f} simulated cycles/s)")
+            notes.append(head + f"RTL of {rtl['chip']}: every next token "
+                         f"{'and every logit ' if rtl['logits_compared'] else ''}equal to the integer model's "
+                         f"({rtl['tokens']} tokens, no stalls, {rtl['sim_cycles_per_s']:,.0f} simulated cycles/s)")
         notes.append(head + (f"Fmax {r['fmax_mhz']:,.0f} MHz from {r['fmax_from']}" if r["fmax_mhz"]
                              else f"no Fmax: {r['fmax_from']}"))
         gl = r["gate_level"]
