@@ -244,9 +244,10 @@ def _table(results: list[dict]) -> str:
             if name == "RTL" and rtl:
                 cyc = f"{rtl['cycles_per_token']:,.0f}"
                 tps = f"{rtl['tokens_per_s_at_fmax']:,.0f}" if rtl.get("tokens_per_s_at_fmax") else "no Fmax"
-            lines.append(f"| {r['what']} ({r['config']}) | {name} | {sc['examples']} | {_pct(sc)} | "
+            lines.append(f"| {r['task']} ({r['config']}) | {name} | {sc['examples']} | {_pct(sc)} | "
                          f"{'' if b is None else f'{b:.3f}'} | {cyc} | {tps} |")
-        head = f"{r['config']} ({r['task']}): "
+        head = f"{r['task']} ({r['config']}): "
+        notes.append(head + r["what"])
         if rtl:
             notes.append(head + f"RTL of {rtl['chip']}: every next token "
                          f"{'and every logit ' if rtl['logits_compared'] else ''}equal to the integer model's "

@@ -23,7 +23,7 @@ def test_demo_scores_the_chip_like_the_integer_model(tmp_path, capsys):
     assert s["float"]["scored"] == s["integer"]["scored"] == 12
     assert 0 <= s["integer"]["bits_per_token"] < 10
     assert (tmp_path / "model-tiny-mqar4" / "image.bin").stat().st_size > 0
-    assert "(model-tiny) | RTL | 1 |" in capsys.readouterr().out
+    assert "| mqar (model-tiny) | RTL | 1 |" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv,names", [
