@@ -57,9 +57,10 @@ cycle is not.
 a write in one cycle, so the words are split into two BANKS by address parity
 (address a in bank a % 2, at a // 2: a word's bank is the parity of its index within
 its layer), each bank the cheapest array of one macro kind for its L layers' words
-(``choose_macros``: tiny one fakeram45_32x64 per bank, small 4 x 2 fakeram45_64x32;
-model-tiny 2 x 2 fakeram45_64x32, model-small 2 fakeram45_1024x32: more layers are
-more macro rows, or deeper macros, whichever is cheaper).
+(``choose_macros``, per bank: tiny one fakeram45_32x64, small 4 x 2 fakeram45_64x32;
+model-tiny-sram (8 contexts: 4 layers x 2 sequence slots) 4 x 2 fakeram45_64x32,
+model-small-sram (12 contexts) 3 x 2 fakeram45_1024x32: more contexts are more macro
+rows, or deeper macros, whichever is cheaper).
 A read and a write in one cycle must go to different banks; the delta rule's
 schedule guarantees it (hw/kda/delta.py: reads issued on cycles of their bank's
 parity, writes an odd number of cycles after their read).  Should both meet in

@@ -289,8 +289,9 @@ def test_kda_model_tiny_256_tokens_verilator():
 @pytest.mark.verilator
 @pytest.mark.slow
 def test_kda_model_small_sram_verilator():
-    """model-small-sram: four layers' states of small's size in SRAM (2 x 2 fakeram45_1024x32,
-    the layer in the macro address), 12 tokens in an irregular order with stalls, a restart
+    """model-small-sram: the states of four layers of small's size for each of its three
+    sequence slots (12 contexts) in SRAM (two banks of 3 x 2 fakeram45_1024x32, the context in
+    the macro address), 12 tokens in an irregular order with stalls, a restart
     of one layer and a reset mid-token."""
     run_model_kda("model-small-sram", "verilator", [0, 1, 2, 3, 2, 0, 2, 1, 3, 0, 1, 2],
                   [0, 1, 2, 3, 6], reset_in=9, seed=2)
