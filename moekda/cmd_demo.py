@@ -150,6 +150,7 @@ def demo_run(run_dir: Path, args, out: Path) -> dict:
                         f"(the run's training set)")
     if not 1 <= args.gl_tokens <= s["seq_len"]:
         raise UserError(f"--gl-tokens {args.gl_tokens}: allowed range is 1 to {s['seq_len']}")
+    netlist = _netlist(chip) if args.netlist else None     # refused before the long steps
     out.mkdir(parents=True, exist_ok=True)
 
     vocab, train, held = splits(task, s, cfg.model.vocab, args.calib_examples, n_ex)
@@ -198,7 +199,7 @@ def demo_run(run_dir: Path, args, out: Path) -> dict:
     fmax, fmax_from = _fmax(chip)
     if rtl and fmax:
         rtl["tokens_per_s_at_fmax"] = fmax * 1e6 / rtl["cycles_per_token"]
-    gl = _gate_level(chip, q, held, args) if args.netlist else None
+    gl = _gate_level(chip, q, held, args, netlist) if netlist else None
     return {"run": str(run_dir), "config": cfg.name, "task": task, "what": what, "settings": s,
             "calib_examples": args.calib_examples, "scores": rows, "rtl": rtl, "fmax_mhz": fmax,
             "fmax_from": fmax_from, "gate_level": gl, "notes": notes, "image": str(out / "image.bin")}
@@ -211,19 +212,25 @@ def _prefix(data, n: int, t: int):
     return SimpleNamespace(inputs=data.inputs[:n, :t], targets=data.targets[:n, :t], mask=data.mask[:n, :t])
 
 
-def _gate_level(cfg, q, held, args) -> dict:
-    """A few tokens of the first held-out example on the netlist, against the integer model."""
+def _netlist(chip) -> Path:
+    """The chip's synthesised netlist, if it is of today's Verilog (else one line: synthesise)."""
+    from flow.bench import chip_verilog
     from flow.paths import BuildPaths
-    from sim.driver import ModelDriver, RunPlan
-    paths = BuildPaths.for_config(cfg, "layer")
-    drv = ModelDriver(cfg, q, label="demo-gl")
-    if not paths.netlist.is_file() or not paths.rtl.is_file() or paths.rtl.read_text() != drv.verilog():
+    paths = BuildPaths.for_config(chip, "layer")
+    if not paths.netlist.is_file() or not paths.rtl.is_file() or paths.rtl.read_text() != chip_verilog(chip):
         raise UserError(f"--netlist: no netlist of today's Verilog at {paths.netlist} "
-                        f"(run `make synth CONFIG={cfg.name}` first)")
+                        f"(run `make synth CONFIG={chip.name}` first)")
+    return paths.netlist
+
+
+def _gate_level(chip, q, held, args, netlist: Path) -> dict:
+    """A few tokens of the first held-out example on the netlist, against the integer model."""
+    from sim.driver import ModelDriver, RunPlan
+    drv = ModelDriver(chip, q, label="demo-gl")
     n = args.gl_tokens
-    print(f"  gate level: {n} tokens on {paths.netlist} (Icarus; the LOAD of the image first) ...", flush=True)
-    plan = RunPlan(tokens=n, stall=False, seed=1)
-    res = drv.run(plan, simulator="icarus", xs=held.inputs[0, :n], netlist=paths.netlist, name="demo_gl")
+    print(f"  gate level: {n} tokens on {netlist} (Icarus; the LOAD of the image first) ...", flush=True)
+    res = drv.run(RunPlan(tokens=n, stall=False, seed=1), simulator="icarus", xs=held.inputs[0, :n],
+                  netlist=netlist, name="demo_gl")
     return {"tokens": n, "match": res.match, "cycles": res.sim_cycles, "wall_s": res.wall_s,
             "first_problem": res.problems[0] if res.problems else None}
 

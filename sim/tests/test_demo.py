@@ -38,3 +38,13 @@ def test_demo_refuses_bad_options(argv, names, capsys):
     assert main(["demo", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and names in err, err
+
+
+def test_demo_netlist_needs_a_synthesis_first(capsys):
+    from flow.paths import BuildPaths
+    from moekda.config import load_config
+    if BuildPaths.for_config(load_config("model-tiny"), "layer").netlist.is_file():
+        pytest.skip("model-tiny is synthesised here: --netlist would run the gate-level simulation")
+    assert main(["demo", "--run", "train/runs/model-tiny-mqar4", "--netlist", "--examples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--netlist: no netlist of today's Verilog" in err and "make synth CONFIG=model-tiny" in err
