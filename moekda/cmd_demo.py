@@ -59,6 +59,8 @@ def configure(p):
                    help="also run --gl-tokens tokens of the first held-out example on the synthesised "
                         "netlist (build/<cfg>/synth/layer.netlist.v; Icarus, about an hour)")
     p.add_argument("--gl-tokens", type=int, default=4, help="tokens of the gate-level run (default 4)")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="also plot bits per scored token against the position in the sequence (context)")
     p.add_argument("-o", "--out", default=None, help="output directory (default build/demo)")
 
 
@@ -105,7 +107,33 @@ def run(args) -> int:
     (out / "demo.md").write_text(table + "\n")
     (out / "demo.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out / 'demo.md'} and {out / 'demo.json'}")
+    if args.plot:
+        _plot(results, Path(args.plot))
+        print(f"wrote {args.plot}")
     return 0
+
+
+def _plot(results: list[dict], png: Path) -> None:
+    """Bits per scored token against the position in the sequence, float and integer, per run
+    (a text model's bits per character against its context; MQAR's answers where queried)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(results), figsize=(4.6 * len(results), 3.4), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        for name, style in (("float", "-"), ("integer", "--")):
+            by = r["scores"][name].get("bits_by_position") or []
+            pts = [(t + 1, b) for t, b in enumerate(by) if b is not None]
+            if pts:
+                ax.plot([t for t, _ in pts], [b for _, b in pts], style, label=f"{name} ({r['scores'][name]['bits_per_token']:.3f})")
+        ax.set_xlabel("context: tokens seen")
+        ax.set_ylabel("bits per scored token")
+        ax.set_title(f"{r['task']} on {r['config']} ({r['scores']['float']['examples']} held-out)", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
 
 
 def demo_run(run_dir: Path, args, out: Path) -> dict:

@@ -46,8 +46,11 @@ def score(pred: np.ndarray, logits: list | None, data, n: int) -> dict:
     scored = int(mask.sum())
     out = {"examples": n, "scored": scored, "hits": hits, "accuracy": hits / max(1, scored)}
     if logits is not None:
-        b = [bits(lg, t)[m] for lg, t, m in zip(logits, tgt, mask)]
-        out["bits_per_token"] = float(np.concatenate(b).mean()) if scored else None
+        b = np.stack([bits(lg, t) for lg, t in zip(logits, tgt)])      # (n, T)
+        out["bits_per_token"] = float(b[mask].mean()) if scored else None
+        # by position in the sequence (context length): mean over the examples scored there
+        per = mask.sum(axis=0)
+        out["bits_by_position"] = [float(b[mask[:, t], t].mean()) if per[t] else None for t in range(b.shape[1])]
     return out
 
 
