@@ -23,8 +23,6 @@ from pathlib import Path
 from moekda.cli import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_RUN = "train/runs/model-tiny-mqar4"
-
 
 # the committed runs `make demo` shows, and per task: held-out examples on the float and
 # integer models, of them on the RTL, tokens of each on the RTL (0: whole examples)
@@ -40,12 +38,14 @@ def configure(p):
                    help="directory of a trained run: params.npz and run.json (repeat for several; default "
                         + ", ".join(DEFAULT_RUNS) + ")")
     p.add_argument("--examples", type=int, default=None,
-                   help="held-out examples scored on the float and integer models (default: MQAR 200, chars 64 "
-                        "windows)")
+                   help="held-out examples scored on the float and integer models (default: "
+                        + ", ".join(f"{t} {d[0]}" for t, d in TASK_DEFAULTS.items()) + ")")
     p.add_argument("--rtl-examples", type=int, default=None,
-                   help="of those, how many run through the chip's RTL (default: MQAR 4, chars 3; 0: none)")
+                   help="of those, how many run through the chip's RTL (default: "
+                        + ", ".join(f"{t} {d[1]}" for t, d in TASK_DEFAULTS.items()) + "; 0: none)")
     p.add_argument("--rtl-tokens", type=int, default=None,
-                   help="tokens of each RTL example (a prefix; default: MQAR the whole example, chars 32)")
+                   help="tokens of each RTL example (a prefix; default: "
+                        + ", ".join(f"{t} {d[2] or 'the whole example'}" for t, d in TASK_DEFAULTS.items()) + ")")
     p.add_argument("--chip", default=None,
                    help="config of the chip whose RTL runs the model: one with the run's [model] (default: the "
                         "run's config; model-small runs on model-small-sram)")

@@ -598,9 +598,8 @@ class ModelDriver(LayerDriver):
         # one after the prompts by the chip's own output for the slot's token before, so a
         # disagreement shows as a mismatch
         seqs = [p + w[:-1] for p, w in zip(prompts, want_ids)]
-        xs = np.array([seqs[q][k] for k in range(len(seqs[0])) for q in range(n)], np.int64)
-        slots = tuple(q for _ in range(len(seqs[0])) for q in range(n)) if self.slots > 1 else ()
-        plan = RunPlan(tokens=len(xs), first=tuple(range(n)), stall=stall, seed=seed, slots=slots)
+        xs, _, slots, first = interleave(seqs, self.slots)
+        plan = RunPlan(tokens=len(xs), first=first, stall=stall, seed=seed, slots=slots)
         res = self.run(plan, simulator=simulator, xs=xs, name=f"generate_{os.getpid()}",
                        feedback_from=n * P if n_new > 1 else 0)
         by_t = {int(t): int(g[0]) for t, g in zip(res.idx, res.got)}
@@ -618,21 +617,9 @@ class ModelDriver(LayerDriver):
         if seqs.ndim != 2 or not seqs.size:
             raise ValueError("run_sequences: an (n, T) array of token ids")
         n, T = seqs.shape
-        S = self.slots
-        xs, where, slots, first = [], [], [], []
-        for g in range(0, n, S):
-            group = range(g, min(n, g + S))
-            for k in range(T):
-                for j, e in enumerate(group):
-                    if k == 0:
-                        first.append(len(xs))
-                    xs.append(seqs[e, k])
-                    where.append((e, k))
-                    slots.append(j)
-        plan = RunPlan(tokens=len(xs), first=tuple(first), stall=stall, seed=seed,
-                       slots=tuple(slots) if S > 1 else ())
-        res = self.run(plan, simulator=simulator, xs=np.array(xs, np.int64), logits=logits,
-                       name=name or f"sequences_{os.getpid()}")
+        xs, where, slots, first = interleave(seqs, self.slots)
+        plan = RunPlan(tokens=len(xs), first=first, stall=stall, seed=seed, slots=slots)
+        res = self.run(plan, simulator=simulator, xs=xs, logits=logits, name=name or f"sequences_{os.getpid()}")
         pred = np.full((n, T), -1, np.int64)
         for t, g in zip(res.idx, res.got):
             if 0 <= t < len(where):
@@ -642,6 +629,26 @@ class ModelDriver(LayerDriver):
     def image(self) -> bytes:
         from sim.models.image import qmodel_image
         return qmodel_image(self.cfg, self.q)
+
+
+def interleave(seqs, S: int) -> tuple[np.ndarray, list, tuple, tuple]:
+    """Sequences of one length side by side on a chip of S sequence slots: S at a time,
+    sequence j of a group in slot j, their tokens interleaved (position k of each, then
+    k+1).  Returns the token stream, the (sequence, position) of each stream token, the
+    slot of each (empty for S = 1: RunPlan's default) and the stream index of each
+    sequence's first token (RunPlan.first)."""
+    n, T = len(seqs), len(seqs[0])
+    xs, where, slots, first = [], [], [], []
+    for g in range(0, n, S):
+        group = range(g, min(n, g + S))
+        for k in range(T):
+            for j, e in enumerate(group):
+                if k == 0:
+                    first.append(len(xs))
+                xs.append(seqs[e][k])
+                where.append((e, k))
+                slots.append(j)
+    return np.array(xs, np.int64), where, tuple(slots) if S > 1 else (), tuple(first)
 
 
 def chip_driver(cfg_name: str, seed: int = 0) -> LayerDriver:

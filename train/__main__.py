@@ -63,7 +63,8 @@ def main(argv=None) -> int:
     for opt, (name, kind, lo, hi, text) in OPTIONS.items():
         ap.add_argument(opt, dest=name, type=ranged(kind, lo, hi), default=defaults[name],
                         help=f"{text} ({lo} to {hi}; default {defaults[name]})")
-    ap.add_argument("--task", choices=("mqar", "chars"), default="mqar",
+    from sim.tasks import TASKS
+    ap.add_argument("--task", choices=TASKS, default="mqar",
                     help="mqar (multi-query associative recall; default) or chars (character LM on the "
                          "Python standard library's sources: a byte vocabulary, model-small)")
     ap.add_argument("--rule", choices=("delta", "gla"), default="delta",
