@@ -18,6 +18,7 @@ the table and a JSON record to build/demo/, each run's image to build/demo/<run>
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from moekda.cli import UserError
@@ -100,7 +101,13 @@ def _fmax(cfg) -> tuple[float | None, str]:
 def run(args) -> int:
     runs = args.run or [r for r in DEFAULT_RUNS if (REPO_ROOT / r / "run.json").is_file()]
     out = Path(args.out) if args.out else REPO_ROOT / "build" / "demo"
-    results = [demo_run(Path(r), args, out / Path(r).name) for r in runs]
+    preps = [prepare(Path(r), args, out / Path(r).name) for r in runs]
+    # The chips' RTL (a Verilator build, then the simulation: subprocesses) runs beside the
+    # numpy float and integer models: on 2 cores that is what keeps `make demo` short.
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=max(1, len(preps))) as pool:
+        jobs = [pool.submit(rtl_job, p, args) if p["n_rtl"] else None for p in preps]
+        results = [finish(p, j, args) for p, j in zip(preps, jobs)]
     table = _table(results)
     print(table)
     out.mkdir(parents=True, exist_ok=True)
@@ -136,10 +143,11 @@ def _plot(results: list[dict], png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
-def demo_run(run_dir: Path, args, out: Path) -> dict:
+def prepare(run_dir: Path, args, out: Path) -> dict:
+    """Check the run and the options, quantise on training examples, write the image."""
     from moekda.config import ConfigError, load_config
     from sim.models.params import load_model_params
-    from sim.models.task_accuracy import calibrate, float_scores, int_scores, score
+    from sim.models.task_accuracy import calibrate
     from sim.tasks import splits
 
     rec, params_file = _load_run(run_dir)
@@ -201,36 +209,57 @@ def demo_run(run_dir: Path, args, out: Path) -> dict:
     (out / "image.bin").write_bytes(image)
     print(f"  quantised on {args.calib_examples} training examples; image {out / 'image.bin'} "
           f"({len(image):,} bytes)", flush=True)
+    return {"run_dir": run_dir, "rec": rec, "s": s, "task": task, "cfg": cfg, "chip": chip, "mp": mp, "q": q,
+            "held": held, "n_ex": n_ex, "n_rtl": n_rtl, "n_tok": n_tok, "netlist": netlist, "notes": notes,
+            "what": what, "out": out}
+
+
+def rtl_job(p: dict, args):
+    """The first n_rtl held-out examples (n_tok tokens each) on the chip's RTL."""
+    from sim.driver import ModelDriver
+    drv = ModelDriver(p["chip"], p["q"], label=f"demo-{p['run_dir'].name}")
+    part = _prefix(p["held"], p["n_rtl"], p["n_tok"])
+    print(f"  [{p['run_dir'].name}] chip RTL ({p['chip'].name}, {args.sim}) on {p['n_rtl']} held-out examples, "
+          f"{p['n_tok']} tokens each{', every logit compared' if args.logits else ''} (builds the simulation "
+          f"first) ...", flush=True)
+    t0 = time.time()
+    res, pred = drv.run_sequences(part.inputs, simulator=args.sim, name=f"demo_{p['run_dir'].name}",
+                                  logits=args.logits)
+    print(f"  [{p['run_dir'].name}] chip RTL done in {time.time() - t0:.0f} s", flush=True)
+    return res, pred, part
+
+
+def finish(p: dict, job, args) -> dict:
+    """Score the float and integer models, then check and score the chip's run."""
+    from sim.models.task_accuracy import float_scores, int_scores, score
+    name, held, n_ex, n_rtl, chip = p["run_dir"].name, p["held"], p["n_ex"], p["n_rtl"], p["chip"]
     rows = {}
-    print(f"  float model on {n_ex} held-out examples ...", flush=True)
-    rows["float"], float_pred = float_scores(mp, cfg, held, n_ex)
-    print(f"  integer model on {n_ex} held-out examples ...", flush=True)
-    rows["integer"], int_pred = int_scores(q, cfg, held, n_ex)
+    t0 = time.time()
+    print(f"  [{name}] float model on {n_ex} held-out examples ...", flush=True)
+    rows["float"], float_pred = float_scores(p["mp"], p["cfg"], held, n_ex)
+    print(f"  [{name}] integer model on {n_ex} held-out examples ...", flush=True)
+    rows["integer"], int_pred = int_scores(p["q"], p["cfg"], held, n_ex)
+    print(f"  [{name}] float and integer models done in {time.time() - t0:.0f} s", flush=True)
     rtl = None
-    if n_rtl:
-        from sim.driver import ModelDriver
-        drv = ModelDriver(chip, q, label=f"demo-{run_dir.name}")
-        part = _prefix(held, n_rtl, n_tok)
-        print(f"  chip RTL ({chip.name}, {args.sim}) on {n_rtl} of them, {n_tok} tokens each"
-              f"{', every logit compared' if args.logits else ''} (builds the simulation first) ...", flush=True)
-        res, pred = drv.run_sequences(part.inputs, simulator=args.sim, name=f"demo_{run_dir.name}",
-                                      logits=args.logits)
-        if not res.match or (pred != int_pred[:n_rtl, :n_tok]).any():
+    if job is not None:
+        res, pred, part = job.result()
+        if not res.match or (pred != int_pred[:n_rtl, :p["n_tok"]]).any():
             print(res.summary())
             raise UserError(f"the chip's RTL disagrees with the integer model: {res.problems[:1]}")
         rtl = {"match": True, "chip": chip.name, "logits_compared": args.logits,
                "cycles_per_token": res.cycles_per_token, "tokens": int(res.counters.get("TOKENS", 0)),
                "sim_cycles_per_s": res.cycles_per_s, "wall_s": res.wall_s}
         rows["RTL"] = score(pred, None, part, n_rtl)
-        rows["integer, same tokens"] = score(int_pred[:n_rtl, :n_tok], None, part, n_rtl)
-        rows["float, same tokens"] = score(float_pred[:n_rtl, :n_tok], None, part, n_rtl)
+        rows["integer, same tokens"] = score(int_pred[:n_rtl, :p["n_tok"]], None, part, n_rtl)
+        rows["float, same tokens"] = score(float_pred[:n_rtl, :p["n_tok"]], None, part, n_rtl)
     fmax, fmax_from = _fmax(chip)
     if rtl and fmax:
         rtl["tokens_per_s_at_fmax"] = fmax * 1e6 / rtl["cycles_per_token"]
-    gl = _gate_level(chip, q, held, args, netlist) if netlist else None
-    return {"run": str(run_dir), "config": cfg.name, "task": task, "what": what, "settings": s,
-            "calib_examples": args.calib_examples, "scores": rows, "rtl": rtl, "fmax_mhz": fmax,
-            "fmax_from": fmax_from, "gate_level": gl, "notes": notes, "image": str(out / "image.bin")}
+    gl = _gate_level(chip, p["q"], held, args, p["netlist"]) if p["netlist"] else None
+    return {"run": str(p["run_dir"]), "config": p["cfg"].name, "task": p["task"], "what": p["what"],
+            "settings": p["s"], "calib_examples": args.calib_examples, "scores": rows, "rtl": rtl,
+            "fmax_mhz": fmax, "fmax_from": fmax_from, "gate_level": gl, "notes": p["notes"],
+            "image": str(p["out"] / "image.bin")}
 
 
 def _prefix(data, n: int, t: int):
