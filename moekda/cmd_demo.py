@@ -205,10 +205,10 @@ def prepare(run_dir: Path, args, out: Path) -> dict:
     q = calibrate(mp, cfg, train.inputs)
 
     from sim.models.image import qmodel_image
-    image = qmodel_image(cfg, q)
+    image = qmodel_image(chip, q)      # the image of the chip the demo runs (its hash is the chip config's)
     (out / "image.bin").write_bytes(image)
     print(f"  quantised on {args.calib_examples} training examples; image {out / 'image.bin'} "
-          f"({len(image):,} bytes)", flush=True)
+          f"({len(image):,} bytes, for -c {chip.name})", flush=True)
     return {"run_dir": run_dir, "rec": rec, "s": s, "task": task, "cfg": cfg, "chip": chip, "mp": mp, "q": q,
             "held": held, "n_ex": n_ex, "n_rtl": n_rtl, "n_tok": n_tok, "netlist": netlist, "notes": notes,
             "what": what, "out": out}
