@@ -73,6 +73,8 @@ def build_top(name: str, cfg):
     """(elaboratable, ports) for top ``name``; KeyError names the known tops."""
     if name not in TOPS:
         raise KeyError(f"unknown top {name!r} (known: {', '.join(TOPS)})")
+    from moekda.config import require_chip_model
+    require_chip_model(cfg)
     return TOPS[name](cfg)
 
 

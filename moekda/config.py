@@ -32,8 +32,9 @@ def _field(default, lo=None, hi=None, choices=None, doc=""):
     return field(default=default, metadata={"lo": lo, "hi": hi, "choices": choices, "doc": doc})
 
 
-LAYER_KINDS = ("kda",)          # the next issue adds "mla"
+LAYER_KINDS = ("kda", "mla")
 MIXER_KINDS = ("moe", "dense")
+ATTN_RES_MODES = ("none", "full", "block")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,16 @@ class ModelConfig:
     vocab: int = _field(0, 0, 65536, doc="vocabulary (16 to 65536): token id in, next token out; "
                                          "0: no embedding or LM head, residual streams in and out")
     tie_embedding: bool = _field(False, doc="LM head = embedding table transposed (needs vocab > 0)")
+    # ---- K3's hybrid (issue 15): Gated MLA layers, Attention Residuals, LatentMoE.  An MLA
+    # layer has n_heads heads of head_dim; the defaults are the chip without them.
+    kv_rank: int = _field(0, 0, 4096, doc="Gated MLA's latent width, the one value per token its cache keeps "
+                                          "(1 to 4096 when model.layers has an \"mla\"; 0: no MLA layer)")
+    attn_res: str = _field("none", choices=ATTN_RES_MODES,
+                           doc="Attention Residuals: none (the plain residual sum), full (every sub-layer's "
+                               "input a softmax mix of all earlier outputs), block (of block summaries)")
+    attn_res_block: int = _field(2, 1, 128, doc="block AttnRes: sub-layers (token mixer, channel mixer) per block")
+    moe_latent: int = _field(0, 0, 4096, doc="LatentMoE: the routed experts' latent width, below d_model; "
+                                             "0: the plain MoE")
 
     def __post_init__(self):
         # the omitted per-layer lists and the dense width follow from the other fields
@@ -105,9 +116,10 @@ class HwConfig:
                                          "sequence; hw/chip/model.py)")
 
 
-# hw fields whose default is the chip as it was before the field existed: left out of
+# fields whose default is the chip as it was before the field existed: left out of
 # Config.to_dict at that default, so older configs keep their hash (and cache keys)
 _HW_LATER_DEFAULTS = {"state_memory": "flops", "sequences": 1}
+_MODEL_LATER_DEFAULTS = {"kv_rank": 0, "attn_res": "none", "attn_res_block": 2, "moe_latent": 0}
 
 
 @dataclass(frozen=True)
@@ -153,9 +165,10 @@ class Config:
             elif isinstance(d["model"][name], tuple):
                 d["model"][name] = list(d["model"][name])
         # the same for fields added later at a default that is what the chip was before them
-        for name, default in _HW_LATER_DEFAULTS.items():
-            if d["hw"][name] == default:
-                del d["hw"][name]
+        for section, later in (("hw", _HW_LATER_DEFAULTS), ("model", _MODEL_LATER_DEFAULTS)):
+            for name, default in later.items():
+                if d[section][name] == default:
+                    del d[section][name]
         return d
 
     def hash(self) -> str:
@@ -221,13 +234,20 @@ MAX_STATE_BITS = 1 << 20         # the KDA state of every layer (flip-flops or S
 MAX_CELLS = 5_000_000            # a rough cell estimate: past it synthesis does not fit this machine
 
 
-def layer_weight_bytes(cfg: Config, mixer: str = "moe") -> int:
-    """int8 weight elements of one layer with channel mixer ``mixer`` (padding not counted)."""
+def layer_weight_bytes(cfg: Config, mixer: str = "moe", kind: str = "kda") -> int:
+    """int8 weight elements of one layer of token mixer ``kind`` and channel mixer ``mixer``
+    (padding not counted)."""
     m = cfg.model
     d, hk, r, E, F = m.d_model, m.n_heads * m.head_dim, m.gate_rank, m.n_experts, m.d_ff
-    kda = 3 * hk * d + 2 * r * d + m.n_heads * d + 2 * hk * r + d * hk
-    mix = E * d + (E + m.n_shared) * 3 * F * d if mixer == "moe" else 3 * m.d_ff_dense * d
-    return kda + mix
+    if kind == "mla":        # w_q, w_g, w_o; the latent down-projection; W_uk and W_uv per head
+        tok = 3 * hk * d + m.kv_rank * d + 2 * hk * m.kv_rank
+    else:
+        tok = 3 * hk * d + 2 * r * d + m.n_heads * d + 2 * hk * r + d * hk
+    if mixer == "dense":
+        return tok + 3 * m.d_ff_dense * d
+    lat = m.moe_latent      # LatentMoE: routed experts at width lat, two projections at full width
+    routed = E * 3 * F * (lat or d) + (2 * lat * d if lat else 0)
+    return tok + E * d + routed + m.n_shared * 3 * F * d
 
 
 def resource_estimate(cfg: Config) -> dict[str, int]:
@@ -237,9 +257,9 @@ def resource_estimate(cfg: Config) -> dict[str, int]:
     LM head."""
     m, hw = cfg.model, cfg.hw
     d, hk = m.d_model, m.n_heads * m.head_dim
-    weights = sum(layer_weight_bytes(cfg, mx) for mx in m.mixers)
+    weights = sum(layer_weight_bytes(cfg, mx, kind) for mx, kind in zip(m.mixers, m.layers))
     weights += m.vocab * d * (1 if m.tie_embedding else 2)
-    state = m.n_layers * m.n_heads * m.head_dim * m.head_dim * cfg.formats.state_bits
+    state = m.layers.count("kda") * m.n_heads * m.head_dim * m.head_dim * cfg.formats.state_bits
     params = m.n_layers * (8 * (3 * hk * m.conv_kernel + 4 * hk) + 8 * 16 * (1 << cfg.formats.lut_in_bits))
     return {"weight_bytes": weights, "state_bits": state,
             "cells": 12 * (state + params) + 3000 * hw.lanes + 40 * d * 8}
@@ -280,6 +300,36 @@ def _check_stack(cfg: Config):
                           f"or 16 to 65536")
     if m.tie_embedding and m.vocab == 0:
         raise ConfigError("model.tie_embedding = True: needs a vocabulary (model.vocab 16 to 65536)")
+    if "mla" in m.layers and m.kv_rank == 0:
+        raise ConfigError("model.kv_rank = 0: an \"mla\" layer in model.layers needs its latent width "
+                          "(allowed range 1 to 4096)")
+    if m.moe_latent >= m.d_model:
+        raise ConfigError(f"model.moe_latent = {m.moe_latent}: allowed range is 1 to model.d_model - 1 "
+                          f"({m.d_model - 1}), or 0 for the plain MoE")
+    if m.moe_latent and "moe" not in m.mixers:
+        raise ConfigError(f"model.moe_latent = {m.moe_latent}: no \"moe\" in model.mixers to make latent")
+
+
+def hybrid_parts(m) -> list[str]:
+    """The parts of K3's hybrid (issue 15) a model config uses: each as its config field."""
+    parts = []
+    if "mla" in m.layers:
+        parts.append('model.layers "mla"')
+    if m.attn_res != "none":
+        parts.append(f'model.attn_res = "{m.attn_res}"')
+    if m.moe_latent:
+        parts.append(f"model.moe_latent = {m.moe_latent}")
+    return parts
+
+
+def require_chip_model(cfg: Config) -> None:
+    """ConfigError unless the chip (integer model, memory image, RTL) builds this model: the
+    hybrid's Gated MLA layers, Attention Residuals and LatentMoE have float models so far
+    (sim/models/float_model.py runs them), not yet integer models or RTL."""
+    parts = hybrid_parts(cfg.model)
+    if parts:
+        raise ConfigError(f"config {cfg.name}: {', '.join(parts)}: float model only so far; the chip builds "
+                          f"kda layers, model.attn_res = \"none\" and model.moe_latent = 0")
 
 
 def _check_relations(cfg: Config):

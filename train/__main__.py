@@ -73,11 +73,14 @@ def main(argv=None) -> int:
     ap.add_argument("-o", "--out", type=Path, help="directory for params.npz and run.json")
     args = ap.parse_args(argv)
 
-    from moekda.config import ConfigError, load_config
+    from moekda.config import ConfigError, hybrid_parts, load_config
     try:
         cfg = load_config(args.config)
     except ConfigError as e:
         ap.error(f"--config: {e}")
+    if hybrid_parts(cfg.model):   # the JAX forward pass (train/model.py) is the chip's stack
+        ap.error(f"--config {args.config}: {', '.join(hybrid_parts(cfg.model))}: training runs kda layers, "
+                 f"model.attn_res = \"none\" and model.moe_latent = 0 so far")
     if cfg.model.vocab < 4:
         ap.error(f"--config {args.config}: model.vocab is {cfg.model.vocab}; allowed is a model config "
                  f"with vocab 4 or more (model-tiny, model-small)")

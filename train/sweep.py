@@ -135,9 +135,14 @@ def main(argv=None) -> int:
             if not 1 <= p or T < 4 * p:
                 ap.error(f"--pairs {p} with --seq-lens {T}: allowed is seq_len >= 4 * pairs")
 
-    from moekda.config import load_config
+    from moekda.config import ConfigError, hybrid_parts, load_config
     from train.loop import RunSettings, run
-    cfg = load_config(args.config)
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        ap.error(f"--config: {e}")
+    if hybrid_parts(cfg.model):
+        ap.error(f"--config {args.config}: {', '.join(hybrid_parts(cfg.model))}: training runs kda layers only so far")
     done = {key(r) for r in load(args.out)}
     for T in args.seq_lens:
         for p in args.pairs:

@@ -179,6 +179,8 @@ class MemoryMap:
 def memory_map(cfg) -> MemoryMap:
     from hw.image.format import header_bytes
     from hw.image.param_map import params_bytes
+    from moekda.config import require_chip_model
+    require_chip_model(cfg)
     pb = cfg.hw.weight_port_bytes
     regions: dict[str, TensorRegion] = {}
     base = addr = header_bytes(pb) + params_bytes(cfg)

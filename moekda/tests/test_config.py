@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from moekda.config import CONFIG_DIR, ConfigError, config_from_dict, load_config
+from moekda.config import CONFIG_DIR, ConfigError, config_from_dict, load_config, resource_estimate
 
 
 def base(**sections):
@@ -175,9 +175,9 @@ def test_stack_defaults_and_round_trip():
     ({"n_layers": 65}, "model.n_layers = 65: allowed range is 1 to 64"),
     ({"n_layers": 2, "layers": ["kda"]}, "model.layers has 1 entry: must have one per layer, model.n_layers = 2"),
     ({"n_layers": 2, "mixers": ["moe", "moe", "dense"]}, "model.mixers has 3 entries: must have one per layer"),
-    ({"layers": ["mla"]}, "model.layers[0] = 'mla': allowed values are kda"),
+    ({"layers": ["attn"]}, "model.layers[0] = 'attn': allowed values are kda, mla"),
     ({"n_layers": 2, "mixers": ["moe", "sparse"]}, "model.mixers[1] = 'sparse': allowed values are moe, dense"),
-    ({"layers": "kda"}, "model.layers = 'kda': must be a non-empty list of 'kda', one per layer"),
+    ({"layers": "kda"}, "model.layers = 'kda': must be a non-empty list of 'kda', 'mla', one per layer"),
     ({"mixers": []}, "model.mixers = []: must be a non-empty list"),
     ({"mixers": [1]}, "model.mixers[0] = 1: allowed values are moe, dense"),
     ({"vocab": 8}, "model.vocab = 8: allowed values are 0 (no embedding or LM head) or 16 to 65536"),
@@ -255,3 +255,38 @@ def test_sequences_field():
     with pytest.raises(ConfigError, match="hw.sequences = 2: more than one sequence needs the model chip"):
         config_from_dict({**tiny, "name": "x", "hw": {**tiny["hw"], "sequences": 2}})
     assert "sequences" not in tiny["hw"]          # the default keeps older configs' hashes
+
+
+# ---- K3's hybrid (issue 15) --------------------------------------------------------------
+
+@pytest.mark.parametrize("model, needle", [
+    ({"layers": ["mla"]}, 'model.kv_rank = 0: an "mla" layer in model.layers needs its latent width'),
+    ({"layers": ["mla"], "kv_rank": 5000}, "model.kv_rank = 5000: allowed range is 0 to 4096"),
+    ({"attn_res": "half"}, "model.attn_res = 'half': allowed values are none, full, block"),
+    ({"attn_res": "block", "attn_res_block": 0}, "model.attn_res_block = 0: allowed range is 1 to 128"),
+    ({"moe_latent": 16}, "model.moe_latent = 16: allowed range is 1 to model.d_model - 1 (15)"),
+    ({"moe_latent": 8, "mixers": ["dense"]}, 'model.moe_latent = 8: no "moe" in model.mixers'),
+])
+def test_bad_hybrid_values_name_field_and_range(model, needle):
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(base(model=model))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_hybrid_fields_keep_old_hashes_and_are_refused_by_the_chip():
+    from moekda.config import hybrid_parts, layer_weight_bytes, require_chip_model
+    plain = config_from_dict(base())
+    assert not any(k in plain.to_dict()["model"] for k in ("kv_rank", "attn_res", "attn_res_block", "moe_latent"))
+    require_chip_model(plain)
+    hy = config_from_dict(base(model={"n_layers": 4, "layers": ["kda", "kda", "kda", "mla"], "kv_rank": 8,
+                                      "attn_res": "block", "moe_latent": 8}))
+    assert hy.to_dict()["model"]["kv_rank"] == 8 and hy.hash() != plain.hash()
+    assert len(hybrid_parts(hy.model)) == 3
+    with pytest.raises(ConfigError, match='model.layers "mla", model.attn_res = "block", model.moe_latent = 8: '
+                                          'float model only so far'):
+        require_chip_model(hy)
+    # an MLA layer has no KDA state; LatentMoE's routed experts shrink by moe_latent / d_model
+    assert resource_estimate(hy)["state_bits"] == 3 * resource_estimate(plain)["state_bits"]
+    m = hy.model
+    lat_moe = layer_weight_bytes(hy, "moe", "kda") - layer_weight_bytes(plain, "moe", "kda")
+    assert lat_moe == m.n_experts * 3 * m.d_ff * (8 - 16) + 2 * 8 * 16

@@ -14,25 +14,10 @@ every token reads once (``expert_weight_bytes``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from sim.models.float_layer import moe_route, sigmoid, swiglu
-
-
-@dataclass
-class LatentMoEParams:
-    w_router: np.ndarray     # (E, d)
-    router_bias: np.ndarray  # (E,)   selection only
-    w_lat_down: np.ndarray   # (l, d)
-    w_lat_up: np.ndarray     # (d, l)
-    w_gate: np.ndarray       # (E, d_ff, l)
-    w_up: np.ndarray         # (E, d_ff, l)
-    w_down: np.ndarray       # (E, l, d_ff)
-    sh_gate: np.ndarray      # (n_shared, d_ff, d)
-    sh_up: np.ndarray        # (n_shared, d_ff, d)
-    sh_down: np.ndarray      # (n_shared, d, d_ff)
+from sim.models.params import LatentMoEParams
 
 
 def latent_moe_step(p: LatentMoEParams, hn, top_k: int, routed_scaling: float, trace=None):

@@ -26,29 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim.models.float_layer import rms_unit, sigmoid
-
-
-@dataclass
-class MLAParams:
-    w_q: np.ndarray        # (H*dh, d)
-    w_dkv: np.ndarray      # (r, d)       down-projection to the latent
-    kv_norm_w: np.ndarray  # (r,)         the latent's RMSNorm weight
-    w_uk: np.ndarray       # (H, dh, r)   key up-projection per head
-    w_uv: np.ndarray       # (H, dh, r)   value up-projection per head
-    w_g: np.ndarray        # (H*dh, d)    output gate
-    w_o: np.ndarray        # (d, H*dh)
-
-    @property
-    def heads(self) -> int:
-        return self.w_uk.shape[0]
-
-    @property
-    def head_dim(self) -> int:
-        return self.w_uk.shape[1]
-
-    @property
-    def kv_rank(self) -> int:
-        return self.w_dkv.shape[0]
+from sim.models.params import MLAParams
 
 
 @dataclass

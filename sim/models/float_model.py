@@ -22,9 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moekda.config import Config
-from sim.models.float_layer import KDAState, layer_step, rms_unit
-from sim.models.params import ModelParams
+from moekda.config import Config, hybrid_parts
+from sim.models.float_attn_res import DepthResidual
+from sim.models.float_latent_moe import latent_moe_step
+from sim.models.float_layer import KDAState, dense_step, kda_step, layer_step, moe_step, rms_unit
+from sim.models.float_mla import MLACache, mla_step
+from sim.models.params import LayerParams, ModelParams
 from sim.models.sequence import greedy, run_sequence
 
 
@@ -36,12 +39,13 @@ def argmax_lowest(logits) -> int:
 
 @dataclass
 class ModelState:
-    """Everything the model carries from one token to the next: each layer's KDA state."""
+    """Everything the model carries from one token to the next: each layer's KDA state, or
+    for an MLA layer (issue 15) its cache of latents."""
     layers: list
 
     @classmethod
     def zeros(cls, cfg: Config) -> "ModelState":
-        return cls([KDAState.zeros(cfg) for _ in range(cfg.model.n_layers)])
+        return cls([MLACache() if kind == "mla" else KDAState.zeros(cfg) for kind in cfg.model.layers])
 
 
 def embed(mp: ModelParams, cfg: Config, token) -> np.ndarray:
@@ -60,11 +64,55 @@ def head_step(mp: ModelParams, cfg: Config, xL, trace=None) -> np.ndarray:
     return t["logits"]
 
 
-def stack_step(mp: ModelParams, cfg: Config, state: ModelState, x, trace=None):
-    """x_0 (d,) through the L layers. Returns (state, x_L (d,))."""
+def token_mix(lp: LayerParams, cfg: Config, st, xn, trace):
+    """A layer's token mixer on its normalised input: (state, output).  An MLA layer's cache
+    is copied before this token's latent is appended (the state passed in stays as it was)."""
+    if lp.mla is not None:
+        cache = MLACache(list(st.latents))
+        return cache, mla_step(lp.mla, cache, xn, cfg.model.norm_eps, trace)
+    return kda_step(lp.kda, cfg, st, xn, trace)
+
+
+def channel_mix(lp: LayerParams, cfg: Config, hn, trace) -> np.ndarray:
+    """A layer's channel mixer on its normalised input: MoE, dense SwiGLU or LatentMoE."""
+    if lp.dense is not None:
+        return dense_step(lp.dense, cfg, hn, trace)
+    if lp.lmoe is not None:
+        return latent_moe_step(lp.lmoe, hn, cfg.model.top_k, cfg.model.routed_scaling, trace)[0]
+    return moe_step(lp.moe, cfg, hn, trace)[0]
+
+
+def hybrid_stack_step(mp: ModelParams, cfg: Config, state: ModelState, x, t: dict):
+    """The stack with K3's hybrid parts (issue 15): each layer's two sub-layers (token mixer
+    2l, channel mixer 2l + 1) read their input from float_attn_res.DepthResidual (the plain
+    residual sum, full or block Attention Residuals) and give it their output."""
+    m, eps = cfg.model, cfg.model.norm_eps
+    r = DepthResidual(m.attn_res, x, mp.res_queries, eps, m.attn_res_block)
+    new = []
+    for l, (lp, st) in enumerate(zip(mp.layers, state.layers)):
+        tr = {"x": r.input(2 * l + 1)}
+        tr["xn_unit"] = rms_unit(tr["x"], eps)
+        st, out = token_mix(lp, cfg, st, tr["xn_unit"] * lp.attn_norm_w, tr)
+        r.add(out)
+        tr["h"] = r.input(2 * l + 2)
+        tr["hn_unit"] = rms_unit(tr["h"], eps)
+        r.add(channel_mix(lp, cfg, tr["hn_unit"] * lp.mlp_norm_w, tr))
+        new.append(st)
+        t["layers"].append(tr)
+    t["xL"] = r.output()
+    return ModelState(new), t["xL"]
+
+
+def stack_step(mp: ModelParams, cfg: Config, state: ModelState, x, trace=None, hybrid: bool | None = None):
+    """x_0 (d,) through the L layers. Returns (state, x_L (d,)).  A model with none of the
+    hybrid's parts runs float_layer.layer_step per layer (what the chip computes);
+    ``hybrid=True`` runs even such a model through ``hybrid_stack_step`` (the tests: both
+    give the same)."""
     t = trace if trace is not None else {}
     t["x0"] = x
     t["layers"] = []
+    if hybrid or (hybrid is None and hybrid_parts(cfg.model)):
+        return hybrid_stack_step(mp, cfg, state, x, t)
     new = []
     for lp, st in zip(mp.layers, state.layers):
         tr = {}

@@ -82,23 +82,76 @@ def dense_chunks(p: DenseParams, cfg: Config):
 
 
 @dataclass
+class MLAParams:
+    """A Gated MLA token mixer (issue 15; sim/models/float_mla.py): n_heads heads of head_dim,
+    a latent of kv_rank values per token."""
+    w_q: np.ndarray        # (H*dh, d)
+    w_dkv: np.ndarray      # (r, d)       down-projection to the latent
+    kv_norm_w: np.ndarray  # (r,)         the latent's RMSNorm weight
+    w_uk: np.ndarray       # (H, dh, r)   key up-projection per head
+    w_uv: np.ndarray       # (H, dh, r)   value up-projection per head
+    w_g: np.ndarray        # (H*dh, d)    output gate
+    w_o: np.ndarray        # (d, H*dh)
+
+    @property
+    def heads(self) -> int:
+        return self.w_uk.shape[0]
+
+    @property
+    def head_dim(self) -> int:
+        return self.w_uk.shape[1]
+
+    @property
+    def kv_rank(self) -> int:
+        return self.w_dkv.shape[0]
+
+
+@dataclass
+class LatentMoEParams:
+    """LatentMoE (issue 15; sim/models/float_latent_moe.py): routed experts at width l."""
+    w_router: np.ndarray     # (E, d)
+    router_bias: np.ndarray  # (E,)   selection only
+    w_lat_down: np.ndarray   # (l, d)
+    w_lat_up: np.ndarray     # (d, l)
+    w_gate: np.ndarray       # (E, d_ff, l)
+    w_up: np.ndarray         # (E, d_ff, l)
+    w_down: np.ndarray       # (E, l, d_ff)
+    sh_gate: np.ndarray      # (n_shared, d_ff, d)
+    sh_up: np.ndarray        # (n_shared, d_ff, d)
+    sh_down: np.ndarray      # (n_shared, d, d_ff)
+
+
+# flat-name prefix of each part a layer can have, and its container
+PARTS = {"kda": KDAParams, "mla": MLAParams, "moe": MoEParams, "lmoe": LatentMoEParams, "dense": DenseParams}
+
+
+@dataclass
 class LayerParams:
-    """One layer.  Its channel mixer is ``moe`` or, for a dense layer, ``dense`` (then
-    ``moe`` is None); the flat names say which (``moe.*`` or ``dense.*``)."""
+    """One layer: a token mixer, ``kda`` or (issue 15) ``mla``, and a channel mixer, ``moe``,
+    ``dense`` or (LatentMoE) ``lmoe``; the parts a layer lacks are None, and its flat names
+    say which it has (``kda.*``, ``mla.*``, ``moe.*``, ``dense.*``, ``lmoe.*``)."""
     attn_norm_w: np.ndarray  # (d,)
-    kda: KDAParams
+    kda: Optional[KDAParams]
     mlp_norm_w: np.ndarray   # (d,)
     moe: Optional[MoEParams]
     dense: Optional[DenseParams] = None
+    mla: Optional[MLAParams] = None
+    lmoe: Optional[LatentMoEParams] = None
 
     @property
     def mixer(self) -> str:
         return "dense" if self.dense is not None else "moe"
 
+    @property
+    def kind(self) -> str:
+        """The token mixer: "kda" or "mla"."""
+        return "mla" if self.mla is not None else "kda"
+
     # -- flat name <-> array view, the one serialisation of the parameters --
     def to_flat(self) -> dict[str, np.ndarray]:
         flat = {"attn_norm_w": self.attn_norm_w, "mlp_norm_w": self.mlp_norm_w}
-        for prefix, part in (("kda", self.kda), ("moe", self.moe), ("dense", self.dense)):
+        for prefix in PARTS:
+            part = getattr(self, prefix)
             if part is None:
                 continue
             for f in fields(part):
@@ -108,7 +161,8 @@ class LayerParams:
     @classmethod
     def from_flat(cls, flat: dict[str, np.ndarray], prefix: str = "") -> "LayerParams":
         """From flat names (``prefix`` before each, e.g. ``layers.2.`` in a model file).
-        A dense layer is one with ``dense.*`` names."""
+        A dense layer is one with ``dense.*`` names, an MLA layer one with ``mla.*``, a
+        LatentMoE one with ``lmoe.*``."""
         def part(name, kind):
             missing = [f.name for f in fields(kind) if f"{prefix}{name}.{f.name}" not in flat]
             if missing:
@@ -118,26 +172,41 @@ class LayerParams:
         for name in ("attn_norm_w", "mlp_norm_w"):
             if prefix + name not in flat:
                 raise ValueError(f"parameters: missing {prefix}{name}")
-        dense = any(k.startswith(prefix + "dense.") for k in flat)
-        return cls(attn_norm_w=np.asarray(flat[prefix + "attn_norm_w"], np.float64), kda=part("kda", KDAParams),
-                   mlp_norm_w=np.asarray(flat[prefix + "mlp_norm_w"], np.float64),
-                   moe=None if dense else part("moe", MoEParams), dense=part("dense", DenseParams) if dense else None)
+        has = {name: any(k.startswith(f"{prefix}{name}.") for k in flat) for name in PARTS}
+        token = "mla" if has["mla"] else "kda"
+        channel = "dense" if has["dense"] else "lmoe" if has["lmoe"] else "moe"
+        parts = {name: part(name, PARTS[name]) if name in (token, channel) else None for name in PARTS}
+        return cls(attn_norm_w=np.asarray(flat[prefix + "attn_norm_w"], np.float64),
+                   mlp_norm_w=np.asarray(flat[prefix + "mlp_norm_w"], np.float64), **parts)
 
 
-def expected_shapes(cfg: Config, mixer: str = "moe") -> dict[str, tuple[int, ...]]:
-    """Flat name -> shape of one layer whose channel mixer is ``mixer`` ("moe" or "dense")."""
+def expected_shapes(cfg: Config, mixer: str = "moe", kind: str = "kda") -> dict[str, tuple[int, ...]]:
+    """Flat name -> shape of one layer whose token mixer is ``kind`` ("kda" or "mla") and
+    channel mixer ``mixer`` ("moe", LatentMoE when model.moe_latent > 0, or "dense")."""
     m = cfg.model
     d, H, dk, r, K = m.d_model, m.n_heads, m.head_dim, m.gate_rank, m.conv_kernel
     hk = hv = H * dk
     E, f, S = m.n_experts, m.d_ff, m.n_shared
-    shapes = {
-        "attn_norm_w": (d,), "mlp_norm_w": (d,),
-        "kda.w_q": (hk, d), "kda.w_k": (hk, d), "kda.w_v": (hv, d),
-        "kda.conv_q": (hk, K), "kda.conv_k": (hk, K), "kda.conv_v": (hv, K),
-        "kda.w_f_down": (r, d), "kda.w_f_up": (hk, r), "kda.a_log": (H,), "kda.dt_bias": (hk,),
-        "kda.w_b": (H, d), "kda.o_norm_w": (dk,), "kda.w_g_down": (r, d), "kda.w_g_up": (hv, r),
-        "kda.w_o": (d, hv),
-    }
+    shapes = {"attn_norm_w": (d,), "mlp_norm_w": (d,)}
+    if kind == "mla":
+        R = m.kv_rank
+        shapes |= {"mla.w_q": (hk, d), "mla.w_dkv": (R, d), "mla.kv_norm_w": (R,), "mla.w_uk": (H, dk, R),
+                   "mla.w_uv": (H, dk, R), "mla.w_g": (hk, d), "mla.w_o": (d, hk)}
+    else:
+        shapes |= {
+            "kda.w_q": (hk, d), "kda.w_k": (hk, d), "kda.w_v": (hv, d),
+            "kda.conv_q": (hk, K), "kda.conv_k": (hk, K), "kda.conv_v": (hv, K),
+            "kda.w_f_down": (r, d), "kda.w_f_up": (hk, r), "kda.a_log": (H,), "kda.dt_bias": (hk,),
+            "kda.w_b": (H, d), "kda.o_norm_w": (dk,), "kda.w_g_down": (r, d), "kda.w_g_up": (hv, r),
+            "kda.w_o": (d, hv),
+        }
+    if mixer == "moe" and m.moe_latent:
+        L = m.moe_latent
+        return shapes | {
+            "lmoe.w_router": (E, d), "lmoe.router_bias": (E,), "lmoe.w_lat_down": (L, d), "lmoe.w_lat_up": (d, L),
+            "lmoe.w_gate": (E, f, L), "lmoe.w_up": (E, f, L), "lmoe.w_down": (E, L, f),
+            "lmoe.sh_gate": (S, f, d), "lmoe.sh_up": (S, f, d), "lmoe.sh_down": (S, d, f),
+        }
     if mixer == "dense":
         F = m.d_ff_dense
         return shapes | {"dense.w_gate": (F, d), "dense.w_up": (F, d), "dense.w_down": (d, F)}
@@ -150,19 +219,22 @@ def expected_shapes(cfg: Config, mixer: str = "moe") -> dict[str, tuple[int, ...
 
 def check_shapes(params: LayerParams, cfg: Config, what: str = "parameter ") -> None:
     flat = params.to_flat()
-    for name, shape in expected_shapes(cfg, params.mixer).items():
+    for name, shape in expected_shapes(cfg, params.mixer, params.kind).items():
+        if name not in flat:
+            raise ValueError(f"{what}{name}: missing (config {cfg.name} needs it, shape {shape})")
         if tuple(flat[name].shape) != shape:
             raise ValueError(f"{what}{name}: shape {tuple(flat[name].shape)}, config {cfg.name} needs {shape}")
 
 
-def random_params(cfg: Config, seed=0, mixer: str = "moe") -> LayerParams:
+def random_params(cfg: Config, seed=0, mixer: str = "moe", kind: str = "kda") -> LayerParams:
     """Seedable parameters with trained-layer-like scales (see module doc).  ``seed``: an int
     or a sequence of ints (numpy's seed sequences).  ``mixer="dense"`` draws the same KDA
-    part and a dense SwiGLU (``DenseParams``) in place of the MoE."""
+    part and a dense SwiGLU (``DenseParams``) in place of the MoE; ``kind="mla"`` a Gated
+    MLA token mixer in place of KDA; model.moe_latent > 0 a LatentMoE in place of the MoE."""
     rng = np.random.default_rng(seed)
     m = cfg.model
     d, H, dk, r = m.d_model, m.n_heads, m.head_dim, m.gate_rank
-    shapes = expected_shapes(cfg, mixer)
+    shapes = expected_shapes(cfg, mixer, kind)
 
     def dense(name, gain=1.0):
         shape = shapes[name]
@@ -174,6 +246,8 @@ def random_params(cfg: Config, seed=0, mixer: str = "moe") -> LayerParams:
         w[big] *= rng.uniform(2.0, 4.0, size=big.size)   # a few outlier channels
         return w
 
+    if kind == "mla":
+        return _random_mla(cfg, rng, mixer, dense, norm_w)
     conv_shape = shapes["kda.conv_q"]
 
     def conv():
@@ -191,21 +265,42 @@ def random_params(cfg: Config, seed=0, mixer: str = "moe") -> LayerParams:
         w_g_down=dense("kda.w_g_down"), w_g_up=dense("kda.w_g_up", 2.0),
         w_o=dense("kda.w_o", 0.5),
     )
+    return _with_channel_mixer(cfg, rng, mixer, dense, norm_w, kda=kda)
+
+
+def _with_channel_mixer(cfg: Config, rng, mixer: str, dense, norm_w, **token_mixer) -> LayerParams:
+    """The layer of the given token mixer with a random channel mixer (drawn first) and its
+    two norm weights."""
+    m, d = cfg.model, cfg.model.d_model
     if mixer == "dense":
         # the down projection's gain: a MoE layer's output is ~ (routed_scaling + n_shared)
         # SwiGLUs of width d_ff at gain 0.5; the dense one sums d_ff_dense / d_ff chunks
-        dn = DenseParams(w_gate=dense("dense.w_gate"), w_up=dense("dense.w_up"), w_down=dense("dense.w_down", 0.5))
-        p = LayerParams(attn_norm_w=norm_w(d), kda=kda, mlp_norm_w=norm_w(d), moe=None, dense=dn)
-        check_shapes(p, cfg)
-        return p
-    moe = MoEParams(
-        w_router=dense("moe.w_router", 2.0), router_bias=rng.normal(0.0, 0.05, size=m.n_experts),
-        w_gate=dense("moe.w_gate"), w_up=dense("moe.w_up"), w_down=dense("moe.w_down", 0.5),
-        sh_gate=dense("moe.sh_gate"), sh_up=dense("moe.sh_up"), sh_down=dense("moe.sh_down", 0.5),
-    )
-    p = LayerParams(attn_norm_w=norm_w(d), kda=kda, mlp_norm_w=norm_w(d), moe=moe)
+        ch = {"moe": None, "dense": DenseParams(w_gate=dense("dense.w_gate"), w_up=dense("dense.w_up"),
+                                                w_down=dense("dense.w_down", 0.5))}
+    elif m.moe_latent:   # LatentMoE at the MoE's scales; the latent projections keep the RMS
+        ch = {"moe": None, "lmoe": LatentMoEParams(
+            w_router=dense("lmoe.w_router", 2.0), router_bias=rng.normal(0.0, 0.05, size=m.n_experts),
+            w_lat_down=dense("lmoe.w_lat_down"), w_lat_up=dense("lmoe.w_lat_up"),
+            w_gate=dense("lmoe.w_gate"), w_up=dense("lmoe.w_up"), w_down=dense("lmoe.w_down", 0.5),
+            sh_gate=dense("lmoe.sh_gate"), sh_up=dense("lmoe.sh_up"), sh_down=dense("lmoe.sh_down", 0.5))}
+    else:
+        ch = {"moe": MoEParams(
+            w_router=dense("moe.w_router", 2.0), router_bias=rng.normal(0.0, 0.05, size=m.n_experts),
+            w_gate=dense("moe.w_gate"), w_up=dense("moe.w_up"), w_down=dense("moe.w_down", 0.5),
+            sh_gate=dense("moe.sh_gate"), sh_up=dense("moe.sh_up"), sh_down=dense("moe.sh_down", 0.5))}
+    token_mixer.setdefault("kda", None)
+    p = LayerParams(attn_norm_w=norm_w(d), mlp_norm_w=norm_w(d), **token_mixer, **ch)
     check_shapes(p, cfg)
     return p
+
+
+def _random_mla(cfg: Config, rng, mixer: str, dense, norm_w) -> LayerParams:
+    """An MLA layer: 1/sqrt(fan-in) projections (the output's at gain 0.5, as KDA's w_o), the
+    latent's norm weight like the other norm weights; its channel mixer as a KDA layer's."""
+    mla = MLAParams(w_q=dense("mla.w_q"), w_dkv=dense("mla.w_dkv"), kv_norm_w=norm_w(cfg.model.kv_rank),
+                    w_uk=dense("mla.w_uk"), w_uv=dense("mla.w_uv", 1.5), w_g=dense("mla.w_g", 2.0),
+                    w_o=dense("mla.w_o", 0.5))
+    return _with_channel_mixer(cfg, rng, mixer, dense, norm_w, mla=mla)
 
 
 # ---- the model stack (issue 14) ---------------------------------------------------------
@@ -224,6 +319,9 @@ class ModelParams:
     embedding: Optional[np.ndarray] = None     # (V, d)
     final_norm_w: Optional[np.ndarray] = None  # (d,)
     lm_head: Optional[np.ndarray] = None       # (V, d); None: tied to the embedding
+    # Attention Residuals (issue 15, model.attn_res != "none"): one pseudo-query per sub-layer
+    # (layer l's token mixer 2l, its channel mixer 2l + 1) and one for the stack's output
+    res_queries: Optional[np.ndarray] = None   # (2 L + 1, d)
 
     def head(self) -> np.ndarray:
         """The LM head matrix (V, d) the logits are computed with."""
@@ -234,6 +332,8 @@ class ModelParams:
         for name in ("embedding", "final_norm_w", "lm_head"):
             if getattr(self, name) is not None:
                 flat[name] = getattr(self, name)
+        if self.res_queries is not None:
+            flat[RES_QUERIES] = self.res_queries
         for l, lp in enumerate(self.layers):
             flat.update({f"layers.{l}.{k}": v for k, v in lp.to_flat().items()})
         return flat
@@ -254,7 +354,14 @@ class ModelParams:
                 why = "the LM head is tied to the embedding" if name == "lm_head" and m.vocab else "vocab = 0"
                 raise ValueError(f"parameters: {name} given, but config {cfg.name} has none ({why})")
             top[name] = np.asarray(flat[name], np.float64) if needed else None
+        if (m.attn_res != "none") != (RES_QUERIES in flat):
+            raise ValueError(f"parameters: {RES_QUERIES} " + ("missing" if m.attn_res != "none" else
+                             f"given, but config {cfg.name} has model.attn_res = \"none\""))
+        top["res_queries"] = np.asarray(flat[RES_QUERIES], np.float64) if RES_QUERIES in flat else None
         return cls(layers=layers, **top)
+
+
+RES_QUERIES = "attn_res.queries"
 
 
 def model_expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
@@ -265,8 +372,10 @@ def model_expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
         out["final_norm_w"] = (m.d_model,)
         if not m.tie_embedding:
             out["lm_head"] = (m.vocab, m.d_model)
-    for l, mixer in enumerate(m.mixers):
-        out.update({f"layers.{l}.{k}": v for k, v in expected_shapes(cfg, mixer).items()})
+    if m.attn_res != "none":
+        out[RES_QUERIES] = (2 * m.n_layers + 1, m.d_model)
+    for l, (mixer, kind) in enumerate(zip(m.mixers, m.layers)):
+        out.update({f"layers.{l}.{k}": v for k, v in expected_shapes(cfg, mixer, kind).items()})
     return out
 
 
@@ -276,9 +385,11 @@ def check_model_shapes(mp: ModelParams, cfg: Config) -> None:
     m = cfg.model
     if len(mp.layers) != m.n_layers:
         raise ValueError(f"parameters: {len(mp.layers)} layers, config {cfg.name} has {m.n_layers}")
-    for l, (lp, mixer) in enumerate(zip(mp.layers, m.mixers)):
+    for l, (lp, mixer, kind) in enumerate(zip(mp.layers, m.mixers, m.layers)):
         if lp.mixer != mixer:
             raise ValueError(f"parameters: layer {l} has a {lp.mixer} mixer, config {cfg.name} says {mixer}")
+        if lp.kind != kind:
+            raise ValueError(f"parameters: layer {l} is a {lp.kind} layer, config {cfg.name} says {kind}")
     flat = mp.to_flat()
     for name, shape in model_expected_shapes(cfg).items():
         if name not in flat:
@@ -314,7 +425,8 @@ def random_model_params(cfg: Config, seed: int = 0) -> ModelParams:
     the outlier channels of a residual stream start in the embedding); the final norm weight
     like the layers' norm weights; an untied LM head ~ N(0, LM_HEAD_GAIN^2 / d)."""
     m = cfg.model
-    layers = [random_params(cfg, layer_seed(seed, l), mixer) for l, mixer in enumerate(m.mixers)]
+    layers = [random_params(cfg, layer_seed(seed, l), mixer, kind)
+              for l, (mixer, kind) in enumerate(zip(m.mixers, m.layers))]
     emb = fnw = head = None
     if m.vocab:
         rng = np.random.default_rng([seed, 1 << 20])
@@ -325,7 +437,11 @@ def random_model_params(cfg: Config, seed: int = 0) -> ModelParams:
         fnw[big] *= rng.uniform(2.0, 4.0, size=big.size)
         if not m.tie_embedding:
             head = rng.normal(0.0, LM_HEAD_GAIN / np.sqrt(d), size=(m.vocab, d))
-    mp = ModelParams(layers=layers, embedding=emb, final_norm_w=fnw, lm_head=head)
+    res_q = None
+    if m.attn_res != "none":   # pseudo-queries ~ N(0, 1/d): logits of order 1 over unit-RMS keys
+        res_q = np.random.default_rng([seed, 1 << 21]).normal(0.0, 1.0 / np.sqrt(m.d_model),
+                                                             size=(2 * m.n_layers + 1, m.d_model))
+    mp = ModelParams(layers=layers, embedding=emb, final_norm_w=fnw, lm_head=head, res_queries=res_q)
     check_model_shapes(mp, cfg)
     return mp
 

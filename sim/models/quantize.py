@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from moekda.config import Config
+from moekda.config import Config, require_chip_model
 from moekda.formats import Formats, formats_for
 from moekda.numerics import build_lut, quantize_multiplier, shared_shift_multipliers
 from sim.models import float_layer as fl
@@ -361,6 +361,7 @@ def quantize_model(mp: ModelParams, cfg: Config, token_seqs=None, model_seed: in
     the int8 head has one (m, s); tied, the table is the head, and the weight is applied
     per channel (norm_w, resid_bits signed, the largest shift that fits) into an int8 fn
     whose scale minimises the MSE; the logits are resid_bits at max|logit| * 1.5."""
+    require_chip_model(cfg)
     fm = formats_for(cfg)
     m = cfg.model
     if (token_seqs is not None or xs_seqs is not None) and model_seed is not None:
