@@ -102,6 +102,11 @@ def run(args) -> int:
     runs = args.run or [r for r in DEFAULT_RUNS if (REPO_ROOT / r / "run.json").is_file()]
     out = Path(args.out) if args.out else REPO_ROOT / "build" / "demo"
     preps = [prepare(Path(r), args, out / Path(r).name) for r in runs]
+    if args.netlist and not any(p["netlist"] for p in preps):
+        # GL=1 runs the netlist of every chip that has one; with none synthesised, say so first
+        raise UserError(preps[0]["no_netlist"] if len(preps) == 1 else
+                        "--netlist: none of the runs' chips has a netlist of today's Verilog ("
+                        + "; ".join(p["no_netlist"].removeprefix("--netlist: ") for p in preps) + ")")
     # The chips' RTL (a Verilator build, then the simulation: subprocesses) runs beside the
     # numpy float and integer models: on 2 cores that is what keeps `make demo` short.
     from concurrent.futures import ThreadPoolExecutor
@@ -186,7 +191,12 @@ def prepare(run_dir: Path, args, out: Path) -> dict:
                         f"(the run's training set)")
     if not 1 <= args.gl_tokens <= s["seq_len"]:
         raise UserError(f"--gl-tokens {args.gl_tokens}: allowed range is 1 to {s['seq_len']}")
-    netlist = _netlist(chip) if args.netlist else None     # refused before the long steps
+    netlist, no_netlist = None, None          # checked before the long steps
+    if args.netlist:
+        try:
+            netlist = _netlist(chip)
+        except UserError as e:
+            no_netlist = str(e)
     out.mkdir(parents=True, exist_ok=True)
 
     vocab, train, held = splits(task, s, cfg.model.vocab, args.calib_examples, n_ex)
@@ -209,8 +219,11 @@ def prepare(run_dir: Path, args, out: Path) -> dict:
     (out / "image.bin").write_bytes(image)
     print(f"  quantised on {args.calib_examples} training examples; image {out / 'image.bin'} "
           f"({len(image):,} bytes, for -c {chip.name})", flush=True)
+    if no_netlist:
+        notes.append("no gate-level run: " + no_netlist.removeprefix("--netlist: "))
     return {"run_dir": run_dir, "rec": rec, "s": s, "task": task, "cfg": cfg, "chip": chip, "mp": mp, "q": q,
-            "held": held, "n_ex": n_ex, "n_rtl": n_rtl, "n_tok": n_tok, "netlist": netlist, "notes": notes,
+            "held": held, "n_ex": n_ex, "n_rtl": n_rtl, "n_tok": n_tok, "netlist": netlist,
+            "no_netlist": no_netlist, "notes": notes,
             "what": what, "out": out}
 
 
