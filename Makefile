@@ -32,7 +32,7 @@ help:
 	@echo "  make vectors  [CONFIG=]        export inputs, integer parameters and expected outputs (256 tokens)"
 	@echo "  make bench                     cycles/token vs roofline, Fmax, area, energy: tiny, small, model-tiny, model-small"
 	@echo "  make sweep                     design-space sweep with Ray: Pareto table and plot"
-	@echo "  make demo [GL=1]               a trained model on MQAR: float, integer and RTL accuracy, cycles/token (docs/training.md)"
+	@echo "  make demo [GL=1]               the committed trained models (MQAR, characters): float, integer, RTL (docs/training.md)"
 	@echo "  make train [TRAIN_ARGS=]       train a model on MQAR with JAX (installed on first use; docs/training.md)"
 	@echo "  make train-setup               install the training extra (requirements-train.txt) into .venv"
 	@echo "  make clean                     remove build/"
