@@ -15,6 +15,8 @@ thresholds, seed, slot select, write port and counters (HdlWeightMemory).
 """
 from __future__ import annotations
 
+import re
+
 from amaranth import ClockSignal, Instance, Module, ResetSignal, Value
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out, connect
@@ -81,4 +83,27 @@ class LayerSimTop(wiring.Component):
 
 def sim_top_verilog(cfg, chip_module: str = "layer", name: str = "layer_sim") -> str:
     from amaranth.back import verilog
-    return verilog.convert(LayerSimTop(cfg, chip_module), name=name, emit_src=False)
+    return zero_init_loops(verilog.convert(LayerSimTop(cfg, chip_module), name=name, emit_src=False))
+
+
+_INIT_BLOCK = re.compile(r"^  initial begin\n((?:    [\w$\\.]+ ?\[\d+\] = \d+'[dh][0-9a-f]+;\n)+)  end\n", re.M)
+_INIT_WORD = re.compile(r"    ([\w$\\.]+ ?)\[(\d+)\] = \d+'([dh])([0-9a-f]+);")
+
+
+def zero_init_loops(text: str) -> str:
+    """Yosys writes a memory's initial contents one word per line, zeros too: the sim top's
+    weight memory (written by the bench at run time, so all zeros) became 62k lines, which
+    Verilator turned into 30 MB of start-up C++, half of model-small-sram's build.  A block
+    that sets every word of one memory to zero becomes a loop (the same contents)."""
+    def loop(match: re.Match) -> str:
+        words = [_INIT_WORD.fullmatch(line) for line in match.group(1).splitlines()]
+        names = {w.group(1) for w in words}
+        if len(names) != 1 or any(int(w.group(4), 16) for w in words):
+            return match.group(0)
+        mem = names.pop().rstrip()
+        if sorted(int(w.group(2)) for w in words) != list(range(len(words))):
+            return match.group(0)
+        i = "zero_init_" + re.sub(r"\W", "_", mem)
+        return (f"  integer {i};\n  initial for ({i} = 0; {i} < {len(words)}; {i} = {i} + 1)\n"
+                f"    {mem}[{i}] = 0;\n")
+    return _INIT_BLOCK.sub(loop, text)

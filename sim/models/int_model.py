@@ -36,7 +36,8 @@ def int_argmax(logits) -> int:
 
 
 def int_next_tokens(logits) -> np.ndarray:
-    return np.array([int_argmax(r) for r in np.atleast_2d(logits)], dtype=np.int64)
+    """int_argmax of every row (the last axis): (T, V) -> (T,), (n, T, V) -> (n, T)."""
+    return np.argmax(np.atleast_2d(np.asarray(logits, dtype=np.int64)), axis=-1)
 
 
 @dataclass
@@ -44,14 +45,16 @@ class IntModelState:
     layers: list
 
     @classmethod
-    def zeros(cls, cfg: Config) -> "IntModelState":
-        return cls([IntKDAState.zeros(cfg) for _ in range(cfg.model.n_layers)])
+    def zeros(cls, cfg: Config, batch: tuple = ()) -> "IntModelState":
+        return cls([IntKDAState.zeros(cfg, batch) for _ in range(cfg.model.n_layers)])
 
 
 def int_embed(qh: QHead, cfg: Config, token) -> np.ndarray:
-    tok = int(token)
-    if not 0 <= tok < cfg.model.vocab:
-        raise ValueError(f"token id {tok}: allowed range is 0 to {cfg.model.vocab - 1} (model.vocab)")
+    """The table entry of a token id (or of an array of ids: one row each)."""
+    tok = np.asarray(token, dtype=np.int64)
+    bad = tok[(tok < 0) | (tok >= cfg.model.vocab)]
+    if bad.size:
+        raise ValueError(f"token id {int(bad.flat[0])}: allowed range is 0 to {cfg.model.vocab - 1} (model.vocab)")
     return qh.emb[tok].astype(np.int64)
 
 
@@ -63,7 +66,7 @@ def int_head_step(qh: QHead, cfg: Config, xL, trace=None) -> np.ndarray:
     prod = check_width(t["fn_unit"] * qh.norm_w, fm.act_bits + fm.resid_bits - 1, "final norm weight product")
     t["fn"] = saturate(round_shift(prod, qh.norm_w_shift), fm.act_bits)
     w = qh.emb if qh.lm_head is None else qh.lm_head
-    acc = check_width(w @ t["fn"], fm.acc_bits, "LM head accumulator")
+    acc = check_width(t["fn"] @ w.T, fm.acc_bits, "LM head accumulator")
     t["logits"] = requantize(acc, qh.head_m, qh.head_s, fm.resid_bits)
     return t["logits"]
 
@@ -91,10 +94,21 @@ def int_model_step(qm: QModel, cfg: Config, state: IntModelState, token, trace=N
 
 def int_run_model(qm: QModel, cfg: Config, tokens, resets=None, traces: list | None = None) -> np.ndarray:
     """Token ids (T,) teacher-forced: integer logits (T, V).  ``resets[t]``: a new sequence at
-    token t.  One trace dict per token appended to ``traces``."""
+    token t.  One trace dict per token appended to ``traces``.
+
+    Token ids (n, T): n sequences of one length, each from a zero state, run side by side
+    (every array gets a leading axis; the same integers as n runs): logits (n, T, V)."""
     if qm.head is None:
         raise ValueError(f"config {cfg.name}: vocab = 0, no tokens (int_run_stack takes residual streams)")
     tokens = np.asarray(tokens, dtype=np.int64)
+    if tokens.ndim == 2:
+        if resets is not None or traces is not None:
+            raise ValueError("int_run_model: a batch of sequences takes no resets or traces")
+        n, T = tokens.shape
+        out = run_sequence(lambda st, tok, tr: int_model_step(qm, cfg, st, tok, tr),
+                           lambda: IntModelState.zeros(cfg, (n,)), tokens.T,
+                           np.zeros((T, n, cfg.model.vocab), dtype=np.int64))
+        return out.transpose(1, 0, 2)
     return run_sequence(lambda st, tok, tr: int_model_step(qm, cfg, st, tok, tr), lambda: IntModelState.zeros(cfg),
                         tokens, np.zeros((len(tokens), cfg.model.vocab), dtype=np.int64), resets, traces)
 

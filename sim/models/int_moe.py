@@ -22,15 +22,16 @@ from sim.models.qparams import QDense, QExperts, QMoE
 
 
 def int_route(q: QMoE, cfg: Config, fm: Formats, score):
-    """Selection and weights from the integer scores. Returns (idx, wt) in selection order."""
+    """Selection and weights from the integer scores (E,) (or (..., E), a batch of tokens).
+    Returns (idx, wt) in selection order."""
     m = cfg.model
     choice = score + q.bias
     check_width(choice, fm.router_bias_bits + 1, "router choice")
-    idx = np.argsort(-choice, kind="stable")[:m.top_k]      # stable: equal choices keep index order
-    w = score[idx]
-    tot = int(w.sum())
+    idx = np.argsort(-choice, axis=-1, kind="stable")[..., :m.top_k]   # stable: ties keep index order
+    w = np.take_along_axis(score, idx, axis=-1)
+    tot = np.maximum(w.sum(axis=-1, keepdims=True), 1)
     widths = derived_widths(cfg)
-    wn = udiv_floor(w << fm.wn_frac, np.full_like(w, max(tot, 1)), widths["div_num"], widths["div_den"])
+    wn = udiv_floor(w << fm.wn_frac, np.broadcast_to(tot, w.shape), widths["div_num"], widths["div_den"])
     wt = round_shift(wn * q.rs, fm.rs_frac)
     return idx, wt
 
@@ -51,26 +52,29 @@ def int_expert(bank: QExperts, e: int, q: QMoE, fm: Formats, hn, trace=None):
     max-abs reduction and a leading-one detector over d_ff values, and folds into the
     down projection's shift.
     """
-    acc_g = check_width(bank.gate_w[e] @ hn, fm.acc_bits, "expert gate accumulator")
-    acc_u = check_width(bank.up_w[e] @ hn, fm.acc_bits, "expert up accumulator")
+    acc_g = check_width(hn @ bank.gate_w[e].T, fm.acc_bits, "expert gate accumulator")
+    acc_u = check_width(hn @ bank.up_w[e].T, fm.acc_bits, "expert up accumulator")
     gate = requantize(acc_g, int(bank.gate_m[e]), int(bank.gate_s[e]), fm.lut_in_bits)
     act = int_lut(q.silu, gate)
     up = requantize(acc_u, int(bank.up_m[e]), int(bank.up_s[e]), fm.act_bits)
     prod = act * up
-    sh = max(0, int(bit_length(np.max(np.abs(prod)))) - (fm.hid_bits - 1))
-    hid = saturate(round_shift(prod, sh), fm.hid_bits)
+    # the per-token exponent (an array for a batch of tokens, one per row)
+    sh = np.maximum(0, bit_length(np.max(np.abs(prod), axis=-1)) - (fm.hid_bits - 1))
+    hid = saturate(round_shift(prod, sh[..., None]), fm.hid_bits)
     down_s = int(bank.down_s[e]) - sh
-    if down_s < 1:
+    if np.any(down_s < 1):
         raise OverflowError("int_expert: down-projection shift below 1")
-    acc_d = check_width(bank.down_w[e] @ hid, fm.acc_bits, "expert down accumulator")
-    out = requantize(acc_d, int(bank.down_m[e]), down_s, fm.expert_out_bits)
+    acc_d = check_width(hid @ bank.down_w[e].T, fm.acc_bits, "expert down accumulator")
+    out = requantize(acc_d, int(bank.down_m[e]), down_s[..., None], fm.expert_out_bits)
     if trace is not None:
         trace.append({"gate": gate, "act": act, "up": up, "hid": hid, "hid_shift": np.int64(sh), "out": out})
     return out
 
 
 def int_moe_step(q: QMoE, cfg: Config, fm: Formats, hn, trace=None):
-    """One token through the MoE block. hn: (d,) int8. Returns (out (resid_bits), (idx, wt))."""
+    """One token through the MoE block. hn: (d,) int8. Returns (out (resid_bits), (idx, wt)).
+    A batch of tokens (hn (..., d)) is computed expert by expert, each on the tokens that
+    chose it (the sums are exact integers: their order does not matter)."""
     m = cfg.model
     hn = check_width(np.asarray(hn, dtype=np.int64), fm.act_bits, "moe input")
     t = trace if trace is not None else {}
@@ -80,9 +84,18 @@ def int_moe_step(q: QMoE, cfg: Config, fm: Formats, hn, trace=None):
     idx, wt = int_route(q, cfg, fm, score)
     t["idx"], t["w"] = idx, wt
     experts = [] if trace is not None else None
-    acc = np.zeros(m.d_model, dtype=np.int64)
-    for e, w in zip(idx, wt):
-        acc += w * int_expert(q.routed, int(e), q, fm, hn, experts)
+    acc = np.zeros(hn.shape, dtype=np.int64)
+    if hn.ndim == 1:
+        for e, w in zip(idx, wt):
+            acc += w * int_expert(q.routed, int(e), q, fm, hn, experts)
+    else:
+        rows_hn, rows_acc = hn.reshape(-1, m.d_model), acc.reshape(-1, m.d_model)
+        rows_idx, rows_wt = idx.reshape(-1, m.top_k), wt.reshape(-1, m.top_k)
+        for e in np.unique(rows_idx):
+            chose = rows_idx == e                              # top-k ids are distinct per token
+            rows = np.nonzero(chose.any(axis=1))[0]
+            w = (rows_wt * chose).sum(axis=1)[rows]
+            rows_acc[rows] += w[:, None] * int_expert(q.routed, int(e), q, fm, rows_hn[rows])
     for j in range(m.n_shared):
         acc += int_expert(q.shared, j, q, fm, hn, experts) << fm.wn_frac
     t["experts"] = experts
@@ -109,7 +122,7 @@ def int_dense_step(q: QDense, cfg: Config, fm: Formats, hn, trace=None):
     hn = check_width(np.asarray(hn, dtype=np.int64), fm.act_bits, "dense input")
     t = trace if trace is not None else {}
     experts = [] if trace is not None else None
-    acc = np.zeros(m.d_model, dtype=np.int64)
+    acc = np.zeros(hn.shape, dtype=np.int64)
     for c in range(q.chunks.gate_w.shape[0]):
         acc += int_expert(q.chunks, c, q, fm, hn, experts) << fm.wn_frac
     t["experts"] = experts

@@ -2,6 +2,8 @@
 
 All inputs and outputs are integer numpy arrays (int64 holding narrower values).
 Widths are checked where an overflow would otherwise wrap silently in hardware.
+A token's vector is the last axis; leading axes are a batch of independent tokens
+(sequences scored side by side), computed exactly as one token each.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ def check_width(x, bits: int, what: str):
 def int_linear(lin: QLinear, x, fm: Formats, what: str = "linear"):
     """The shared engine: requantize(W @ x (+ bias), m, s, out_bits); the accumulator
     (after the bias) must fit acc_bits."""
-    acc = lin.w @ np.asarray(x, dtype=np.int64)
+    acc = np.asarray(x, dtype=np.int64) @ lin.w.T
     if lin.bias is not None:
         acc = acc + lin.bias
     check_width(acc, fm.acc_bits, what + " accumulator")
@@ -34,9 +36,9 @@ def int_linear(lin: QLinear, x, fm: Formats, what: str = "linear"):
 def int_conv_step(conv: QLinear, history, a):
     """Causal depthwise conv of one token: history (K-1, C) int8 oldest first, a (C,) int8.
     acc[c] = sum_j w[c, j] * window[j, c], requantised to a table code.  Returns (history, code)."""
-    window = np.concatenate([history, np.asarray(a, dtype=np.int64)[None, :]], axis=0)
-    acc = np.sum(conv.w * window.T, axis=1)
-    return window[1:], requantize(acc, conv.m, conv.s, conv.out_bits)
+    window = np.concatenate([history, np.asarray(a, dtype=np.int64)[..., None, :]], axis=-2)
+    acc = np.sum(window * conv.w.T, axis=-2)
+    return window[..., 1:, :], requantize(acc, conv.m, conv.s, conv.out_bits)
 
 
 def int_lut(lut: QLut, code):
@@ -52,7 +54,7 @@ def int_normalize(x, norm: QNorm, fm: Formats, out_bits: int):
     hardware needs one rsqrt per token (per head for L2/o norms).
     """
     x = np.atleast_2d(np.asarray(x, dtype=np.int64))
-    ss = np.maximum(np.sum(x * x, axis=1) + norm.eps_int, 1)
+    ss = np.maximum(np.sum(x * x, axis=-1) + norm.eps_int, 1)
     y, E = rsqrt_fixed(ss, fm.rsqrt_norm_bits, fm.rsqrt_frac, fm.rsqrt_seed, fm.rsqrt_seed_bits,
                        fm.rsqrt_newton_steps)
     m_r = round_shift(y * norm.m, fm.rsqrt_frac + 1)
@@ -64,7 +66,7 @@ def int_normalize(x, norm: QNorm, fm: Formats, out_bits: int):
 
 def int_rmsnorm(x, norm: QNorm, fm: Formats):
     """RMSNorm of one resid_bits token (the weight is folded into the next projection): int8 out."""
-    return int_normalize(np.asarray(x)[None, :], norm, fm, fm.act_bits)[0]
+    return int_normalize(np.asarray(x)[..., None, :], norm, fm, fm.act_bits)[..., 0, :]
 
 
 def int_residual_add(a, b, res: QResidual, fm: Formats):

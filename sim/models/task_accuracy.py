@@ -64,6 +64,10 @@ def float_scores(mp: ModelParams, cfg: Config, data, n: int) -> tuple[dict, np.n
 def int_scores(q: QModel, cfg: Config, data, n: int) -> tuple[dict, np.ndarray]:
     """The integer model on the first n examples; also its predictions (n, T), which the
     chip's must equal."""
-    ilog = [int_run_model(q, cfg, x) for x in data.inputs[:n]]
-    pred = np.stack([int_next_tokens(lg) for lg in ilog])
-    return score(pred, [dequantize_logits(q, lg) for lg in ilog], data, n), pred
+    # the examples side by side (a batch): the same integers as one at a time, ~20x faster
+    ilog = np.concatenate([int_run_model(q, cfg, data.inputs[i:min(n, i + BATCH)]) for i in range(0, n, BATCH)])
+    pred = int_next_tokens(ilog)
+    return score(pred, list(dequantize_logits(q, ilog)), data, n), pred
+
+
+BATCH = 64      # examples per integer-model batch: the state of 64 sequences stays small

@@ -180,3 +180,19 @@ def test_broken_head_scale_fails_the_bound(tiny_model):
     bad = np.mean(int_next_tokens(int_run_model(QModel(qm.layers, bad_head, qm.scales), cfg, toks)) == nf)
     assert good >= BOUNDS["model-tiny"][0] > bad
     assert np.all(np.isfinite(dequantize_logits(qm, int_run_model(qm, cfg, toks[:2]))))
+
+
+def test_a_batch_of_sequences_is_each_sequence_alone(tiny_model):
+    """int_run_model on (n, T) ids (what the task scores use: every array gets a leading
+    axis, the MoE runs expert by expert over the tokens that chose it) gives each
+    sequence's logits exactly, through a dense layer, routed and shared experts."""
+    cfg, mp, qm = tiny_model
+    seqs = np.stack([random_tokens(cfg, 12, seed=20 + i, model_seed=7) for i in range(5)])
+    batch = int_run_model(qm, cfg, seqs)
+    assert batch.shape == (5, 12, 64)
+    for s, got in zip(seqs, batch):
+        assert np.array_equal(got, int_run_model(qm, cfg, s))
+    assert np.array_equal(int_run_model(qm, cfg, seqs[:1])[0], batch[0])
+    assert np.array_equal(int_next_tokens(batch), np.stack([int_next_tokens(b) for b in batch]))
+    with pytest.raises(ValueError, match="no resets or traces"):
+        int_run_model(qm, cfg, seqs, resets=[False] * 12)

@@ -14,6 +14,7 @@ contract (hw/chip/weight_port.py) and the Python memory model's timing
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 from amaranth.sim import Simulator
@@ -143,3 +144,28 @@ def test_forbidden_requests_raise_their_error_flag(req, flag):
     image = _image(1024, 4)
     log = _run(image, [req], cycles=20)
     assert log["counters"][3] == flag
+
+
+def test_zero_init_blocks_become_loops_and_others_stay():
+    """sim/hdl/layer_sim.py zero_init_loops: Yosys's one-line-per-word initial block of an
+    all-zero memory becomes a loop over every word (the same contents, a fraction of the
+    simulator's C++); a block with a non-zero word, a gap or two memories is left alone."""
+    from sim.hdl.layer_sim import zero_init_loops
+
+    def block(*lines):
+        return "  reg [31:0] mem [2:0];\n  initial begin\n" + "".join(f"    {x}\n" for x in lines) + "  end\n"
+    zeros = block("mem[0] = 32'd0;", "mem[1] = 32'd0;", "mem[2] = 32'h00000000;")
+    out = zero_init_loops(zeros)
+    assert "initial begin" not in out and "mem[0]" not in out
+    assert "zero_init_mem < 3;" in out and "mem[zero_init_mem] = 0;" in out
+    for kept in (block("mem[0] = 32'd0;", "mem[1] = 32'd7;", "mem[2] = 32'd0;"),
+                 block("mem[0] = 32'd0;", "mem[2] = 32'd0;"),
+                 block("mem[0] = 32'd0;", "other[1] = 32'd0;")):
+        assert zero_init_loops(kept) == kept
+
+
+def test_the_sim_tops_weight_memory_is_one_loop():
+    from moekda.config import load_config
+    from sim.hdl.layer_sim import sim_top_verilog
+    text = sim_top_verilog(load_config("tiny"))
+    assert "zero_init_mem" in text and not re.search(r"^    mem\[\d+\] = ", text, re.M)
