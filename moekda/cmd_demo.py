@@ -107,10 +107,13 @@ def run(args) -> int:
         raise UserError(preps[0]["no_netlist"] if len(preps) == 1 else
                         "--netlist: none of the runs' chips has a netlist of today's Verilog ("
                         + "; ".join(p["no_netlist"].removeprefix("--netlist: ") for p in preps) + ")")
-    # The chips' RTL (a Verilator build, then the simulation: subprocesses) runs beside the
-    # numpy float and integer models: on 2 cores that is what keeps `make demo` short.
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(max_workers=max(1, len(preps))) as pool:
+    # The chips' RTL (the chip's Verilog, a Verilator build, then the simulation) runs beside
+    # the numpy float and integer models: on 2 cores that is what keeps `make demo` short.
+    # Processes, not threads: generating the Verilog is pure Python, and in threads it took
+    # turns with the models under one interpreter lock (the models ran 6x slower).
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(max_workers=max(1, len(preps)), mp_context=multiprocessing.get_context("fork")) as pool:
         jobs = [pool.submit(rtl_job, p, args) if p["n_rtl"] else None for p in preps]
         results = [finish(p, j, args) for p, j in zip(preps, jobs)]
     table = _table(results)
