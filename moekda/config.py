@@ -322,13 +322,26 @@ def hybrid_parts(m) -> list[str]:
     return parts
 
 
+# the hybrid parts (hybrid_parts' config fields) that have an integer model so far
+INT_MODEL_PARTS = ("model.moe_latent", 'model.layers "mla"')
+
+
+def require_int_model(cfg: Config) -> None:
+    """ConfigError unless the integer model (and the quantiser) runs this model: LatentMoE
+    and Gated MLA layers have one; Attention Residuals a float model only so far."""
+    parts = [p for p in hybrid_parts(cfg.model) if not p.startswith(INT_MODEL_PARTS)]
+    if parts:
+        raise ConfigError(f"config {cfg.name}: {', '.join(parts)}: float model only so far; the integer model "
+                          f"runs model.attn_res = \"none\"")
+
+
 def require_chip_model(cfg: Config) -> None:
-    """ConfigError unless the chip (integer model, memory image, RTL) builds this model: the
-    hybrid's Gated MLA layers, Attention Residuals and LatentMoE have float models so far
-    (sim/models/float_model.py runs them), not yet integer models or RTL."""
+    """ConfigError unless the chip (memory image, RTL) builds this model: none of the
+    hybrid's parts (Gated MLA layers, Attention Residuals, LatentMoE) has RTL yet."""
     parts = hybrid_parts(cfg.model)
     if parts:
-        raise ConfigError(f"config {cfg.name}: {', '.join(parts)}: float model only so far; the chip builds "
+        have = "integer model" if all(p.startswith(INT_MODEL_PARTS) for p in parts) else "float model"
+        raise ConfigError(f"config {cfg.name}: {', '.join(parts)}: {have} only so far; the chip builds "
                           f"kda layers, model.attn_res = \"none\" and model.moe_latent = 0")
 
 
@@ -408,6 +421,26 @@ def load_config(name_or_path: str | Path) -> Config:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config {path}: not valid TOML: {e}") from None
     return config_from_dict(raw, source=str(path))
+
+
+def with_settings(cfg: Config, settings) -> Config:
+    """``cfg`` with fields replaced by ``section.field=value`` strings (the value in TOML:
+    ``model.moe_latent=8``, ``model.layers=["kda","mla"]``), checked like a config file."""
+    raw = cfg.to_dict()
+    raw["name"] = cfg.name
+    for item in settings:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not name:
+            raise ConfigError(f"--set {item!r}: must be section.field=value (for example model.moe_latent=8)")
+        if section not in SECTIONS:
+            raise ConfigError(f"--set {item!r}: unknown section {section!r} (known: {', '.join(SECTIONS)})")
+        try:
+            raw.setdefault(section, {})[name] = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            raise ConfigError(f"--set {item!r}: the value is not a TOML value (a number, true/false, "
+                              f"\"text\" or a list)") from None
+    return config_from_dict(raw, source=cfg.source)
 
 
 def describe_fields() -> str:

@@ -53,10 +53,22 @@ class Formats:
     rsqrt_frac: int = 14        # rsqrt mantissa y: Q2.14 unsigned, value in (1, 2]
     rsqrt_seed_bits: int = 5    # seed LUT index = top 5 bits of the normalised input: 24 entries
     rsqrt_newton_steps: int = 2
+    # Gated MLA's online softmax (issue 15; sim/models/int_mla.py): scores in base 2
+    mla_exp_frac: int = 8       # u = score * log2(e) with 8 fractional bits; the 2**-f table has 256 entries
+    mla_u_bits: int = 24        # u, signed, saturating (|score| < 2**15 / log2 e, far beyond any softmax's use)
+    mla_p_frac: int = 15        # softmax weight p = 2**-(n + f / 256) as U1.15 (32768 = 1.0)
+    mla_context_bits: int = 16  # cached tokens per sequence: up to 2**16 (the sums' widths)
 
     @property
     def lut_size(self) -> int:
         return 1 << self.lut_in_bits
+
+    @property
+    def mla_exp2_table(self) -> np.ndarray:
+        """2**-(f / 2**mla_exp_frac) for f = 0 .. 2**mla_exp_frac - 1 as U1.mla_p_frac: the
+        fractional part of the online softmax's exponent (a ROM; the integer part is a shift)."""
+        f = np.arange(1 << self.mla_exp_frac)
+        return np.floor(2.0 ** (self.mla_p_frac - f / (1 << self.mla_exp_frac)) + 0.5).astype(np.int64)
 
     @property
     def rsqrt_seed(self) -> np.ndarray:
@@ -102,5 +114,9 @@ def derived_widths(cfg: Config) -> dict[str, int]:
         # wider than the MoE's only for many chunks (C > top_k + n_shared)
         "dense_combine_acc": fm.expert_out_bits + fm.wn_frac + clog2(m.dense_chunks + 1),
         "swiglu_prod": prod + 1,
+        # Gated MLA's online softmax over at most 2**mla_context_bits cached tokens: the sum of
+        # the weights p (U1.p_frac, at most 1.0 each) and the weighted sum of int8 latents
+        "mla_sum": fm.mla_p_frac + 1 + fm.mla_context_bits,
+        "mla_acc": fm.mla_p_frac + 1 + fm.act_bits + fm.mla_context_bits,
         "residual_acc": fm.resid_bits + fm.mult_bits + 2,
     }

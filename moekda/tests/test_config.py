@@ -290,3 +290,17 @@ def test_hybrid_fields_keep_old_hashes_and_are_refused_by_the_chip():
     m = hy.model
     lat_moe = layer_weight_bytes(hy, "moe", "kda") - layer_weight_bytes(plain, "moe", "kda")
     assert lat_moe == m.n_experts * 3 * m.d_ff * (8 - 16) + 2 * 8 * 16
+
+
+def test_with_settings_replaces_fields_and_checks_them():
+    from moekda.config import with_settings
+    base = load_config("model-tiny")
+    cfg = with_settings(base, ["model.moe_latent=8", 'model.layers=["kda", "kda", "kda", "mla"]', "model.kv_rank = 8"])
+    assert cfg.model.moe_latent == 8 and cfg.model.layers == ("kda", "kda", "kda", "mla") and cfg.model.kv_rank == 8
+    assert cfg.name == base.name and cfg.hash() != base.hash()
+    assert with_settings(base, []).hash() == base.hash()
+    for bad, msg in (("moe_latent=8", "must be section.field=value"), ("mdl.x=1", "unknown section 'mdl'"),
+                     ("model.moe_latnt=8", "model.moe_latnt: unknown field"), ("model.moe_latent=eight", "not a TOML value"),
+                     ("model.moe_latent=16", "model.moe_latent = 16: allowed range is 1 to model.d_model - 1")):
+        with pytest.raises(ConfigError, match=msg):
+            with_settings(base, [bad])

@@ -25,31 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from moekda.config import Config
+from sim.models.float_latent_moe import latent_moe_step
+from sim.models.float_mla import MLACache, mla_step
+# the elementwise functions, the router and the SwiGLU are shared with the MLA and LatentMoE
+# models (sim/models/float_ops.py); imported from here by most callers
+from sim.models.float_ops import L2_EPS, l2norm, moe_route, rms_unit, rmsnorm, sigmoid, silu, swiglu  # noqa: F401 (re-exported)
 from sim.models.params import DenseParams, KDAParams, LayerParams, MoEParams
-
-L2_EPS = 1e-6  # l2norm epsilon of fla's use_qk_l2norm_in_kernel
-
-
-def sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def silu(x):
-    return x * sigmoid(x)
-
-
-def rms_unit(x, eps):
-    """x / sqrt(mean(x^2) + eps) over the last axis (RMSNorm without its weight)."""
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-
-
-def rmsnorm(x, w, eps):
-    return rms_unit(x, eps) * w
-
-
-def l2norm(x, eps=L2_EPS):
-    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
-
 
 def causal_conv_step(history, a, w):
     """One token of a causal depthwise convolution.
@@ -168,28 +149,6 @@ def kda_step(p: KDAParams, cfg: Config, state: KDAState, xn, trace=None):
     return KDAState(conv_q, conv_k, conv_v, S), out
 
 
-def moe_route(scores, bias, top_k, routed_scaling):
-    """Sigmoid-score router: the bias only selects, the weights come from the scores.
-
-    Ties in ``scores + bias`` go to the lowest expert index (a stable sort on the
-    negated choice).  Returns (idx (top_k,) in selection order, weights (top_k,)).
-    """
-    choice = scores + bias
-    idx = np.argsort(-choice, kind="stable")[:top_k]
-    w = scores[idx]
-    w = w / (w.sum() + 1e-20)
-    return idx, w * routed_scaling
-
-
-def swiglu(w_gate, w_up, w_down, x, trace=None, prefix=""):
-    gate, up = w_gate @ x, w_up @ x
-    hid = silu(gate) * up
-    if trace is not None:
-        trace[prefix + "gate"], trace[prefix + "up"], trace[prefix + "act"] = gate, up, silu(gate)
-        trace[prefix + "hid"] = hid
-    return w_down @ hid
-
-
 def moe_step(p: MoEParams, cfg: Config, hn, trace=None, select=None):
     """MoE on the normalised input hn (d,). Returns (out (d,), (idx, weights)).
     ``select`` forces the chosen experts (weights still from the scores): the accuracy
@@ -220,23 +179,46 @@ def dense_step(p: DenseParams, cfg: Config, hn, trace=None):
     return out
 
 
-def layer_step(p: LayerParams, cfg: Config, state: KDAState, x, trace=None, select=None):
+def channel_mix(p: LayerParams, cfg: Config, hn, trace=None, select=None):
+    """A layer's channel mixer on its normalised input hn (d,): MoE, dense SwiGLU or
+    LatentMoE (issue 15). Returns out (d,). ``select``: see moe_step (MoE only)."""
+    if select is not None and p.moe is None:
+        raise ValueError("channel_mix: select given for a dense layer or a LatentMoE (no plain MoE)")
+    if p.dense is not None:
+        return dense_step(p.dense, cfg, hn, trace)
+    if p.lmoe is not None:
+        return latent_moe_step(p.lmoe, hn, cfg.model.top_k, cfg.model.routed_scaling, trace)[0]
+    return moe_step(p.moe, cfg, hn, trace, select)[0]
+
+
+def mixer_state(p: LayerParams, cfg: Config):
+    """The zero state of a layer's token mixer: a KDA state, or an MLA layer's empty cache."""
+    return MLACache() if p.mla is not None else KDAState.zeros(cfg)
+
+
+def token_mix(p: LayerParams, cfg: Config, state, xn, trace=None):
+    """A layer's token mixer on its normalised input: (state, output (d,)).  An MLA layer's
+    cache is copied before this token's latent is appended (the state passed in stays as
+    it was, as a KDA state does)."""
+    if p.mla is not None:
+        cache = MLACache(list(state.latents))
+        out = mla_step(p.mla, cache, xn, cfg.model.norm_eps, trace)
+        return cache, out
+    return kda_step(p.kda, cfg, state, xn, trace)
+
+
+def layer_step(p: LayerParams, cfg: Config, state, x, trace=None, select=None):
     """One token through the whole layer. Returns (state, y (d,)). ``select``: see moe_step
     (a dense layer has no experts to select: it must be None)."""
     eps = cfg.model.norm_eps
     t = trace if trace is not None else {}
     t["x"] = x
     t["xn_unit"] = rms_unit(x, eps)
-    state, kda_out = kda_step(p.kda, cfg, state, t["xn_unit"] * p.attn_norm_w, t)
+    state, kda_out = token_mix(p, cfg, state, t["xn_unit"] * p.attn_norm_w, t)
     h = x + kda_out
     t["h"] = h
     t["hn_unit"] = rms_unit(h, eps)
-    if p.dense is not None:
-        if select is not None:
-            raise ValueError("layer_step: select given for a dense layer")
-        moe_out = dense_step(p.dense, cfg, t["hn_unit"] * p.mlp_norm_w, t)
-    else:
-        moe_out, _ = moe_step(p.moe, cfg, t["hn_unit"] * p.mlp_norm_w, t, select)
+    moe_out = channel_mix(p, cfg, t["hn_unit"] * p.mlp_norm_w, t, select)
     y = h + moe_out
     t["y"] = y
     return state, y
@@ -246,11 +228,11 @@ def run_layer(p: LayerParams, cfg: Config, xs, resets=None, traces: list | None 
     """Run a token sequence xs (T, d). ``resets[t]`` true zeroes the KDA state before token t.
     Appends one trace dict per token to ``traces`` if given. ``selects[t]`` forces token t's
     experts (see moe_step). Returns ys (T, d)."""
-    state = KDAState.zeros(cfg)
+    state = mixer_state(p, cfg)
     ys = np.zeros_like(xs, dtype=np.float64)
     for t_i, x in enumerate(xs):
         if resets is not None and resets[t_i]:
-            state = KDAState.zeros(cfg)
+            state = mixer_state(p, cfg)
         tr = {} if traces is not None else None
         state, ys[t_i] = layer_step(p, cfg, state, x, tr, None if selects is None else selects[t_i])
         if traces is not None:

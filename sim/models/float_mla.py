@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.models.float_layer import rms_unit, sigmoid
+from sim.models.float_ops import rms_unit, sigmoid
 from sim.models.params import MLAParams
 
 
@@ -72,15 +72,22 @@ def mla_step(p: MLAParams, cache: MLACache, xn, eps: float, trace=None) -> np.nd
     """One token (the decoder's form: absorbed up-projections, online softmax over the
     cache including this token's own latent, which is appended first)."""
     H, dh = p.heads, p.head_dim
-    cache.latents.append(latent(p, xn, eps))
+    a = p.w_dkv @ xn
+    cache.latents.append(rms_unit(a, eps) * p.kv_norm_w)
     q = (p.w_q @ xn).reshape(H, dh)
     qa = np.einsum("hdr,hd->hr", p.w_uk, q) / np.sqrt(dh)       # W_uk,h^T q_h, the 1/sqrt(d_h) folded in
     ctx = np.stack([online_softmax_sum((float(qa[h] @ c), c) for c in cache.latents) for h in range(H)])
     o = np.einsum("hdr,hr->hd", p.w_uv, ctx)                     # W_uv,h ctx_h
-    g = sigmoid(p.w_g @ xn)
+    g_logit = p.w_g @ xn
+    g = sigmoid(g_logit)
+    out = p.w_o @ (g * o.reshape(-1))
     if trace is not None:
-        trace.update(mla_q=q, mla_qa=qa, mla_ctx=ctx, mla_o=o, mla_gate=g)
-    return p.w_o @ (g * o.reshape(-1))
+        # mla_a, mla_c_unit: the latent before its norm and after it without its weight (the
+        # integer model caches c_unit and folds the weight into W_uk and W_uv)
+        trace.update(mla_a=a, mla_c_unit=rms_unit(a, eps), mla_q=q.reshape(-1), mla_qa=qa.reshape(-1),
+                     mla_ctx=ctx.reshape(-1), mla_o=o.reshape(-1), mla_g_logit=g_logit, mla_gate=g,
+                     mla_zo=g * o.reshape(-1), mla_out=out)
+    return out
 
 
 def mla_reference(p: MLAParams, xns, eps: float, resets=None) -> np.ndarray:

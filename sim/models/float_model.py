@@ -22,12 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moekda.config import Config, hybrid_parts
+from moekda.config import Config
 from sim.models.float_attn_res import DepthResidual
-from sim.models.float_latent_moe import latent_moe_step
-from sim.models.float_layer import KDAState, dense_step, kda_step, layer_step, moe_step, rms_unit
-from sim.models.float_mla import MLACache, mla_step
-from sim.models.params import LayerParams, ModelParams
+from sim.models.float_layer import KDAState, channel_mix, layer_step, rms_unit, token_mix
+from sim.models.float_mla import MLACache
+from sim.models.params import ModelParams
 from sim.models.sequence import greedy, run_sequence
 
 
@@ -64,24 +63,6 @@ def head_step(mp: ModelParams, cfg: Config, xL, trace=None) -> np.ndarray:
     return t["logits"]
 
 
-def token_mix(lp: LayerParams, cfg: Config, st, xn, trace):
-    """A layer's token mixer on its normalised input: (state, output).  An MLA layer's cache
-    is copied before this token's latent is appended (the state passed in stays as it was)."""
-    if lp.mla is not None:
-        cache = MLACache(list(st.latents))
-        return cache, mla_step(lp.mla, cache, xn, cfg.model.norm_eps, trace)
-    return kda_step(lp.kda, cfg, st, xn, trace)
-
-
-def channel_mix(lp: LayerParams, cfg: Config, hn, trace) -> np.ndarray:
-    """A layer's channel mixer on its normalised input: MoE, dense SwiGLU or LatentMoE."""
-    if lp.dense is not None:
-        return dense_step(lp.dense, cfg, hn, trace)
-    if lp.lmoe is not None:
-        return latent_moe_step(lp.lmoe, hn, cfg.model.top_k, cfg.model.routed_scaling, trace)[0]
-    return moe_step(lp.moe, cfg, hn, trace)[0]
-
-
 def hybrid_stack_step(mp: ModelParams, cfg: Config, state: ModelState, x, t: dict):
     """The stack with K3's hybrid parts (issue 15): each layer's two sub-layers (token mixer
     2l, channel mixer 2l + 1) read their input from float_attn_res.DepthResidual (the plain
@@ -104,14 +85,16 @@ def hybrid_stack_step(mp: ModelParams, cfg: Config, state: ModelState, x, t: dic
 
 
 def stack_step(mp: ModelParams, cfg: Config, state: ModelState, x, trace=None, hybrid: bool | None = None):
-    """x_0 (d,) through the L layers. Returns (state, x_L (d,)).  A model with none of the
-    hybrid's parts runs float_layer.layer_step per layer (what the chip computes);
+    """x_0 (d,) through the L layers. Returns (state, x_L (d,)).  A model with the plain
+    residual runs float_layer.layer_step per layer (what the chip computes; a layer's token
+    mixer may be KDA or MLA, its channel mixer a LatentMoE); one with Attention Residuals
+    runs ``hybrid_stack_step``;
     ``hybrid=True`` runs even such a model through ``hybrid_stack_step`` (the tests: both
     give the same)."""
     t = trace if trace is not None else {}
     t["x0"] = x
     t["layers"] = []
-    if hybrid or (hybrid is None and hybrid_parts(cfg.model)):
+    if hybrid or (hybrid is None and cfg.model.attn_res != "none"):
         return hybrid_stack_step(mp, cfg, state, x, t)
     new = []
     for lp, st in zip(mp.layers, state.layers):

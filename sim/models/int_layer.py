@@ -2,7 +2,8 @@
 
     xn = RMSNorm(x);  h = x (+) KDA(xn);  hn = RMSNorm(h);  y = h (+) MoE(hn)
 
-(a dense layer: y = h (+) Dense(hn), int_moe.int_dense_step)
+(an MLA layer: h = x (+) MLA(xn), int_mla.int_mla_step; a dense layer: y = h (+) Dense(hn),
+int_moe.int_dense_step; a LatentMoE is int_moe_step's latent form)
 
 (+) is the two-scale residual add.  The residual stream x, h, y is resid_bits (16)
 wide, every other activation int8, the KDA state state_bits.
@@ -14,6 +15,7 @@ import numpy as np
 from moekda.config import Config
 from moekda.formats import formats_for
 from sim.models.int_kda import IntKDAState, int_kda_step
+from sim.models.int_mla import IntMLACache, int_mla_step
 from sim.models.int_moe import int_dense_step, int_moe_step
 from sim.models.int_ops import check_width, int_residual_add, int_rmsnorm
 from sim.models.qparams import QLayer
@@ -26,8 +28,11 @@ def int_layer_step(qp: QLayer, cfg: Config, state: IntKDAState, x, trace=None):
     x = check_width(np.asarray(x, dtype=np.int64), fm.resid_bits, "layer input")
     t["x"] = x
     t["xn_unit"] = int_rmsnorm(x, qp.attn_norm, fm)
-    state, kda_out = int_kda_step(qp.kda, cfg, fm, state, t["xn_unit"], t)
-    t["h"] = int_residual_add(x, kda_out, qp.res1, fm)
+    if qp.mla is not None:
+        state, mix_out = int_mla_step(qp.mla, cfg, fm, state, t["xn_unit"], t)
+    else:
+        state, mix_out = int_kda_step(qp.kda, cfg, fm, state, t["xn_unit"], t)
+    t["h"] = int_residual_add(x, mix_out, qp.res1, fm)
     t["hn_unit"] = int_rmsnorm(t["h"], qp.mlp_norm, fm)
     if qp.dense is not None:
         moe_out = int_dense_step(qp.dense, cfg, fm, t["hn_unit"], t)
@@ -37,15 +42,20 @@ def int_layer_step(qp: QLayer, cfg: Config, state: IntKDAState, x, trace=None):
     return state, t["y"]
 
 
+def int_mixer_state(qp: QLayer, cfg: Config, batch: tuple = ()):
+    """The zero state of a layer's token mixer: a KDA state, or an MLA layer's empty cache."""
+    return IntMLACache() if qp.mla is not None else IntKDAState.zeros(cfg, batch)
+
+
 def int_run_layer(qp: QLayer, cfg: Config, xs, resets=None, traces: list | None = None):
     """Run tokens xs (T, d) (resid_bits); resets[t] true clears the KDA state (and conv history)
     before token t. Returns ys (T, d)."""
-    state = IntKDAState.zeros(cfg)
+    state = int_mixer_state(qp, cfg)
     xs = np.asarray(xs, dtype=np.int64)
     ys = np.zeros_like(xs)
     for i, x in enumerate(xs):
         if resets is not None and resets[i]:
-            state = IntKDAState.zeros(cfg)
+            state = int_mixer_state(qp, cfg)
         tr = {} if traces is not None else None
         state, ys[i] = int_layer_step(qp, cfg, state, x, tr)
         if traces is not None:

@@ -23,6 +23,7 @@ from moekda.config import Config
 from moekda.formats import formats_for
 from moekda.numerics import requantize, round_shift, saturate
 from sim.models.int_kda import IntKDAState
+from sim.models.int_mla import IntMLACache
 from sim.models.int_layer import int_layer_step
 from sim.models.int_ops import check_width, int_rmsnorm
 from sim.models.qparams import QHead, QModel
@@ -46,7 +47,7 @@ class IntModelState:
 
     @classmethod
     def zeros(cls, cfg: Config, batch: tuple = ()) -> "IntModelState":
-        return cls([IntKDAState.zeros(cfg, batch) for _ in range(cfg.model.n_layers)])
+        return cls([IntMLACache() if kind == "mla" else IntKDAState.zeros(cfg, batch) for kind in cfg.model.layers])
 
 
 def int_embed(qh: QHead, cfg: Config, token) -> np.ndarray:

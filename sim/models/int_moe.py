@@ -9,6 +9,13 @@
   e(x)   = expert, see int_expert                               expert_out_bits, common scale
   acc    = sum_i wt_i * e_idx_i(hn) + sum_j (e_shared_j(hn) << wn_frac)
   out    = requantize(acc, comb_m, comb_s, resid_bits)          16 bits: it only feeds the residual add
+
+LatentMoE (model.moe_latent = l > 0; the router and the shared experts as above):
+  z      = engine(W_lat_down' hn)                               int8 (l), own scale
+  racc   = sum_i wt_i * e_idx_i(z)                              the routed experts at width l
+  zr     = requantize(racc, lat_m, lat_s, act_bits)             int8 (l), own scale
+  acc    = (engine(W_lat_up zr) << wn_frac) + shared as above   W_lat_up's output: expert_out_bits at
+                                                                the experts' common output scale
 """
 from __future__ import annotations
 
@@ -84,18 +91,32 @@ def int_moe_step(q: QMoE, cfg: Config, fm: Formats, hn, trace=None):
     idx, wt = int_route(q, cfg, fm, score)
     t["idx"], t["w"] = idx, wt
     experts = [] if trace is not None else None
-    acc = np.zeros(hn.shape, dtype=np.int64)
-    if hn.ndim == 1:
+    latent = q.lat_down is not None
+    # the routed experts' input: hn itself, or (LatentMoE) its int8 latent z
+    xr = int_linear(q.lat_down, hn, fm, "latent down") if latent else hn
+    if latent:
+        t["lat_z"] = xr
+    width = xr.shape[-1]
+    racc = np.zeros(xr.shape, dtype=np.int64)
+    if xr.ndim == 1:
         for e, w in zip(idx, wt):
-            acc += w * int_expert(q.routed, int(e), q, fm, hn, experts)
+            racc += w * int_expert(q.routed, int(e), q, fm, xr, experts)
     else:
-        rows_hn, rows_acc = hn.reshape(-1, m.d_model), acc.reshape(-1, m.d_model)
+        rows_x, rows_acc = xr.reshape(-1, width), racc.reshape(-1, width)
         rows_idx, rows_wt = idx.reshape(-1, m.top_k), wt.reshape(-1, m.top_k)
         for e in np.unique(rows_idx):
             chose = rows_idx == e                              # top-k ids are distinct per token
             rows = np.nonzero(chose.any(axis=1))[0]
             w = (rows_wt * chose).sum(axis=1)[rows]
-            rows_acc[rows] += w[:, None] * int_expert(q.routed, int(e), q, fm, rows_hn[rows])
+            rows_acc[rows] += w[:, None] * int_expert(q.routed, int(e), q, fm, rows_x[rows])
+    if latent:
+        # the weighted latent sum to int8, then up to width d at the experts' output scale:
+        # from there it joins the combine as a shared expert's output does
+        check_width(racc, derived_widths(cfg)["moe_combine_acc"], "latent combine accumulator")
+        t["lat_routed"] = requantize(racc, q.lat_m, q.lat_s, fm.act_bits)
+        acc = int_linear(q.lat_up, t["lat_routed"], fm, "latent up") << fm.wn_frac
+    else:
+        acc = racc
     for j in range(m.n_shared):
         acc += int_expert(q.shared, j, q, fm, hn, experts) << fm.wn_frac
     t["experts"] = experts

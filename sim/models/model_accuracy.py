@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moekda.config import ConfigError, load_config
+from moekda.config import ConfigError, load_config, with_settings
 from sim.models.float_model import next_tokens, run_model
 from sim.models.int_model import dequantize_logits, int_next_tokens, int_run_model
 from sim.models.params import random_model_params, random_tokens
@@ -115,10 +115,12 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-seed", type=int, default=600)
     ap.add_argument("--pairs", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                    help="replace a config field (repeatable), e.g. model.moe_latent=8")
     ap.add_argument("-o", "--output", help="JSON file for the rows and the summary")
     args = ap.parse_args(argv)
     try:
-        cfg = load_config(args.config)
+        cfg = with_settings(load_config(args.config), args.set)
     except ConfigError as e:
         print(f"model_accuracy: error: {e}", file=sys.stderr)
         return 2

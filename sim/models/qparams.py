@@ -103,6 +103,13 @@ class QMoE:
     rs: int                  # routed_scaling as U.rs_frac
     comb_m: int              # sum_i w_i e_i (+ shared << wn_frac) -> resid_bits
     comb_s: int
+    # LatentMoE (model.moe_latent > 0; int_moe.py): the routed experts work on z = lat_down(hn)
+    # (int8, width l); their weighted sum is requantised by (lat_m, lat_s) to int8 and
+    # lat_up brings it back to width d at the experts' common output scale
+    lat_down: Optional[QLinear] = None
+    lat_up: Optional[QLinear] = None
+    lat_m: Optional[int] = None
+    lat_s: Optional[int] = None
 
 
 @dataclass
@@ -123,6 +130,23 @@ class QDense:
 
 
 @dataclass
+class QMLA:
+    """A Gated MLA token mixer (issue 15; sim/models/int_mla.py, formats in docs/numerics.md).
+    The cache holds c_unit, the int8 latent after its RMSNorm without the norm's weight:
+    the weight is folded into the columns of uk and uv."""
+    q_proj: QLinear          # (H*dh, d) -> int8
+    uk: QLinear              # (H, r, dh): qa_h = W_uk,h^T q_h, 1/sqrt(dh) and kv_norm_w folded; -> int8
+    dkv: QLinear             # (r, d) -> resid_bits, into the latent's RMSNorm
+    kv_norm: QNorm           # -> c_unit int8
+    u_m: int                 # score accumulator qa_h . c_j -> u = score * log2(e) * 2**mla_exp_frac
+    u_s: int
+    uv: QLinear              # (H, dh, r): o_h = W_uv,h ctx_h, kv_norm_w folded; -> int8
+    g_proj: QLinear          # (H*dh, d) -> table code
+    gate: QLut               # code -> sigmoid as U0.unit_frac
+    o_proj: QLinear          # (d, H*dh) -> int8
+
+
+@dataclass
 class QResidual:
     """y = sat_resid(round_shift(a * m_a + b * m_b, s)): residual a (resid_bits) plus a
     branch output b (int8 KDA, resid_bits MoE), each at its own scale."""
@@ -133,19 +157,26 @@ class QResidual:
 
 @dataclass
 class QLayer:
-    """One layer.  Its channel mixer is ``moe`` or (a dense layer) ``dense``, the other None."""
+    """One layer.  Its token mixer is ``kda`` or (issue 15) ``mla``, its channel mixer ``moe``
+    or (a dense layer) ``dense``; the ones it lacks are None."""
     attn_norm: QNorm
-    kda: QKDA
+    kda: Optional[QKDA]
     res1: QResidual
     mlp_norm: QNorm
     moe: Optional[QMoE]
     res2: QResidual
     scales: dict = field(default_factory=dict)   # tensor name -> real value of one LSB
     dense: Optional[QDense] = None
+    mla: Optional[QMLA] = None
 
     @property
     def mixer(self) -> str:
         return "dense" if self.dense is not None else "moe"
+
+    @property
+    def kind(self) -> str:
+        """The token mixer: "kda" or "mla" (model.layers)."""
+        return "mla" if self.mla is not None else "kda"
 
     def to_flat(self) -> dict:
         """Flat {dotted name: array} view; ints become 0-d int64 arrays, scales 'scales.<name>'."""
@@ -245,11 +276,10 @@ def _build(kind, flat: dict, prefix: str):
         elif t is dict:
             kw[f.name] = {k[len(name) + 1:]: float(v) for k, v in flat.items() if k.startswith(name + ".")}
         elif name not in flat:
-            if f.default is None:
-                kw[f.name] = None
-            else:
+            if f.default is dataclasses.MISSING:
                 raise KeyError(f"integer parameters: missing {name}")
+            kw[f.name] = f.default
         else:
             v = np.asarray(flat[name])
-            kw[f.name] = int(v) if t is int else v.astype(np.int64)
+            kw[f.name] = int(v) if t in (int, Optional[int]) else v.astype(np.int64)
     return kind(**kw)

@@ -19,13 +19,13 @@ import math
 
 import numpy as np
 
-from moekda.config import Config, require_chip_model
+from moekda.config import Config, require_int_model
 from moekda.formats import Formats, formats_for
 from moekda.numerics import build_lut, quantize_multiplier, shared_shift_multipliers
 from sim.models import float_layer as fl
 from sim.models.params import (LayerParams, ModelParams, dense_chunks, random_inputs, random_model_params,
                                random_params, random_tokens)
-from sim.models.qparams import (QDense, QExperts, QHead, QKDA, QLayer, QLinear, QLut, QModel, QMoE, QNorm,
+from sim.models.qparams import (QDense, QExperts, QHead, QKDA, QLayer, QLinear, QLut, QMLA, QModel, QMoE, QNorm,
                                 QResidual)
 
 # A sigmoid input beyond +-SIGMOID_CLIP changes the U0.15 output by < 1 LSB... at
@@ -150,18 +150,47 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None, model_seed: int 
     gets a QDense in place of the QMoE."""
     fm = formats_for(cfg)
     m = cfg.model
-    H, dk, d = m.n_heads, m.head_dim, m.d_model
+    d = m.d_model
     if seqs is not None and model_seed is not None:
         raise ValueError("quantize_layer: give seqs or model_seed, not both")
     seqs = calibration_sequences(cfg, model_seed=model_seed or 0) if seqs is None else seqs
     tr = collect(params, cfg, seqs)
-    A8, LB = fm.act_bits, fm.lut_in_bits
     sc: dict[str, float] = {}
 
     sc["x"] = act_scale(tr["x"], fm.resid_bits, headroom=RESID_HEADROOM) if x_scale is None else float(x_scale)
     sc["xn_unit"] = act_scale(tr["xn_unit"])
     # ss of int8 x is sum(x_int^2) = d * mean(x^2) / s_x^2, so eps moves into integer units likewise
     attn_norm = _norm(m.norm_eps * d / sc["x"] ** 2, math.sqrt(d) / sc["xn_unit"], fm)
+    if params.mla is not None:
+        qkda, qmla, mix_out = None, _quantize_mla(params, cfg, fm, tr, sc), "mla_out"
+    else:
+        qkda, qmla, mix_out = _quantize_kda(params, cfg, fm, tr, sc), None, "kda_out"
+
+    sc["h"] = act_scale(tr["h"], fm.resid_bits, headroom=RESID_HEADROOM)
+    (ma, mb), rs_ = shared_shift_multipliers([sc["x"] / sc["h"], sc[mix_out] / sc["h"]], fm.mult_bits)
+    res1 = QResidual(ma, mb, rs_)
+    sc["hn_unit"] = act_scale(tr["hn_unit"])
+    mlp_norm = _norm(m.norm_eps * d / sc["h"] ** 2, math.sqrt(d) / sc["hn_unit"], fm)
+
+    if params.dense is not None:
+        qmoe, (qdense, sc_moe) = None, _quantize_dense(params, cfg, fm, tr, sc["hn_unit"])
+    elif params.lmoe is not None:
+        (qmoe, sc_moe), qdense = _quantize_latent_moe(params, cfg, fm, tr, sc["hn_unit"]), None
+    else:
+        (qmoe, sc_moe), qdense = _quantize_moe(params, cfg, fm, tr, sc["hn_unit"]), None
+    sc.update(sc_moe)
+    sc["y"] = act_scale(tr["y"], fm.resid_bits, headroom=RESID_HEADROOM)
+    (ma, mb), rs_ = shared_shift_multipliers([sc["h"] / sc["y"], sc["moe_out"] / sc["y"]], fm.mult_bits)
+    res2 = QResidual(ma, mb, rs_)
+    return QLayer(attn_norm=attn_norm, kda=qkda, res1=res1, mlp_norm=mlp_norm, moe=qmoe, res2=res2, scales=sc,
+                  dense=qdense, mla=qmla)
+
+
+def _quantize_kda(params: LayerParams, cfg: Config, fm: Formats, tr, sc: dict) -> QKDA:
+    """The KDA token mixer (section 4 of docs/numerics.md); its scales into ``sc``."""
+    m = cfg.model
+    H, dk = m.n_heads, m.head_dim
+    A8, LB = fm.act_bits, fm.lut_in_bits
     p = params.kda
     wn = params.attn_norm_w[None, :]
 
@@ -226,38 +255,47 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None, model_seed: int 
     sc["kda_out"] = act_scale(tr["kda_out"], headroom=BRANCH_HEADROOM)
     kda["o_proj"], _ = _linear(p.w_o * np.tile(p.o_norm_w, H)[None, :], sc["on"], sc["kda_out"], fm, A8)
     qkda = QKDA(**kda, f_q=f_q, f_k=f_k, f_v=f_v, f_s=f_s, o_shift=o_shift)
+    return qkda
 
-    sc["h"] = act_scale(tr["h"], fm.resid_bits, headroom=RESID_HEADROOM)
-    (ma, mb), rs_ = shared_shift_multipliers([sc["x"] / sc["h"], sc["kda_out"] / sc["h"]], fm.mult_bits)
-    res1 = QResidual(ma, mb, rs_)
-    sc["hn_unit"] = act_scale(tr["hn_unit"])
-    mlp_norm = _norm(m.norm_eps * d / sc["h"] ** 2, math.sqrt(d) / sc["hn_unit"], fm)
 
-    if params.dense is not None:
-        qmoe, (qdense, sc_moe) = None, _quantize_dense(params, cfg, fm, tr, sc["hn_unit"])
-    else:
-        (qmoe, sc_moe), qdense = _quantize_moe(params, cfg, fm, tr, sc["hn_unit"]), None
-    sc.update(sc_moe)
-    sc["y"] = act_scale(tr["y"], fm.resid_bits, headroom=RESID_HEADROOM)
-    (ma, mb), rs_ = shared_shift_multipliers([sc["h"] / sc["y"], sc["moe_out"] / sc["y"]], fm.mult_bits)
-    res2 = QResidual(ma, mb, rs_)
-    return QLayer(attn_norm=attn_norm, kda=qkda, res1=res1, mlp_norm=mlp_norm, moe=qmoe, res2=res2, scales=sc,
-                  dense=qdense)
+def _quantize_mla(params: LayerParams, cfg: Config, fm: Formats, tr, sc: dict) -> QMLA:
+    """The Gated MLA token mixer (sim/models/int_mla.py; docs/numerics.md section 9); its
+    scales into ``sc``.  The cache holds c_unit: the latent norm's weight w is folded into
+    W_uk (with 1/sqrt(dh), on the query side) and W_uv, as qa . (c_unit w) = (qa w) . c_unit."""
+    p, eps = params.mla, cfg.model.norm_eps
+    H, dh, r = p.heads, p.head_dim, p.kv_rank
+    A8, LB = fm.act_bits, fm.lut_in_bits
+    wn = params.attn_norm_w[None, :]
+    w_kv = p.kv_norm_w
+    sc["mla_a"] = act_scale(tr["mla_a"], fm.resid_bits, headroom=RESID_HEADROOM)
+    dkv, _ = _linear(p.w_dkv * wn, sc["xn_unit"], sc["mla_a"], fm, fm.resid_bits)
+    sc["mla_c_unit"] = act_scale(tr["mla_c_unit"])
+    kv_norm = _norm(eps * r / sc["mla_a"] ** 2, math.sqrt(r) / sc["mla_c_unit"], fm)
+    sc["mla_q"] = act_scale(tr["mla_q"])
+    q_proj, _ = _linear(p.w_q * wn, sc["xn_unit"], sc["mla_q"], fm, A8)
+    sc["mla_qa"] = act_scale(tr["mla_qa"] * np.tile(w_kv, H))          # the query side of c_unit
+    uk_w = np.transpose(p.w_uk, (0, 2, 1)) * w_kv[None, :, None] / math.sqrt(dh)   # (H, r, dh)
+    uk, _ = _linear(uk_w, sc["mla_q"], sc["mla_qa"], fm, A8)
+    u_m, u_s = _mult(sc["mla_qa"] * sc["mla_c_unit"] * math.log2(math.e) * (1 << fm.mla_exp_frac), fm)
+    sc["mla_ctx"] = sc["mla_c_unit"]                                   # a weighted mean of c_unit
+    sc["mla_o"] = act_scale(tr["mla_o"])
+    uv, _ = _linear(p.w_uv * w_kv[None, None, :], sc["mla_ctx"], sc["mla_o"], fm, A8)
+    sc["mla_g_logit"] = act_scale(tr["mla_g_logit"], LB, SIGMOID_CLIP)
+    g_proj, _ = _linear(p.w_g * wn, sc["xn_unit"], sc["mla_g_logit"], fm, LB)
+    gate = QLut(build_lut(fl.sigmoid, LB, sc["mla_g_logit"], 2.0 ** -fm.unit_frac, 0, 1 << fm.unit_frac), LB)
+    sc["mla_gate"] = 2.0 ** -fm.unit_frac
+    sc["mla_zo"] = sc["mla_o"]
+    sc["mla_out"] = act_scale(tr["mla_out"], headroom=BRANCH_HEADROOM)
+    o_proj, _ = _linear(p.w_o, sc["mla_zo"], sc["mla_out"], fm, A8)
+    return QMLA(q_proj=q_proj, uk=uk, dkv=dkv, kv_norm=kv_norm, u_m=u_m, u_s=u_s, uv=uv, g_proj=g_proj, gate=gate,
+                o_proj=o_proj)
 
 
 def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float):
     m, p = cfg.model, params.moe
-    A8, LB = fm.act_bits, fm.lut_in_bits
     wn = params.mlp_norm_w[None, :]
     sc = {}
-    sc["r_logit"] = act_scale(tr["r_logit"], LB, SIGMOID_CLIP)
-    router, _ = _linear(p.w_router * wn, s_hn, sc["r_logit"], fm, LB)
-    score = QLut(build_lut(fl.sigmoid, LB, sc["r_logit"], 2.0 ** -fm.score_frac, 0, 1 << fm.score_frac), LB)
-    sc["score"] = 2.0 ** -fm.score_frac
-    bias = np.floor(p.router_bias * (1 << fm.score_frac) + 0.5).astype(np.int64)
-    if np.any(np.abs(bias) >= 1 << (fm.router_bias_bits - 1)):
-        raise ValueError(f"router bias beyond +-{2 ** (fm.router_bias_bits - 1 - fm.score_frac)}: "
-                         "does not fit router_bias_bits")
+    router, score, bias = _router(p.w_router * wn, p.router_bias, s_hn, tr, fm, sc)
 
     # every expert on every calibration token: rarely chosen experts get scales too
     hn = tr["hn_unit"] * params.mlp_norm_w[None, :]
@@ -274,6 +312,56 @@ def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float
              routed=bank(p.w_gate, p.w_up, p.w_down, routed), shared=bank(p.sh_gate, p.sh_up, p.sh_down, shared),
              rs=rs, comb_m=comb_m, comb_s=comb_s)
     return q, sc
+
+
+def _quantize_latent_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float):
+    """LatentMoE (QMoE with lat_down, lat_up): the router and the shared experts as in
+    ``_quantize_moe``; the routed experts on the int8 latent z (its own MSE scale), with the
+    shared experts' SiLU table and output scale (one expert engine); their weighted sum
+    back to int8 (max|x|: a rare large token must not saturate before the up-projection),
+    whose output joins the combine at the experts' output scale."""
+    m, p = cfg.model, params.lmoe
+    A8 = fm.act_bits
+    wn = params.mlp_norm_w[None, :]
+    sc = {}
+    router, score, bias = _router(p.w_router * wn, p.router_bias, s_hn, tr, fm, sc)
+
+    sc["lat_z"] = act_scale(tr["lat_z"])
+    lat_down, _ = _linear(p.w_lat_down * wn, s_hn, sc["lat_z"], fm, A8)
+    hn = tr["hn_unit"] * params.mlp_norm_w[None, :]
+    z = tr["lat_z"].reshape(-1, p.w_lat_down.shape[0])
+    routed = _experts_dense(p.w_gate, p.w_up, p.w_down, z)
+    shared = _experts_dense(p.sh_gate, p.sh_up, p.sh_down, hn)
+    s_gate, s_act, s_e, silu = _expert_scales(fm, [routed, shared])
+    sc.update(e_gate=s_gate, e_act=s_act, e_out=s_e)
+    ones = np.ones((1, z.shape[1]))
+    q_routed = _expert_bank(p.w_gate, p.w_up, p.w_down, routed, ones, sc["lat_z"], s_gate, s_act, s_e, fm)
+    q_shared = _expert_bank(p.sh_gate, p.sh_up, p.sh_down, shared, wn, s_hn, s_gate, s_act, s_e, fm)
+
+    sc["lat_routed"] = act_scale(tr["lat_routed"], mse=False)
+    lat_m, lat_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["lat_routed"], fm)
+    lat_up, _ = _linear(p.w_lat_up, sc["lat_routed"], s_e, fm, fm.expert_out_bits)
+    rs = int(round(m.routed_scaling * (1 << fm.rs_frac)))
+    sc["moe_out"] = act_scale(tr["moe_out"], fm.resid_bits, headroom=BRANCH_HEADROOM)
+    comb_m, comb_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["moe_out"], fm)
+    q = QMoE(router=router, score=score, bias=bias, silu=silu, routed=q_routed, shared=q_shared, rs=rs,
+             comb_m=comb_m, comb_s=comb_s, lat_down=lat_down, lat_up=lat_up, lat_m=lat_m, lat_s=lat_s)
+    return q, sc
+
+
+def _router(w_router, router_bias, s_hn: float, tr, fm: Formats, sc: dict):
+    """The router (its logits to a sigmoid table code), the score table (U0.score_frac) and
+    the selection bias in score units (router_bias_bits signed); their scales into ``sc``."""
+    LB = fm.lut_in_bits
+    sc["r_logit"] = act_scale(tr["r_logit"], LB, SIGMOID_CLIP)
+    router, _ = _linear(w_router, s_hn, sc["r_logit"], fm, LB)
+    score = QLut(build_lut(fl.sigmoid, LB, sc["r_logit"], 2.0 ** -fm.score_frac, 0, 1 << fm.score_frac), LB)
+    sc["score"] = 2.0 ** -fm.score_frac
+    bias = np.floor(router_bias * (1 << fm.score_frac) + 0.5).astype(np.int64)
+    if np.any(np.abs(bias) >= 1 << (fm.router_bias_bits - 1)):
+        raise ValueError(f"router bias beyond +-{2 ** (fm.router_bias_bits - 1 - fm.score_frac)}: "
+                         "does not fit router_bias_bits")
+    return router, score, bias
 
 
 def _expert_scales(fm: Formats, banks):
@@ -361,7 +449,7 @@ def quantize_model(mp: ModelParams, cfg: Config, token_seqs=None, model_seed: in
     the int8 head has one (m, s); tied, the table is the head, and the weight is applied
     per channel (norm_w, resid_bits signed, the largest shift that fits) into an int8 fn
     whose scale minimises the MSE; the logits are resid_bits at max|logit| * 1.5."""
-    require_chip_model(cfg)
+    require_int_model(cfg)
     fm = formats_for(cfg)
     m = cfg.model
     if (token_seqs is not None or xs_seqs is not None) and model_seed is not None:
