@@ -322,27 +322,14 @@ def hybrid_parts(m) -> list[str]:
     return parts
 
 
-# the hybrid parts (hybrid_parts' config fields) that have an integer model so far
-INT_MODEL_PARTS = ("model.moe_latent", 'model.layers "mla"')
-
-
-def require_int_model(cfg: Config) -> None:
-    """ConfigError unless the integer model (and the quantiser) runs this model: LatentMoE
-    and Gated MLA layers have one; Attention Residuals a float model only so far."""
-    parts = [p for p in hybrid_parts(cfg.model) if not p.startswith(INT_MODEL_PARTS)]
-    if parts:
-        raise ConfigError(f"config {cfg.name}: {', '.join(parts)}: float model only so far; the integer model "
-                          f"runs model.attn_res = \"none\"")
-
-
 def require_chip_model(cfg: Config) -> None:
-    """ConfigError unless the chip (memory image, RTL) builds this model: none of the
-    hybrid's parts (Gated MLA layers, Attention Residuals, LatentMoE) has RTL yet."""
+    """ConfigError unless the chip (memory image, RTL) builds this model: the hybrid's parts
+    (Gated MLA layers, Attention Residuals, LatentMoE) have float and integer models
+    (sim/models/), no RTL yet."""
     parts = hybrid_parts(cfg.model)
     if parts:
-        have = "integer model" if all(p.startswith(INT_MODEL_PARTS) for p in parts) else "float model"
-        raise ConfigError(f"config {cfg.name}: {', '.join(parts)}: {have} only so far; the chip builds "
-                          f"kda layers, model.attn_res = \"none\" and model.moe_latent = 0")
+        raise ConfigError(f"config {cfg.name}: {', '.join(parts)}: float and integer models only so far; the chip "
+                          f"builds kda layers, model.attn_res = \"none\" and model.moe_latent = 0")
 
 
 def _check_relations(cfg: Config):

@@ -118,5 +118,9 @@ def derived_widths(cfg: Config) -> dict[str, int]:
         # the weights p (U1.p_frac, at most 1.0 each) and the weighted sum of int8 latents
         "mla_sum": fm.mla_p_frac + 1 + fm.mla_context_bits,
         "mla_acc": fm.mla_p_frac + 1 + fm.act_bits + fm.mla_context_bits,
+        # Attention Residuals' mix (the same online softmax) over at most 2 L + 1 kept values of
+        # resid_bits
+        "attn_res_sum": fm.mla_p_frac + 1 + clog2(2 * m.n_layers + 2),
+        "attn_res_acc": fm.mla_p_frac + 1 + fm.resid_bits + clog2(2 * m.n_layers + 2),
         "residual_acc": fm.resid_bits + fm.mult_bits + 2,
     }

@@ -51,7 +51,7 @@ from hw.chip.weight_arbiter import WeightArbiter
 from hw.chip.weight_port import WeightPortSignature
 from hw.image.format import image_layout
 from hw.image.memory_map import layer_bits, layer_count, layer_prefix, memory_map, sequence_slots, slot_bits
-from moekda.config import ConfigError
+from moekda.config import ConfigError, require_chip_model
 from moekda.formats import formats_for
 
 
@@ -127,6 +127,7 @@ class ModelTop(wiring.Component):
         if cfg.model.vocab == 0:
             raise ConfigError(f"config {cfg.name}: model.vocab = 0, no tokens: the model chip needs a "
                               "vocabulary (16 to 65536); a one-layer config builds the layer chip")
+        require_chip_model(cfg)     # before any sub-module exists (a half-built one warns)
         self.cfg = cfg
         self.L = layer_count(cfg)
         self.S = sequence_slots(cfg)

@@ -283,7 +283,7 @@ def test_hybrid_fields_keep_old_hashes_and_are_refused_by_the_chip():
     assert hy.to_dict()["model"]["kv_rank"] == 8 and hy.hash() != plain.hash()
     assert len(hybrid_parts(hy.model)) == 3
     with pytest.raises(ConfigError, match='model.layers "mla", model.attn_res = "block", model.moe_latent = 8: '
-                                          'float model only so far'):
+                                          'float and integer models only so far; the chip'):
         require_chip_model(hy)
     # an MLA layer has no KDA state; LatentMoE's routed experts shrink by moe_latent / d_model
     assert resource_estimate(hy)["state_bits"] == 3 * resource_estimate(plain)["state_bits"]

@@ -21,23 +21,32 @@ from sim.models.int_ops import check_width, int_residual_add, int_rmsnorm
 from sim.models.qparams import QLayer
 
 
-def int_layer_step(qp: QLayer, cfg: Config, state: IntKDAState, x, trace=None):
+def int_token_mix(qp: QLayer, cfg: Config, fm, state, xn, t: dict):
+    """The layer's token mixer (KDA or MLA) on its int8 normalised input: (state, out int8)."""
+    if qp.mla is not None:
+        return int_mla_step(qp.mla, cfg, fm, state, xn, t)
+    return int_kda_step(qp.kda, cfg, fm, state, xn, t)
+
+
+def int_channel_mix(qp: QLayer, cfg: Config, fm, hn, t: dict):
+    """The layer's channel mixer (MoE, LatentMoE or dense) on its int8 normalised input: out
+    (resid_bits)."""
+    if qp.dense is not None:
+        return int_dense_step(qp.dense, cfg, fm, hn, t)
+    return int_moe_step(qp.moe, cfg, fm, hn, t)[0]
+
+
+def int_layer_step(qp: QLayer, cfg: Config, state, x, trace=None):
     """One token x (d,) (resid_bits) through the layer. Returns (state, y (resid_bits))."""
     fm = formats_for(cfg)
     t = trace if trace is not None else {}
     x = check_width(np.asarray(x, dtype=np.int64), fm.resid_bits, "layer input")
     t["x"] = x
     t["xn_unit"] = int_rmsnorm(x, qp.attn_norm, fm)
-    if qp.mla is not None:
-        state, mix_out = int_mla_step(qp.mla, cfg, fm, state, t["xn_unit"], t)
-    else:
-        state, mix_out = int_kda_step(qp.kda, cfg, fm, state, t["xn_unit"], t)
+    state, mix_out = int_token_mix(qp, cfg, fm, state, t["xn_unit"], t)
     t["h"] = int_residual_add(x, mix_out, qp.res1, fm)
     t["hn_unit"] = int_rmsnorm(t["h"], qp.mlp_norm, fm)
-    if qp.dense is not None:
-        moe_out = int_dense_step(qp.dense, cfg, fm, t["hn_unit"], t)
-    else:
-        moe_out, _ = int_moe_step(qp.moe, cfg, fm, t["hn_unit"], t)
+    moe_out = int_channel_mix(qp, cfg, fm, t["hn_unit"], t)
     t["y"] = int_residual_add(t["h"], moe_out, qp.res2, fm)
     return state, t["y"]
 

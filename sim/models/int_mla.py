@@ -49,9 +49,11 @@ class IntMLACache:
         return np.stack(self.latents, axis=-2)
 
 
-def online_softmax(u, c, fm: Formats, widths: dict) -> np.ndarray:
-    """The softmax of scores u (T,) (base 2, F fractional bits) applied to latents c (T, r):
-    ctx (r,) int8, as the module docstring's recurrence."""
+def online_softmax(u, c, fm: Formats, sum_bits: int, acc_bits: int, out_bits: int) -> np.ndarray:
+    """The softmax of scores u (T,) (base 2, F fractional bits) applied to values c (T, r):
+    (r,) out_bits, as the module docstring's recurrence.  ``sum_bits``, ``acc_bits``: the
+    widths the running sums must fit (an MLA layer's latents: derived_widths mla_sum,
+    mla_acc; Attention Residuals' values: attn_res_sum, attn_res_acc)."""
     F, T = fm.mla_exp_frac, len(u)
     table = fm.mla_exp2_table
     whole = -((-u) >> F)                                       # ceil(u / 2**F)
@@ -70,10 +72,10 @@ def online_softmax(u, c, fm: Formats, widths: dict) -> np.ndarray:
         l = l + p[a:b].sum()
         acc = acc + p[a:b] @ c[a:b]
         prev = M[a]
-        check_width(np.array([l]), widths["mla_sum"], "MLA softmax sum")
-        check_width(acc, widths["mla_acc"], "MLA softmax accumulator")
+        check_width(np.array([l]), sum_bits, "online softmax sum")
+        check_width(acc, acc_bits, "online softmax accumulator")
     mag = (2 * np.abs(acc) + l) // (2 * l)
-    return saturate(np.sign(acc) * mag, fm.act_bits)
+    return saturate(np.sign(acc) * mag, out_bits)
 
 
 def int_mla_step(q: QMLA, cfg: Config, fm: Formats, cache: IntMLACache, xn, trace=None):
@@ -99,7 +101,7 @@ def int_mla_step(q: QMLA, cfg: Config, fm: Formats, cache: IntMLACache, xn, trac
     lead = xn.shape[:-1]
     ctx = np.zeros((*lead, H, C.shape[-1]), dtype=np.int64)
     for i in np.ndindex(*lead, H):
-        ctx[i] = online_softmax(u[i], C[i[:-1]], fm, widths)
+        ctx[i] = online_softmax(u[i], C[i[:-1]], fm, widths["mla_sum"], widths["mla_acc"], fm.act_bits)
     t["mla_ctx"] = ctx.reshape(*lead, -1)
     acc = check_width(np.einsum("hdr,...hr->...hd", q.uv.w, ctx), fm.acc_bits, "mla uv accumulator")
     o = requantize(acc, q.uv.m, q.uv.s, q.uv.out_bits).reshape(*lead, H * dh)

@@ -22,9 +22,10 @@ import numpy as np
 from moekda.config import Config
 from moekda.formats import formats_for
 from moekda.numerics import requantize, round_shift, saturate
+from sim.models.int_attn_res import IntDepthResidual
 from sim.models.int_kda import IntKDAState
 from sim.models.int_mla import IntMLACache
-from sim.models.int_layer import int_layer_step
+from sim.models.int_layer import int_channel_mix, int_layer_step, int_token_mix
 from sim.models.int_ops import check_width, int_rmsnorm
 from sim.models.qparams import QHead, QModel
 from sim.models.sequence import greedy, run_sequence
@@ -72,11 +73,33 @@ def int_head_step(qh: QHead, cfg: Config, xL, trace=None) -> np.ndarray:
     return t["logits"]
 
 
+def int_attn_res_stack_step(qm: QModel, cfg: Config, state: IntModelState, x, t: dict):
+    """The stack with Attention Residuals: each sub-layer's input from the kept values
+    (int_attn_res.IntDepthResidual), normalised by the layer's RMSNorm; its output kept."""
+    fm = formats_for(cfg)
+    r = IntDepthResidual(qm.attn_res, cfg, x)
+    new = []
+    for l, (q, st) in enumerate(zip(qm.layers, state.layers)):
+        tr = {"x": r.input(2 * l + 1)}
+        tr["xn_unit"] = int_rmsnorm(tr["x"], q.attn_norm, fm)
+        st, out = int_token_mix(q, cfg, fm, st, tr["xn_unit"], tr)
+        r.add(2 * l + 1, out)
+        tr["h"] = r.input(2 * l + 2)
+        tr["hn_unit"] = int_rmsnorm(tr["h"], q.mlp_norm, fm)
+        r.add(2 * l + 2, int_channel_mix(q, cfg, fm, tr["hn_unit"], tr))
+        new.append(st)
+        t["layers"].append(tr)
+    t["xL"] = r.output()
+    return IntModelState(new), t["xL"]
+
+
 def int_stack_step(qm: QModel, cfg: Config, state: IntModelState, x, trace=None):
     """x_0 (d,) resid_bits through the L layers. Returns (state, x_L)."""
     t = trace if trace is not None else {}
     t["x0"] = x
     t["layers"] = []
+    if qm.attn_res is not None:
+        return int_attn_res_stack_step(qm, cfg, state, x, t)
     new = []
     for q, st in zip(qm.layers, state.layers):
         tr = {}

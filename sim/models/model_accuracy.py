@@ -49,8 +49,11 @@ def evaluate_model(cfg, param_seed: int, eval_seed: int, n_tokens: int = 256, no
     dis = nf != ni
     layers = []
     for l, q in enumerate(qm.layers):
-        yf = np.stack([t["layers"][l]["y"] for t in tf])
-        yi = np.stack([t["layers"][l]["y"] for t in ti]) * q.scales["y"]
+        # a layer's output; with Attention Residuals there is none (no residual add): its
+        # channel mixer's input h, the mix the layer reads
+        key = "y" if "y" in tf[0]["layers"][l] else "h"
+        yf = np.stack([t["layers"][l][key] for t in tf])
+        yi = np.stack([t["layers"][l][key] for t in ti]) * q.scales[key]
         c = _cos_rows(yf, yi)
         flips = 0
         if q.moe is not None:

@@ -228,18 +228,42 @@ class QHead:
 
 
 @dataclass
+class QAttnRes:
+    """Attention Residuals of a stack (issue 15; sim/models/int_attn_res.py, formats in
+    docs/numerics.md section 9): every value a sub-layer's input mixes is kept as resid_bits
+    at one depth scale s_v."""
+    queries: np.ndarray      # (N + 1, d) int8 pseudo-queries: sub-layers 1..N, then the output
+    u_m: np.ndarray          # (N + 1,) logit accumulator w_n . key_i -> u (base 2, mla_exp_frac)
+    u_s: np.ndarray
+    key_norm: QNorm          # a kept value (resid_bits at s_v) -> its int8 key (unit RMS)
+    emb_m: int               # x_0 (the embedding entry) -> s_v
+    emb_s: int
+    out_m: np.ndarray        # (N,) sub-layer n's output (its own scale) -> s_v
+    out_s: np.ndarray
+
+
+@dataclass
 class QModel:
     """A quantised model: one QLayer per layer (layer l's output scale is layer l+1's input
     scale: the integer y is the next layer's x, as it is), and the head (None when vocab = 0).
     Flat names: ``layers.<l>.<QLayer name>``, ``head.<name>``, ``scales.<name>``."""
     layers: list
     head: Optional[QHead] = None
-    scales: dict = field(default_factory=dict)   # emb, fn_unit, fn, logits
+    scales: dict = field(default_factory=dict)   # emb, fn_unit, fn, logits (AttnRes: depth)
+    attn_res: Optional[QAttnRes] = None          # model.attn_res != "none": the layers' residual adds unused
 
     def to_flat(self) -> dict:
         out = {}
         for l, q in enumerate(self.layers):
             out.update({f"layers.{l}.{k}": v for k, v in q.to_flat().items()})
+        if self.attn_res is not None:
+            for f in fields(self.attn_res):
+                v = getattr(self.attn_res, f.name)
+                if dataclasses.is_dataclass(v):
+                    out.update({f"attn_res.{f.name}.{g.name}": np.asarray(getattr(v, g.name), np.int64)
+                                for g in fields(v)})
+                else:
+                    out[f"attn_res.{f.name}"] = np.asarray(v, dtype=np.int64)
         if self.head is not None:
             for f in fields(self.head):
                 v = getattr(self.head, f.name)
@@ -257,7 +281,8 @@ class QModel:
         if any(k.startswith("head.") for k in flat):
             head = _build(QHead, flat, "head.")
         scales = {k[len("scales."):]: float(v) for k, v in flat.items() if k.startswith("scales.")}
-        return cls(layers=layers, head=head, scales=scales)
+        attn_res = _build(QAttnRes, flat, "attn_res.") if any(k.startswith("attn_res.") for k in flat) else None
+        return cls(layers=layers, head=head, scales=scales, attn_res=attn_res)
 
 
 def _build(kind, flat: dict, prefix: str):

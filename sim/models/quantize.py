@@ -19,13 +19,13 @@ import math
 
 import numpy as np
 
-from moekda.config import Config, require_int_model
+from moekda.config import Config
 from moekda.formats import Formats, formats_for
 from moekda.numerics import build_lut, quantize_multiplier, shared_shift_multipliers
 from sim.models import float_layer as fl
 from sim.models.params import (LayerParams, ModelParams, dense_chunks, random_inputs, random_model_params,
                                random_params, random_tokens)
-from sim.models.qparams import (QDense, QExperts, QHead, QKDA, QLayer, QLinear, QLut, QMLA, QModel, QMoE, QNorm,
+from sim.models.qparams import (QAttnRes, QDense, QExperts, QHead, QKDA, QLayer, QLinear, QLut, QMLA, QModel, QMoE, QNorm,
                                 QResidual)
 
 # A sigmoid input beyond +-SIGMOID_CLIP changes the U0.15 output by < 1 LSB... at
@@ -139,7 +139,8 @@ def _experts_dense(w_gate, w_up, w_down, hn):
 
 
 def quantize_layer(params: LayerParams, cfg: Config, seqs=None, model_seed: int | None = None,
-                   x_scale: float | None = None) -> QLayer:
+                   x_scale: float | None = None, traces: dict | None = None,
+                   depth_scale: float | None = None) -> QLayer:
     """Integer parameters calibrated on ``seqs`` (list of (T, d) float inputs), by default
     on ``calibration_sequences(cfg, model_seed=model_seed)``: pass the seed ``params``
     were drawn from (``random_params(cfg, seed)``), or use ``quantize_random_layer``.
@@ -147,14 +148,21 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None, model_seed: int 
     ``model_seed`` together are an error: the sequences already carry their profile.
     ``x_scale``: the input's scale is given, not calibrated (a layer of a stack takes the
     previous layer's output, or the embedding, as it is).  A dense layer (``params.dense``)
-    gets a QDense in place of the QMoE."""
+    gets a QDense in place of the QMoE.  ``traces``: the float traces of the layer's tensors,
+    stacked per name, in place of running the layer on ``seqs`` (a layer inside Attention
+    Residuals: its inputs come from the stack).  ``depth_scale``: Attention Residuals' s_v,
+    the scale of both of the layer's inputs (x and h); its residual adds are not used, and
+    are kept at that scale."""
     fm = formats_for(cfg)
     m = cfg.model
     d = m.d_model
     if seqs is not None and model_seed is not None:
         raise ValueError("quantize_layer: give seqs or model_seed, not both")
-    seqs = calibration_sequences(cfg, model_seed=model_seed or 0) if seqs is None else seqs
-    tr = collect(params, cfg, seqs)
+    if seqs is None and traces is None:
+        seqs = calibration_sequences(cfg, model_seed=model_seed or 0)
+    tr = collect(params, cfg, seqs) if traces is None else traces
+    if depth_scale is not None:
+        x_scale = depth_scale
     sc: dict[str, float] = {}
 
     sc["x"] = act_scale(tr["x"], fm.resid_bits, headroom=RESID_HEADROOM) if x_scale is None else float(x_scale)
@@ -166,7 +174,7 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None, model_seed: int 
     else:
         qkda, qmla, mix_out = _quantize_kda(params, cfg, fm, tr, sc), None, "kda_out"
 
-    sc["h"] = act_scale(tr["h"], fm.resid_bits, headroom=RESID_HEADROOM)
+    sc["h"] = act_scale(tr["h"], fm.resid_bits, headroom=RESID_HEADROOM) if depth_scale is None else depth_scale
     (ma, mb), rs_ = shared_shift_multipliers([sc["x"] / sc["h"], sc[mix_out] / sc["h"]], fm.mult_bits)
     res1 = QResidual(ma, mb, rs_)
     sc["hn_unit"] = act_scale(tr["hn_unit"])
@@ -179,7 +187,7 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None, model_seed: int 
     else:
         (qmoe, sc_moe), qdense = _quantize_moe(params, cfg, fm, tr, sc["hn_unit"]), None
     sc.update(sc_moe)
-    sc["y"] = act_scale(tr["y"], fm.resid_bits, headroom=RESID_HEADROOM)
+    sc["y"] = act_scale(tr["y"], fm.resid_bits, headroom=RESID_HEADROOM) if depth_scale is None else depth_scale
     (ma, mb), rs_ = shared_shift_multipliers([sc["h"] / sc["y"], sc["moe_out"] / sc["y"]], fm.mult_bits)
     res2 = QResidual(ma, mb, rs_)
     return QLayer(attn_norm=attn_norm, kda=qkda, res1=res1, mlp_norm=mlp_norm, moe=qmoe, res2=res2, scales=sc,
@@ -449,7 +457,6 @@ def quantize_model(mp: ModelParams, cfg: Config, token_seqs=None, model_seed: in
     the int8 head has one (m, s); tied, the table is the head, and the weight is applied
     per channel (norm_w, resid_bits signed, the largest shift that fits) into an int8 fn
     whose scale minimises the MSE; the logits are resid_bits at max|logit| * 1.5."""
-    require_int_model(cfg)
     fm = formats_for(cfg)
     m = cfg.model
     if (token_seqs is not None or xs_seqs is not None) and model_seed is not None:
@@ -469,14 +476,16 @@ def quantize_model(mp: ModelParams, cfg: Config, token_seqs=None, model_seed: in
             raise ValueError(f"quantize_model: config {cfg.name} has no vocabulary (vocab = 0): give xs_seqs")
         xs = calibration_sequences(cfg, model_seed=ms) if xs_seqs is None else xs_seqs
         x_scale = None
-    layers = []
-    for lp in mp.layers:
+    layers, attn_res = [], None
+    if m.attn_res != "none":
+        layers, attn_res, xs, x_scale = _quantize_depth(mp, cfg, fm, xs, x_scale, scales)
+    for lp in mp.layers[len(layers):]:
         q = quantize_layer(lp, cfg, seqs=xs, x_scale=x_scale)
         layers.append(q)
         x_scale = q.scales["y"]
         xs = [fl.run_layer(lp, cfg, x) for x in xs]
     if not m.vocab:
-        return QModel(layers=layers, head=None, scales=scales)
+        return QModel(layers=layers, head=None, scales=scales, attn_res=attn_res)
 
     d = m.d_model
     xL = np.concatenate(xs)
@@ -500,7 +509,57 @@ def quantize_model(mp: ModelParams, cfg: Config, token_seqs=None, model_seed: in
     head_m, head_s = _mult(s_w * scales["fn"] / scales["logits"], fm)
     head = QHead(emb=emb_q, final_norm=final_norm, norm_w=norm_w, norm_w_shift=sh, head_m=head_m, head_s=head_s,
                  lm_head=lm_head)
-    return QModel(layers=layers, head=head, scales=scales)
+    return QModel(layers=layers, head=head, scales=scales, attn_res=attn_res)
+
+
+def _quantize_depth(mp: ModelParams, cfg: Config, fm: Formats, xs, x_scale, scales: dict):
+    """A stack with Attention Residuals (QAttnRes; sim/models/int_attn_res.py): the float
+    stack runs the calibration sequences; every value a sub-layer can mix (x_0, the outputs,
+    block sums) and every mix gets one depth scale s_v = max|x| * 1.5 / 32767; each layer is
+    quantised on its own tensors from that run (``quantize_layer(traces=, depth_scale=)``);
+    the keys' int8 scale is the MSE one over the RMS-normalised values; each pseudo-query is
+    int8 with its own scale.  Returns (layers, QAttnRes, the float x_L per sequence, s_v)."""
+    from sim.models.float_model import run_stack
+    m, d, L = cfg.model, cfg.model.d_model, cfg.model.n_layers
+    runs, outs = [], []
+    for x in xs:
+        traces = []
+        outs.append(run_stack(mp, cfg, x, traces=traces))
+        runs.extend(traces)
+    per_layer = [{k: np.stack([t["layers"][l][k] for t in runs]) for k in runs[0]["layers"][l]
+                  if k not in ("idx", "w")} for l in range(L)]
+    # the sub-layers' outputs, in order, for every calibration token: (N, tokens, d)
+    sub_out = np.stack([per_layer[l][k] for l in range(L)
+                        for k in ("mla_out" if mp.layers[l].mla is not None else "kda_out", "moe_out")])
+    x0 = np.concatenate(xs)
+    kept = [x0, *sub_out]
+    if m.attn_res == "block":                      # the blocks' running sums are kept values too
+        part = np.zeros_like(x0)
+        for n, v in enumerate(sub_out):
+            part = v if n % m.attn_res_block == 0 else part + v
+            kept.append(part)
+    mixes = [per_layer[l][k] for l in range(L) for k in ("x", "h")] + [np.concatenate(outs)]
+    s_v = act_scale(np.concatenate([np.abs(v).ravel() for v in kept + mixes]), fm.resid_bits,
+                    headroom=RESID_HEADROOM)
+    layers = [quantize_layer(lp, cfg, traces=per_layer[l], depth_scale=s_v) for l, lp in enumerate(mp.layers)]
+    keys = fl.rms_unit(np.concatenate(kept), m.norm_eps)
+    s_key = act_scale(keys)
+    key_norm = _norm(m.norm_eps * d / s_v ** 2, math.sqrt(d) / s_key, fm)
+    qs, u_m, u_s = [], [], []
+    for w in mp.res_queries:
+        wq, s_w = quant_weight(w, fm)
+        qs.append(wq)
+        mm, ss = _mult(s_w * s_key * math.log2(math.e) * (1 << fm.mla_exp_frac), fm)
+        u_m.append(mm)
+        u_s.append(ss)
+    out_scales = [q.scales[k] for q in layers for k in ("mla_out" if q.mla is not None else "kda_out", "moe_out")]
+    out_ms = [_mult(s / s_v, fm) for s in out_scales]
+    emb_m, emb_s = _mult(x_scale / s_v, fm) if x_scale is not None else _mult(1.0, fm)
+    scales["depth"], scales["depth_key"] = s_v, s_key
+    ar = QAttnRes(queries=np.stack(qs), u_m=np.array(u_m, np.int64), u_s=np.array(u_s, np.int64), key_norm=key_norm,
+                  emb_m=emb_m, emb_s=emb_s, out_m=np.array([a for a, _ in out_ms], np.int64),
+                  out_s=np.array([b for _, b in out_ms], np.int64))
+    return layers, ar, outs, s_v
 
 
 def quantize_random_model(cfg: Config, seed: int = 0) -> QModel:

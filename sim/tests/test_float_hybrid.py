@@ -99,8 +99,8 @@ def test_hybrid_parameters_round_trip_and_are_checked():
         check_model_shapes(ModelParams.from_flat(mp.to_flat(), kda_only), kda_only)
 
 
-def test_the_quantiser_refuses_attention_residuals_in_one_line():
-    from sim.models.quantize import quantize_model
+def test_the_chip_refuses_the_hybrid_in_one_line():
+    from moekda.config import require_chip_model
     cfg = hybrid(layers=["kda", "kda", "kda", "mla"], kv_rank=8, attn_res="full")
-    with pytest.raises(ConfigError, match='model.attn_res = "full": float model only so far'):
-        quantize_model(random_model_params(cfg, 0), cfg)
+    with pytest.raises(ConfigError, match='model.attn_res = "full": float and integer models only so far'):
+        require_chip_model(cfg)

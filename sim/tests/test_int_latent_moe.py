@@ -104,5 +104,5 @@ def test_a_wrong_latent_multiplier_breaks_the_match():
 
 def test_the_chip_refuses_in_one_line():
     cfg = latent(moe_latent=8)
-    with pytest.raises(ConfigError, match="model.moe_latent = 8: integer model only so far; the chip builds"):
+    with pytest.raises(ConfigError, match="model.moe_latent = 8: float and integer models only so far; the chip builds"):
         require_chip_model(cfg)
