@@ -178,6 +178,11 @@ class QLayer:
         """The token mixer: "kda" or "mla" (model.layers)."""
         return "mla" if self.mla is not None else "kda"
 
+    @property
+    def mix_out(self) -> str:
+        """The traced and scale name of the token mixer's output."""
+        return f"{self.kind}_out"
+
     def to_flat(self) -> dict:
         """Flat {dotted name: array} view; ints become 0-d int64 arrays, scales 'scales.<name>'."""
         out = {}

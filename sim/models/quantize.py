@@ -530,7 +530,7 @@ def _quantize_depth(mp: ModelParams, cfg: Config, fm: Formats, xs, x_scale, scal
                   if k not in ("idx", "w")} for l in range(L)]
     # the sub-layers' outputs, in order, for every calibration token: (N, tokens, d)
     sub_out = np.stack([per_layer[l][k] for l in range(L)
-                        for k in ("mla_out" if mp.layers[l].mla is not None else "kda_out", "moe_out")])
+                        for k in (f"{mp.layers[l].kind}_out", "moe_out")])
     x0 = np.concatenate(xs)
     kept = [x0, *sub_out]
     if m.attn_res == "block":                      # the blocks' running sums are kept values too
@@ -552,7 +552,7 @@ def _quantize_depth(mp: ModelParams, cfg: Config, fm: Formats, xs, x_scale, scal
         mm, ss = _mult(s_w * s_key * math.log2(math.e) * (1 << fm.mla_exp_frac), fm)
         u_m.append(mm)
         u_s.append(ss)
-    out_scales = [q.scales[k] for q in layers for k in ("mla_out" if q.mla is not None else "kda_out", "moe_out")]
+    out_scales = [q.scales[k] for q in layers for k in (q.mix_out, "moe_out")]
     out_ms = [_mult(s / s_v, fm) for s in out_scales]
     emb_m, emb_s = _mult(x_scale / s_v, fm) if x_scale is not None else _mult(1.0, fm)
     scales["depth"], scales["depth_key"] = s_v, s_key
