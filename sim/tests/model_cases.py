@@ -21,3 +21,30 @@ def quick_model(cfg, seed: int):
     is not the point)."""
     mp = random_model_params(cfg, seed)
     return mp, quantize_model(mp, cfg, calibration_tokens(cfg, n_seq=2, n_tokens=48, model_seed=seed))
+
+
+def assert_traces_close(tf, ti, scales, bounds, fold=None, rows=None):
+    """Every tensor ``name`` of the float traces ``tf`` against the integer traces ``ti`` (times
+    its scale): per token (row) cosine at least ``bound_min``, on average ``bound_mean``.
+    ``bounds``: (name, bound_min, bound_mean); ``fold[name]``: a factor on the float side (a
+    weight the integer model folds elsewhere); ``rows``: the tokens compared (default all)."""
+    import numpy as np
+    fold = fold or {}
+    for name, bound_min, bound_mean in bounds:
+        f = (np.stack([t[name] for t in tf]) * fold.get(name, 1.0))[rows if rows is not None else slice(None)]
+        i = (np.stack([t[name] for t in ti]) * scales[name])[rows if rows is not None else slice(None)]
+        cos = np.sum(f * i, 1) / np.linalg.norm(f, axis=1) / np.linalg.norm(i, axis=1)
+        assert cos.min() >= bound_min and cos.mean() >= bound_mean, (name, cos.min(), cos.mean())
+
+
+def trace_moves(good, bad, cfg, xs, name):
+    """How far a tensor ``name`` moves when layer ``bad`` replaces ``good`` on the same inputs:
+    |bad - good| / |good| over the run (shows a comparison against it can fail)."""
+    import numpy as np
+    from sim.models.int_layer import int_run_layer
+    tg, tb = [], []
+    int_run_layer(good, cfg, xs, traces=tg)
+    int_run_layer(bad, cfg, xs, traces=tb)
+    g = np.stack([t[name] for t in tg]).astype(float)
+    b = np.stack([t[name] for t in tb]).astype(float)
+    return np.linalg.norm(b - g) / np.linalg.norm(g)

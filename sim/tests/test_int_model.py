@@ -15,7 +15,7 @@ from sim.models.int_model import (IntModelState, dequantize_logits, int_argmax, 
 from sim.models.params import random_inputs, random_model_params, random_params, random_tokens
 from sim.models.qparams import QLayer, QModel
 from sim.models.quantize import quantize_layer, quantize_model, quantize_random_layer
-from sim.tests.model_cases import model_config, quick_model
+from sim.tests.model_cases import assert_traces_close, model_config, quick_model
 
 
 @pytest.fixture(scope="module")
@@ -140,11 +140,7 @@ def test_dense_layer_accuracy():
     tf, ti = [], []
     fl.run_layer(p, cfg, xs, traces=tf)
     int_run_layer(q, cfg, quantize_input(xs, q, cfg), traces=ti)
-    for name, bound_min, bound_mean in (("moe_out", 0.97, 0.995), ("y", 0.99, 0.999)):
-        f = np.stack([t[name] for t in tf])
-        i = np.stack([t[name] for t in ti]) * q.scales[name]
-        cos = np.sum(f * i, 1) / np.linalg.norm(f, axis=1) / np.linalg.norm(i, axis=1)
-        assert cos.min() >= bound_min and cos.mean() >= bound_mean, (name, cos.min(), cos.mean())
+    assert_traces_close(tf, ti, q.scales, [("moe_out", 0.97, 0.995), ("y", 0.99, 0.999)])
 
 
 # (top-1 agreement, mean logits cosine) bounds, from docs/numerics.md "The model stack": over
