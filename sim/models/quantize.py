@@ -300,7 +300,7 @@ def _quantize_mla(params: LayerParams, cfg: Config, fm: Formats, tr, sc: dict) -
 
 
 def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float):
-    m, p = cfg.model, params.moe
+    p = params.moe
     wn = params.mlp_norm_w[None, :]
     sc = {}
     router, score, bias = _router(p.w_router * wn, p.router_bias, s_hn, tr, fm, sc)
@@ -313,13 +313,18 @@ def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float
     sc.update(e_gate=s_gate, e_act=s_act, e_out=s_e)
     bank = lambda wg, wu, wd, dense: _expert_bank(wg, wu, wd, dense, wn, s_hn, s_gate, s_act, s_e, fm)
 
-    rs = int(round(m.routed_scaling * (1 << fm.rs_frac)))
-    sc["moe_out"] = act_scale(tr["moe_out"], fm.resid_bits, headroom=BRANCH_HEADROOM)
-    comb_m, comb_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["moe_out"], fm)
     q = QMoE(router=router, score=score, bias=bias, silu=silu,
              routed=bank(p.w_gate, p.w_up, p.w_down, routed), shared=bank(p.sh_gate, p.sh_up, p.sh_down, shared),
-             rs=rs, comb_m=comb_m, comb_s=comb_s)
+             **_combine(cfg, fm, tr, s_e, sc))
     return q, sc
+
+
+def _combine(cfg: Config, fm: Formats, tr, s_e: float, sc: dict) -> dict:
+    """The MoE's combine (plain or latent): the routed scaling as U.rs_frac and the
+    multiplier from the experts' weighted sum to the mixer's output scale (into ``sc``)."""
+    sc["moe_out"] = act_scale(tr["moe_out"], fm.resid_bits, headroom=BRANCH_HEADROOM)
+    comb_m, comb_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["moe_out"], fm)
+    return {"rs": int(round(cfg.model.routed_scaling * (1 << fm.rs_frac))), "comb_m": comb_m, "comb_s": comb_s}
 
 
 def _quantize_latent_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float):
@@ -328,7 +333,7 @@ def _quantize_latent_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn
     shared experts' SiLU table and output scale (one expert engine); their weighted sum
     back to int8 (max|x|: a rare large token must not saturate before the up-projection),
     whose output joins the combine at the experts' output scale."""
-    m, p = cfg.model, params.lmoe
+    p = params.lmoe
     A8 = fm.act_bits
     wn = params.mlp_norm_w[None, :]
     sc = {}
@@ -349,11 +354,8 @@ def _quantize_latent_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn
     sc["lat_routed"] = act_scale(tr["lat_routed"], mse=False)
     lat_m, lat_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["lat_routed"], fm)
     lat_up, _ = _linear(p.w_lat_up, sc["lat_routed"], s_e, fm, fm.expert_out_bits)
-    rs = int(round(m.routed_scaling * (1 << fm.rs_frac)))
-    sc["moe_out"] = act_scale(tr["moe_out"], fm.resid_bits, headroom=BRANCH_HEADROOM)
-    comb_m, comb_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["moe_out"], fm)
-    q = QMoE(router=router, score=score, bias=bias, silu=silu, routed=q_routed, shared=q_shared, rs=rs,
-             comb_m=comb_m, comb_s=comb_s, lat_down=lat_down, lat_up=lat_up, lat_m=lat_m, lat_s=lat_s)
+    q = QMoE(router=router, score=score, bias=bias, silu=silu, routed=q_routed, shared=q_shared,
+             lat_down=lat_down, lat_up=lat_up, lat_m=lat_m, lat_s=lat_s, **_combine(cfg, fm, tr, s_e, sc))
     return q, sc
 
 
