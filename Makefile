@@ -103,6 +103,8 @@ bench: $(STAMP)
 	$(MOEKDA) bench -c small --tokens 1024 --synth
 	$(MOEKDA) bench -c model-tiny --tokens 4096 --synth
 	$(MOEKDA) bench -c model-small --tokens 1024 --synth
+	$(MOEKDA) context -c model-tiny-hybrid --tokens 4096
+	$(MOEKDA) context -c model-small-hybrid --tokens 4096
 
 # make sweep: Ray is an optional extra, installed on first use.
 SWEEP_STAMP := $(VENV)/.sweep-stamp
