@@ -26,20 +26,22 @@ Pipeline (the loop-carried parts in one stage each: the running maximum in stage
 sums in stage 6):
 
     1  the beat, w = ceil(u / 2**F) and -u mod 2**F in registers
-    2  M updated; D = min(M_new - M, 63); delta = M_new 2**F - u (taken for both outcomes
-       of the compare, then picked)
+    2a M = max(M, w) (a compare and a mux: the loop)
+    2b D = min(w - M_old, 63) when the maximum rose; delta = M 2**F - u (taken for both
+       outcomes of the compare, then picked)
     3  table2[delta mod 2**F], n = min(delta >> F, 31)
     4  p = table >> n
     5  the r products p c_j as carry-save pairs (Booth words)
     6  acc += p c as a carry-save pair (two full adders: the loop has no carry chain),
-       l += p.  When D > 0, first two cycles with the pipeline held: the pair resolved
-       (a register that resolves it every cycle), then shifted back, l with it.
+       l += p (the same way).  When D > 0, first RESOLVE + 1 = 3 cycles with the pipeline
+       held: the pair resolves (registers that resolve it every cycle, in two halves), then
+       shifts back into the pair, l with it.
 
 Then a restoring divider: one quotient bit every two cycles (subtract into a register, then
 keep it or not) for every element at once, out_bits + 1 bits (the rounded quotient is at most
 2**(out_bits - 1) + 1, as |acc| <= ~l 2**(out_bits - 1)), and a cycle to form the saturated
-result.  It starts two cycles after a head's last add (the resolved sum, then 2|acc| + l in
-registers) and works while the next head accumulates.
+result.  It starts 2 RESOLVE = 4 cycles after a head's last add (the resolved sum, then
+2|acc| + l, each a registered add in two halves) and works while the next head accumulates.
 
 Every element is a ``SoftmaxLane`` (its value through the stages, product, sums, divider)
 with its own copy of the stall control (``control``): the copies step together, and each
@@ -49,12 +51,14 @@ of model-tiny-hybrid's 1.25).  The flow keeps the hierarchy, so Yosys does not m
 
 Every stage moves together (``advance``); the pipeline holds for a rescale and while a
 finished head's sums wait for the divider, which waits for ``o`` to take the previous result.
-Cycles per head: one per position, two per rise of the running maximum (a handful per head
-on real scores: the maximum of T random scores rises about ln T times), three between heads;
-at least 2 (out_bits + 1) + 4 (the divider), so shorter heads wait on it.  Measured
-(sim/cocotb/tb_mla_softmax.py, 32 positions): 37.6 cycles per head with 1.3 rises.
-model-tiny-hybrid post-synthesis (`moekda synth -c model-tiny-hybrid --top mla_softmax`):
-WNS +0.038 ns at 1.25 ns (825 MHz), 52,138 um2 (8 lanes).
+Cycles per head: one per position, RESOLVE + 1 = 3 per rise of the running maximum (a
+handful per head on real scores: the maximum of T random scores rises about ln T times),
+2 RESOLVE + 1 = 5 between heads; at least 2 (out_bits + 1) + 6 (the divider), so shorter
+heads wait on it.  Measured (sim/cocotb/tb_mla_softmax.py, heads of 32 positions):
+model-tiny-hybrid 40.9 cycles per head with 1.3 rises, model-small-hybrid 43.4 with 2.1.
+Post-synthesis (`moekda synth -c <cfg> --top mla_softmax`): model-tiny-hybrid (8 lanes)
+WNS +0.221 ns at 1.25 ns, 62,951 um2; model-small-hybrid (32 lanes) WNS -0.029 ns at
+1.0 ns (972 MHz: the divider's start decode and stage 2b's distance subtract), 243,133 um2.
 """
 from __future__ import annotations
 
@@ -70,10 +74,29 @@ from moekda.formats import derived_widths, formats_for
 
 MAX_SHIFT = 63      # a rescale by more clears the sums as a shift by 62 does in the model
 N_MAX = 31          # p = table >> n is 0 for any n from p_bits up
+SCORE_STAGES = 5    # stages 1, 2a, 2b, 3, 4 before the products (each lane's value beside them)
+RESOLVE = 2         # cycles to resolve a carry-save sum (two chunked adds: 40 bits in one
+                    # missed model-small-hybrid's 1 ns)
 
 
 def beat_layout(r: int, u_bits: int, value_bits: int) -> data.StructLayout:
     return data.StructLayout({"u": signed(u_bits), "c": data.ArrayLayout(signed(value_bits), r), "last": 1})
+
+
+def registered_add(m, a, b, width: int, name: str, carry_in=0) -> Signal:
+    """(a + b + carry_in) mod 2**width in a register RESOLVE = 2 cycles later, as two halves:
+    the low half's sum and carry, then the high half's.  For sums that are not in a loop: a
+    40-bit add in one cycle missed model-small-hybrid's 1 ns (ABC maps the prefix network
+    back to a ripple where it thinks the clock allows)."""
+    a, b = zero_extend(a, width), zero_extend(b, width)
+    H = width // 2
+    lo = Signal(H + 1, name=f"{name}_lo")
+    hi_a, hi_b = Signal(width - H, name=f"{name}_hi_a"), Signal(width - H, name=f"{name}_hi_b")
+    out = Signal(width, name=name)
+    m.d.sync += [lo.eq(prefix_add(m, a[:H], b[:H], carry_in=carry_in, name=f"{name}_lo_add")),
+                 hi_a.eq(a[H:]), hi_b.eq(b[H:]),
+                 out.eq(Cat(lo[:H], prefix_add(m, hi_a, hi_b, carry_in=lo[H], name=f"{name}_hi_add")[:width - H]))]
+    return out
 
 
 def _sub(m, a, b, width: int, name: str) -> Value:
@@ -90,10 +113,12 @@ class Control:
     flops on one net, which ABC buffered as chains of 20-odd buffers, 1.2 ns)."""
     advance: Value      # every stage moves
     add: Value          # the stage-5 beat goes into the sums
-    rescale: Value      # a rise of the maximum, first cycle: the carry-save sum is resolved
-    shift: Value        # second cycle: the sums shift by D5 (the pipeline holds for both)
+    rescale: Value      # a rise of the maximum, first cycle: the carry-save sums resolve
+    shift: Value        # after RESOLVE cycles: the sums shift by D5 (the pipeline holds throughout)
     start: Value        # the divider takes the finished sums
     steps: Signal       # divider cycles left (divider_steps; the result forms with steps == 1)
+    div_lo: Signal      # this cycle the divider subtracts the low half (steps odd, > 1)
+    div_pick: Signal    # this cycle it subtracts the high half and keeps the result or not
     out_valid: Signal
 
 
@@ -104,29 +129,34 @@ def divider_steps(q_bits: int) -> int:
 
 def control(m, v5, first5, last5, nz5, out_ready, q_bits: int) -> Control:
     pending = Signal()        # the sums hold a whole head the divider has not taken
-    phase = Signal(2)         # the stage-5 beat's rescale: 0 none yet, 1 resolved, 2 shifted
+    phase = Signal(range(RESOLVE + 2))   # the stage-5 beat's rescale: cycles held so far
     steps = Signal(range(divider_steps(q_bits) + 1))
     out_valid = Signal()
     c = Control(advance=Signal(), add=Signal(), rescale=Signal(), shift=Signal(), start=Signal(),
-                steps=steps, out_valid=out_valid)
-    # pending for two cycles: the lanes' resolved sum, then their num_pre, hold the final sums
-    settled = Signal(2)
-    m.d.sync += settled.eq(Mux(pending & ~c.start, Cat(1, settled[0]), 0))
+                steps=steps, div_lo=Signal(), div_pick=Signal(), out_valid=out_valid)
+    # pending for 2 RESOLVE cycles: the lanes' resolved sum, then their num_pre, hold the
+    # final sums
+    settled = Signal(2 * RESOLVE)
+    m.d.sync += settled.eq(Mux(pending & ~c.start, Cat(1, settled[:-1]), 0))
     holds = Signal()
-    m.d.comb += [holds.eq(v5 & ~first5 & nz5 & (phase != 2) & ~pending),
-                 c.rescale.eq(holds & (phase == 0)), c.shift.eq(holds & (phase == 1)),
+    m.d.comb += [holds.eq(v5 & ~first5 & nz5 & (phase != RESOLVE + 1) & ~pending),
+                 c.rescale.eq(holds & (phase == 0)), c.shift.eq(holds & (phase == RESOLVE)),
                  c.advance.eq(~pending & ~holds), c.add.eq(v5 & c.advance),
-                 c.start.eq(settled[1] & (steps == 0) & ~out_valid)]
+                 c.start.eq(settled[-1] & (steps == 0) & ~out_valid)]
     with m.If(holds):
         m.d.sync += phase.eq(phase + 1)
     with m.If(c.add):
         m.d.sync += phase.eq(0)
         with m.If(last5):
             m.d.sync += pending.eq(1)
+    # the divider's phases as flags registered from the next count (a decode of ``steps``
+    # in front of every divider register's enable was 0.07 ns over model-small-hybrid's 1 ns)
+    nxt = Signal.like(steps)
+    m.d.comb += nxt.eq(Mux(c.start, divider_steps(q_bits), Mux(steps != 0, steps - 1, 0)))
+    m.d.sync += [steps.eq(nxt), c.div_lo.eq((nxt > 1) & nxt[0]), c.div_pick.eq((nxt > 1) & ~nxt[0])]
     with m.If(c.start):
-        m.d.sync += [pending.eq(0), steps.eq(divider_steps(q_bits))]
+        m.d.sync += pending.eq(0)
     with m.Elif(steps != 0):
-        m.d.sync += steps.eq(steps - 1)
         with m.If(steps == 1):
             m.d.sync += out_valid.eq(1)
     with m.If(out_valid & out_ready):
@@ -162,7 +192,7 @@ class SoftmaxLane(wiring.Component):
         D5 = Signal(range(MAX_SHIFT + 1))
         p5 = Signal(self.p_bits)
         ctl = control(m, v5, first5, last5, nz5, self.out_ready, QB)
-        cs = [Signal(signed(self.value_bits), name=f"c{k}") for k in range(1, 5)]
+        cs = [Signal(signed(self.value_bits), name=f"c{k}") for k in range(1, SCORE_STAGES + 1)]
         with m.If(ctl.advance):
             m.d.sync += cs[0].eq(Mux(self.valid, self.c, cs[0]))
             m.d.sync += [b.eq(a) for a, b in zip(cs, cs[1:])]
@@ -170,7 +200,7 @@ class SoftmaxLane(wiring.Component):
                          nz5.eq(self.D4 != 0), p5.eq(self.p4)]
 
         # stage 5: p c as Booth words of c's digits, reduced to a carry-save pair
-        words = booth_partial_products(m, Cat(self.p4, Const(0, 1)).as_signed(), cs[3], A, name="prod")
+        words = booth_partial_products(m, Cat(self.p4, Const(0, 1)).as_signed(), cs[-1], A, name="prod")
         while len(words) > 2:
             nxt = []
             for j in range(0, len(words) - 2, 3):
@@ -184,21 +214,22 @@ class SoftmaxLane(wiring.Component):
         # stage 6: acc as a carry-save pair (sum + carry), so the loop is two full adders
         # deep: a resolved 40-bit add in the loop missed 1.25 ns.  ``res`` resolves the pair
         # every cycle (a register of its own): a rise of the maximum shifts it back into the
-        # pair a cycle later (``shift``), and the divider reads it.  l, 16-bit terms into
-        # sum_bits, is one prefix add.  The divider's start clears the sums for the next head.
+        # pair a cycle later (``shift``), and the divider reads it.  The divider's start
+        # clears the sums for the next head.
         acc_s, acc_c = Signal(A), Signal(A)
-        res = Signal(signed(A))
-        m.d.sync += res.eq(prefix_add(m, acc_s, acc_c, name="res")[:A])
-        l = Signal(SB)
+        res = registered_add(m, acc_s, acc_c, A, "res").as_signed()   # RESOLVE cycles behind
         s1, c1 = compress_3_2(acc_s, acc_c, prod_s, A)
         s2, c2 = compress_3_2(s1, c1, prod_c, A)
-        l_add = prefix_add(m, l, zero_extend(p5, SB), name="l_add")[:SB]
+        # l the same way (a resolved 32-bit add in its loop missed model-small-hybrid's 1 ns)
+        l_s, l_c = Signal(SB), Signal(SB)
+        l = registered_add(m, l_s, l_c, SB, "l")                   # resolved, RESOLVE cycles behind
+        ls1, lc1 = compress_3_2(l_s, l_c, zero_extend(p5, SB), SB)
         with m.If(ctl.shift):
-            m.d.sync += [acc_s.eq(res >> D5), acc_c.eq(0), l.eq(l >> D5)]
+            m.d.sync += [acc_s.eq(res >> D5), acc_c.eq(0), l_s.eq(l >> D5), l_c.eq(0)]
         with m.Elif(ctl.add):
-            m.d.sync += [acc_s.eq(s2), acc_c.eq(c2), l.eq(l_add)]
+            m.d.sync += [acc_s.eq(s2), acc_c.eq(c2), l_s.eq(ls1), l_c.eq(lc1)]
         with m.Elif(ctl.start):
-            m.d.sync += [acc_s.eq(0), acc_c.eq(0), l.eq(0)]
+            m.d.sync += [acc_s.eq(0), acc_c.eq(0), l_s.eq(0), l_c.eq(0)]
 
         # the divider: q = floor((2|acc| + l) / (2 l)), QB bits, from the top bit
         num = Signal(NB)
@@ -209,21 +240,24 @@ class SoftmaxLane(wiring.Component):
         # 1.8 ns), every cycle into its own register, from the resolved sum: the start (two
         # cycles after the last add) copies it
         a2 = sign_extend(Cat(Const(0, 1), res), NB)
-        num_pre = Signal(NB)
-        m.d.sync += num_pre.eq(prefix_add(m, zero_extend(l, NB), a2 ^ res[-1].replicate(NB), carry_in=res[-1],
-                                          name="num_pre")[:NB])
-        # a quotient bit in two cycles (steps odd: num - div into a register; even: keep it or
-        # not): the subtract and the select in one were 1.4 ns.  The last step (steps == 1)
+        num_pre = registered_add(m, l, a2 ^ res[-1].replicate(NB), NB, "num_pre", carry_in=res[-1])
+        # a quotient bit in two cycles (steps odd: the low half of num - div into a register;
+        # even: the high half, and keep it or not): the subtract and the select in one were
+        # 1.4 ns.  The last step (steps == 1)
         # forms the saturated result from the registered quotient.
-        diff = Signal(NB)
-        ge = Signal()
+        # the subtract num - div = num + ~div + 1 in halves: the low half and its carry in
+        # the first cycle, the high half (its carry out: num >= div) and the pick in the second
+        H = NB // 2
+        lo = Signal(H + 1)
         with m.If(ctl.start):
             m.d.sync += [num.eq(num_pre), div.eq(l << QB), quo.eq(0), neg.eq(res[-1])]
-        with m.Elif((ctl.steps > 1) & ctl.steps[0]):
-            sub = _sub(m, num, div, NB, "div")                   # bit NB: num >= div
-            m.d.sync += [diff.eq(sub[:NB]), ge.eq(sub[NB])]
-        with m.Elif(ctl.steps > 1):
-            m.d.sync += [num.eq(Mux(ge, diff, num)), quo.eq(Cat(ge, quo[:-1])), div.eq(div >> 1)]
+        with m.Elif(ctl.div_lo):
+            m.d.sync += lo.eq(prefix_add(m, num[:H], ~div[:H], carry_in=1, name="div_lo"))
+        with m.Elif(ctl.div_pick):
+            hi_sum = prefix_add(m, num[H:], ~div[H:], carry_in=lo[H], name="div_hi")
+            ge = hi_sum[NB - H]
+            m.d.sync += [num.eq(Mux(ge, Cat(lo[:H], hi_sum[:NB - H]), num)), quo.eq(Cat(ge, quo[:-1])),
+                         div.eq(div >> 1)]
         hi = (1 << (self.out_bits - 1)) - 1
         m.d.comb += self.out.eq(Mux(neg, -Mux(quo > hi + 1, hi + 1, quo), Mux(quo > hi, hi, quo)))
         return m
@@ -269,24 +303,36 @@ class OnlineSoftmax(wiring.Component):
                              whole1.eq((u_in + ((1 << F) - 1)) >> F), frac1.eq(-u_in[:F]),
                              first1.eq(head_start), head_start.eq(self.i.payload.last)]
 
-        # stage 2: the running maximum, the rise D, the distance delta = M 2**F - u.  One
-        # subtraction whole - M gives the compare and the rise; delta is taken both ways at
-        # once (a new maximum's is frac1) and picked (the adds as Kogge-Stone networks,
-        # hw/arith/carry_save.py prefix_add: Yosys's ripple chains missed the clock here)
+        # stage 2a: the running maximum alone in its loop: a compare (the carry out of a
+        # prefix subtract, sign bits flipped for the signed order) and a mux
         M = Signal(signed(w_bits))
-        rise = _sub(m, sign_extend(whole1, w_bits + 1), sign_extend(M, w_bits + 1), w_bits + 1, "rise")
-        up = ~rise[w_bits] & (rise[:w_bits + 1] != 0)          # whole > M
+        msb = 1 << (w_bits - 1)
+        up = ~_sub(m, M ^ msb, whole1 ^ msb, w_bits, "cmp")[w_bits]   # whole > M: not M >= whole
         take_new = first1 | up
-        delta_m = _sub(m, Cat(Const(0, F), M), sign_extend(u1, UB + 1), UB + 1, "delta")[:UB + 1]
+        va, lasta, firsta, upa = Signal(), Signal(), Signal(), Signal()
+        m_old, wholea = Signal(signed(w_bits)), Signal(signed(w_bits))
+        ua = Signal(signed(UB))
+        fraca = Signal(F)
+        with m.If(advance):
+            m.d.sync += [va.eq(v1), lasta.eq(last1), firsta.eq(first1), upa.eq(up & ~first1),
+                         m_old.eq(M), wholea.eq(whole1), ua.eq(u1), fraca.eq(frac1)]
+            with m.If(v1):
+                m.d.sync += M.eq(Mux(take_new, whole1, M))
+
+        # stage 2b: the rise D = whole - M_old (when the maximum rose) and the distance
+        # delta = M 2**F - u, taken both ways (a new maximum's is -u mod 2**F) and picked (the
+        # adds as Kogge-Stone networks, hw/arith/carry_save.py prefix_add: Yosys's ripple
+        # chains missed the clock here)
+        rise = _sub(m, wholea, m_old, w_bits + 1, "rise")[:w_bits + 1]
+        delta_m = _sub(m, Cat(Const(0, F), m_old), sign_extend(ua, UB + 1), UB + 1, "delta")[:UB + 1]
         v2, last2, first2 = Signal(), Signal(), Signal()
         D2 = Signal(range(MAX_SHIFT + 1))
         delta2 = Signal(UB + 1)
         big = rise[6:w_bits].any()                             # a rise past MAX_SHIFT
         with m.If(advance):
-            m.d.sync += [v2.eq(v1), last2.eq(last1), first2.eq(first1)]
-            with m.If(v1):
-                m.d.sync += [M.eq(Mux(take_new, whole1, M)), delta2.eq(Mux(take_new, frac1, delta_m)),
-                             D2.eq(Mux(first1 | ~up, 0, Mux(big, MAX_SHIFT, rise[:6])))]
+            m.d.sync += [v2.eq(va), last2.eq(lasta), first2.eq(firsta),
+                         delta2.eq(Mux(upa | firsta, fraca, delta_m)),
+                         D2.eq(Mux(upa, Mux(big, MAX_SHIFT, rise[:6]), 0))]
 
         # stage 3: the table entry of the fraction, the whole part of the distance
         v3, last3, first3 = Signal(), Signal(), Signal()

@@ -14,12 +14,12 @@ import random
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge
+from cocotb.triggers import ClockCycles, RisingEdge
 
 from hw.chip.embed import token_id_layout
 from hw.chip.layer import token_in_layout
 from hw.image.memory_map import memory_map
+from sim.cocotb.clocking import CycleCount, reset_pulse
 from sim.cocotb.streams import EdgeStreamSink, LayoutCodec, StreamDriver
 from sim.cocotb.weight_memory import WeightMemory
 from sim.cocotb_util import cycle_limit, over_limit, tb_param
@@ -56,27 +56,19 @@ class Bench:
         self.pb = self.cfg.hw.weight_port_bytes
         self.driver = StreamDriver(dut, "i", dut.clk, LayoutCodec(token_id_layout(self.cfg)), self.rng, stall)
         self.out_codec = LayoutCodec(token_in_layout(self.cfg))
-        self.cycle = 0
-        self.mem = self.sink = None
+        self.clock = self.mem = self.sink = None
 
     async def start(self):
-        dut = self.dut
-        Clock(dut.clk, CLOCK_NS, unit="ns").start()
-        cocotb.start_soon(self._count())
+        self.clock = CycleCount(self.dut.clk, CLOCK_NS)
         cocotb.start_soon(self.driver.run())
         await self.reset()
 
-    async def _count(self):
-        while True:
-            await FallingEdge(self.dut.clk)
-            self.cycle += 1
+    @property
+    def cycle(self) -> int:
+        return self.clock.value
 
     async def reset(self, cycles: int = 3):
-        await FallingEdge(self.dut.clk)
-        self.dut.rst.value = 1
-        await ClockCycles(self.dut.clk, cycles)
-        await FallingEdge(self.dut.clk)
-        self.dut.rst.value = 0
+        await reset_pulse(self.dut, cycles)
 
     def streams(self, mem_stall: float, backpressure: float, seed: int):
         self.mem = WeightMemory(self.dut, self.image, self.pb, self.cfg.hw.weight_port_latency,

@@ -29,6 +29,7 @@ from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge
 from hw.chip.head import head_beats_per_token, head_weights, logit_layout, next_layout
 from hw.image.param_map import region_value
 from moekda.formats import formats_for
+from sim.cocotb.clocking import reset_pulse
 from sim.cocotb.streams import EdgeStreamSink, LayoutCodec, StreamDriver
 from sim.cocotb.weight_memory import WeightMemory
 from sim.cocotb_util import cycle_limit, over_limit, tb_param
@@ -158,12 +159,7 @@ class Bench:
         await self.reset()
 
     async def reset(self, cycles: int = 3):
-        dut = self.dut
-        await FallingEdge(dut.clk)
-        dut.rst.value = 1
-        await ClockCycles(dut.clk, cycles)
-        await FallingEdge(dut.clk)
-        dut.rst.value = 0
+        await reset_pulse(self.dut, cycles)
 
     async def _count(self):
         dut = self.dut

@@ -30,6 +30,16 @@ def test_online_softmax_matches_model_icarus(config, tmp_path):
           f"({got['rises']:.1f} rises of the running maximum)")
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not simulator_available("icarus"), reason="icarus not installed")
+@pytest.mark.parametrize("config", sim_configs("model-tiny-hybrid"))
+def test_online_softmax_over_a_4096_token_cache_icarus(config):
+    """The MLA layer's softmax at the context sweep's longest cache (slow: ~30 s on Icarus)."""
+    run_cocotb("mla_softmax", config, "sim.cocotb.tb_mla_softmax", simulator="icarus",
+               env={"MOEKDA_SEED": 3, "MOEKDA_LONG": 4096}, test_name="softmax_long",
+               testcase="softmax_long_head")
+
+
 def test_the_bench_heads_reach_the_corners():
     """The corner heads do what they are there for: a rescale past every shift, ties, and
     latents whose weighted mean saturates."""
