@@ -54,9 +54,11 @@ versions: $(STAMP)
 	@$(VENV)/bin/python tools/versions.py
 
 # ---- tests ----------------------------------------------------------------
-# The default suite: everything not marked slow.  CI runs exactly this.
+# The default suite: everything not marked slow.  CI runs exactly this.  Two workers
+# (pytest-xdist), a test file each at a time: the benches share their simulator builds
+# through locks (sim/cocotb_util.py), and serially one core idled (29 min on 2 cores).
 test: $(STAMP)
-	$(PYTEST) -m "not slow"
+	$(PYTEST) -m "not slow" -n 2 --dist loadfile --durations=15
 
 # make sim: the simulations only.  tiny: the fast set; another CONFIG: every
 # simulation including the long runs; GL=1: the gate-level run of the netlist.
