@@ -56,7 +56,8 @@ versions: $(STAMP)
 # ---- tests ----------------------------------------------------------------
 # The default suite: everything not marked slow.  CI runs exactly this.  Two workers
 # (pytest-xdist), a test file each at a time: the benches share their simulator builds
-# through locks (sim/cocotb_util.py), and serially one core idled (29 min on 2 cores).
+# through locks (sim/cocotb_util.py); serially one of CI's two cores idled (half the suite
+# took 13 min).
 test: $(STAMP)
 	$(PYTEST) -m "not slow" -n 2 --dist loadfile --durations=15
 

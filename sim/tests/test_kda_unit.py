@@ -208,10 +208,11 @@ def test_kda_verilog_is_model_free(tmp_path):
 
 @needs_verilator
 @pytest.mark.verilator
-@pytest.mark.parametrize("config", sim_configs("tiny", "small", slow=("small",)))
+@pytest.mark.parametrize("config", sim_configs("tiny", "small", slow=("tiny", "small")))
 def test_kda_512_tokens_verilator(config):
-    """>= 512 tokens, stalls and back-pressure everywhere, a state clear mid-run (small: a few
-    minutes, slow suite)."""
+    """>= 512 tokens, stalls and back-pressure everywhere, a state clear mid-run (a long run:
+    slow suite; tiny 4 minutes on 2 cores, small more.  The default suite's short runs have
+    the same stalls, clears and resets)."""
     run_kda(config, "verilator", 512, first=(0, 300), seed=1)
 
 
@@ -236,6 +237,7 @@ def test_kda_small_sram_verilator():
     assert len(set(cycles)) == 1 and cycles[0] <= 3386 + 64, cycles
 
 
+@pytest.mark.slow        # two Verilator builds for one cycle comparison: 2.5 minutes
 @needs_verilator
 @pytest.mark.verilator
 def test_kda_sram_cycles_constant_and_near_flops():

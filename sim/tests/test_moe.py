@@ -269,7 +269,7 @@ def _long_run(cfg, n, tmp_path, zero_bias=False, seed=5):
 
 @needs_verilator
 @pytest.mark.verilator
-@pytest.mark.parametrize("config", sim_configs("tiny", "small", slow=("small",)))
+@pytest.mark.parametrize("config", sim_configs("tiny", "small", slow=("tiny", "small")))   # long runs
 def test_moe_256_tokens_verilator(config, tmp_path):
     """>= 256 tokens bit-exact with stalls and a reset; every expert chosen, ties, saturation."""
     _long_run(make_config(config), 256, tmp_path)
