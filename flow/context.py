@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flow.bench import _fmt
 from moekda.config import REPO_ROOT, Config, with_settings
 from moekda.formats import formats_for
 
@@ -196,10 +197,6 @@ def sweep(cfg: Config, tokens: int = CONTEXTS[-1], seed: int = 0, progress=None)
     return rec
 
 
-def _fmt(v, spec=",.0f"):
-    return "n/a" if v is None else format(v, spec)
-
-
 def markdown(rec: dict) -> str:
     ctxs = rec["contexts"]
     hw = rec["hw"]
@@ -226,7 +223,7 @@ def markdown(rec: dict) -> str:
         kb = integ["kept_bytes"].get(c) or integ["kept_bytes"].get(str(c))
         cs = integ["cosine"].get(c, integ["cosine"].get(str(c)))
         out.append(f"| {c:,} | {m['macs']:,} | {m['port_bytes']:,} | {m['bound_cycles']:,.1f} | {m['kept_bytes']:,} | "
-                   f"{_fmt(sum(kb) if kb else None)} | {_fmt(cs, '.4f')} |")
+                   f"{_fmt(sum(kb) if kb else None, ',.0f')} | {_fmt(cs, '.4f')} |")
     if "cache_saving" in rec:
         s = rec["cache_saving"]
         out += ["", f"Cache kept against the model of the same shape with every layer MLA "

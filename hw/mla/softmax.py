@@ -165,7 +165,7 @@ def control(m, v5, first5, last5, nz5, out_ready, q_bits: int) -> Control:
 
 
 class SoftmaxLane(wiring.Component):
-    """One latent element of the online softmax: its value through stages 1 to 4 (beside the
+    """One latent element of the online softmax: its value through the SCORE_STAGES (beside the
     scores), the product p c as a carry-save pair (stage 5), its sums (stage 6: acc, and its
     own copy of l) and its divider, under its own copy of the control.  A module of its own
     so that Yosys keeps the copies apart (the flow keeps the hierarchy)."""
@@ -237,16 +237,15 @@ class SoftmaxLane(wiring.Component):
         quo = Signal(QB)
         neg = Signal()
         # 2|acc| + l = l + (2 acc XOR sign) + sign: one add (a negation, then an add, was
-        # 1.8 ns), every cycle into its own register, from the resolved sum: the start (two
+        # 1.8 ns), registered every cycle from the resolved sums; the start (2 RESOLVE
         # cycles after the last add) copies it
         a2 = sign_extend(Cat(Const(0, 1), res), NB)
         num_pre = registered_add(m, l, a2 ^ res[-1].replicate(NB), NB, "num_pre", carry_in=res[-1])
-        # a quotient bit in two cycles (steps odd: the low half of num - div into a register;
-        # even: the high half, and keep it or not): the subtract and the select in one were
-        # 1.4 ns.  The last step (steps == 1)
-        # forms the saturated result from the registered quotient.
-        # the subtract num - div = num + ~div + 1 in halves: the low half and its carry in
-        # the first cycle, the high half (its carry out: num >= div) and the pick in the second
+        # a quotient bit in two cycles (the subtract and the select in one were 1.4 ns):
+        # ``div_lo``, the low half of num - div = num + ~div + 1 and its carry into a
+        # register; ``div_pick``, the high half (its carry out: num >= div), then keep the
+        # difference or not.  The last step (steps == 1) forms the saturated result from
+        # the registered quotient.
         H = NB // 2
         lo = Signal(H + 1)
         with m.If(ctl.start):
