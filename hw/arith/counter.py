@@ -15,7 +15,7 @@ and computes them, which for ``other.next`` is the same path as counting.
 """
 from __future__ import annotations
 
-from amaranth import Cat, Const, Mux, Signal, Value
+from amaranth import Cat, Const, Module, Mux, Signal, Value
 
 CHUNK_BITS = 8
 
@@ -93,3 +93,18 @@ class ChunkedCounter:
             chain = True
         with (m.Else() if chain else m.If(1)):
             m.d.sync += [self.value.eq(self.next), self._g.eq(g_next), self._p.eq(p_next)]
+
+
+def sparse_event_count(m: Module, event, name: str) -> Value:
+    """A 32-bit count of ``event``, which is never high in two cycles in a row, as two
+    16-bit halves: the high half steps on a flag registered from the low half, so no
+    32-bit carry chain is in one cycle (the plain 32-bit increment of ``tokens`` was
+    mapped as 14 levels of ANDs in model-small-sram's kda synthesis: -0.023 ns at 1 ns).
+    The flag has caught up with the low half by the next event."""
+    lo, hi, wrap = Signal(16, name=f"{name}_lo"), Signal(16, name=f"{name}_hi"), Signal(name=f"{name}_wrap")
+    m.d.sync += wrap.eq(lo == 0xFFFF)
+    with m.If(event):
+        m.d.sync += lo.eq(lo + 1)
+        with m.If(wrap):
+            m.d.sync += hi.eq(hi + 1)
+    return Cat(lo, hi)

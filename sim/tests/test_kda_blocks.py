@@ -367,11 +367,11 @@ def test_short_conv_is_always_ready_at_full_rate(period):
 # ---- the unit's sparse event counter ---------------------------------------------------
 
 def test_sparse_event_count_across_the_halves():
-    """hw/kda/unit.py ``sparse_event_count`` (the unit's ``tokens``): 32 bits as two halves,
+    """hw/arith/counter.py ``sparse_event_count`` (the unit's ``tokens``): 32 bits as two halves,
     the high one stepped by a registered flag; it counts events a cycle or more apart,
     through the low half's wrap, as a plain count."""
     from amaranth import Module, Signal
-    from hw.kda.unit import sparse_event_count
+    from hw.arith.counter import sparse_event_count
 
     m = Module()
     event, count = Signal(), Signal(32)
