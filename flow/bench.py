@@ -85,6 +85,9 @@ def utilisation(bound: float, measured: float) -> float:
 def traffic(cfg: Config) -> Traffic:
     from hw.chip.layer import macs_per_token
     from hw.image.memory_map import memory_map
+    from moekda.config import require_chip_model
+    # the chip's bytes and MACs (kda layers): the memory map alone holds mla layers too
+    require_chip_model(cfg)
     mm = memory_map(cfg)
     m = cfg.model
     if not m.is_layer_chip:

@@ -73,7 +73,10 @@ def header_bytes(port_bytes: int) -> int:
 
 def image_layout(cfg, weights_bytes: int | None = None) -> ImageLayout:
     """Where the regions are.  ``weights_bytes``: the matrices' span (memory_map passes it;
-    by default it is taken from the memory map)."""
+    by default it is taken from the memory map).  ConfigError (one line) for a model the image
+    does not hold (``moekda.config.require_image_model``)."""
+    from moekda.config import require_image_model
+    require_image_model(cfg)
     pb = cfg.hw.weight_port_bytes
     hb = header_bytes(pb)
     nparams = params_bytes(cfg)
@@ -124,8 +127,11 @@ def pack_image(cfg, flat: Mapping[str, np.ndarray], tensors: Mapping[str, np.nda
     """The whole image from the integer parameters ``flat`` (QLayer.to_flat() names) and the
     weight matrices ``tensors`` (memory-map region names, hw.image.memory_map.qlayer_tensors).
     ValueError naming the field when a value does not fit its field, or when a value the
-    config fixes (hw.image.param_map.structural) differs."""
+    config fixes (hw.image.param_map.structural) differs.  ConfigError (one line) for a model
+    the image does not hold (Attention Residuals, LatentMoE: ``require_image_model``)."""
     from hw.image.memory_map import build_weights, memory_map
+    from moekda.config import require_image_model
+    require_image_model(cfg)
     for name, want in model_structural(cfg).items():
         if name in flat and int(np.asarray(flat[name])) != want:
             raise ValueError(f"parameter {name} = {int(np.asarray(flat[name]))}: this config fixes it to {want}")

@@ -105,6 +105,27 @@ def kda_tensors(cfg) -> list[tuple[str, int, int]]:
             ("kda.w_f_up", hk, r), ("kda.w_g_up", hk, r), ("kda.w_o", d, hk)]
 
 
+def mla_tensors(cfg) -> list[tuple[str, int, int]]:
+    """(name, rows, cols) of a Gated MLA token mixer (QMLA, sim/models/int_mla.py), in the
+    order the unit uses them within a token:
+
+    ``mla.w_dkv``  r x d_model (the latent's down-projection, r = kv_rank)
+    ``mla.w_q``    H*dh x d_model, ``mla.w_g`` H*dh x d_model (query, output gate)
+    ``mla.w_uk``   H*r x dh: row h*r + i is QMLA.uk.w[h, i, :] (uk.w is (H, r, dh))
+    ``mla.w_uv``   H*dh x r: row h*dh + j is QMLA.uv.w[h, j, :] (uv.w is (H, dh, r))
+    ``mla.w_o``    d_model x H*dh
+    """
+    m = cfg.model
+    d, H, dh, r = m.d_model, m.n_heads, m.head_dim, m.kv_rank
+    return [("mla.w_dkv", r, d), ("mla.w_q", H * dh, d), ("mla.w_g", H * dh, d),
+            ("mla.w_uk", H * r, dh), ("mla.w_uv", H * dh, r), ("mla.w_o", d, H * dh)]
+
+
+def token_mixer_tensors(cfg, kind: str) -> list[tuple[str, int, int]]:
+    """The token mixer's tensors of a layer of ``kind`` ("kda" or "mla")."""
+    return mla_tensors(cfg) if kind == "mla" else kda_tensors(cfg)
+
+
 TENSOR_GROUPS = [moe_tensors, kda_tensors]
 
 
@@ -122,16 +143,16 @@ def dense_tensors(cfg) -> list[tuple[str, int, int]]:
 def model_tensors(cfg) -> list[tuple[str, int, int]]:
     """(name, rows, cols) of every matrix of the config, in memory order.  The layer chip:
     TENSOR_GROUPS (today's map).  A model: layer 0 .. L-1, each its channel mixer's tensors
-    (moe_tensors or dense_tensors) then kda_tensors, named ``layers.<l>.<name>``; then, with a
-    vocabulary, ``embedding`` (V x d_model: row t is token t's x_0) and, untied, ``lm_head``
-    (V x d_model)."""
+    (moe_tensors or dense_tensors) then its token mixer's (kda_tensors, or mla_tensors for an
+    "mla" layer of model.layers), named ``layers.<l>.<name>``; then, with a vocabulary,
+    ``embedding`` (V x d_model: row t is token t's x_0) and, untied, ``lm_head`` (V x d_model)."""
     m = cfg.model
     if m.is_layer_chip:
         return [t for group in TENSOR_GROUPS for t in group(cfg)]
     out = []
-    for l, mx in enumerate(m.mixers):
+    for l, (kind, mx) in enumerate(zip(m.layers, m.mixers)):
         mix = moe_tensors(cfg) if mx == "moe" else dense_tensors(cfg)
-        out += [(f"layers.{l}.{n}", r, c) for n, r, c in mix + kda_tensors(cfg)]
+        out += [(f"layers.{l}.{n}", r, c) for n, r, c in mix + token_mixer_tensors(cfg, kind)]
     if m.vocab:
         out.append(("embedding", m.vocab, m.d_model))
         if not m.tie_embedding:
@@ -179,8 +200,8 @@ class MemoryMap:
 def memory_map(cfg) -> MemoryMap:
     from hw.image.format import header_bytes
     from hw.image.param_map import params_bytes
-    from moekda.config import require_chip_model
-    require_chip_model(cfg)
+    from moekda.config import require_image_model
+    require_image_model(cfg)
     pb = cfg.hw.weight_port_bytes
     regions: dict[str, TensorRegion] = {}
     base = addr = header_bytes(pb) + params_bytes(cfg)
@@ -275,6 +296,15 @@ def qlayer_tensors(q) -> dict[str, np.ndarray]:
 
 # ---- the model stack (issue 14) ---------------------------------------------------------
 
+# an MLA layer's region -> its QMLA matrix (mla_tensors)
+MLA_SOURCES = {"w_dkv": "dkv", "w_q": "q_proj", "w_g": "g_proj", "w_uk": "uk", "w_uv": "uv", "w_o": "o_proj"}
+
+
+def mla_tensor_sources() -> dict[str, tuple[str, int | None]]:
+    """An MLA layer's regions -> (dotted QLayer.to_flat() name, None)."""
+    return {f"mla.{region}": (f"mla.{field}.w", None) for region, field in MLA_SOURCES.items()}
+
+
 def model_tensor_sources(cfg) -> dict[str, tuple[str, int | None]]:
     """Region name -> (dotted QModel.to_flat() name, index into a bank or None), for every
     region of ``model_tensors`` (the layer chip: ``tensor_sources``, QLayer names)."""
@@ -282,13 +312,15 @@ def model_tensor_sources(cfg) -> dict[str, tuple[str, int | None]]:
     if m.is_layer_chip:
         return tensor_sources(m.n_experts, m.n_shared)
     out = {}
-    for l, mx in enumerate(m.mixers):
+    for l, (kind, mx) in enumerate(zip(m.layers, m.mixers)):
         src = tensor_sources(m.n_experts, m.n_shared)
         if mx == "dense":
             src = {k: v for k, v in src.items() if k.startswith("kda.")}
             for c in range(m.dense_chunks):
                 for mat in ("gate", "up", "down"):
                     src[f"dense.chunk{c}.{mat}"] = (f"dense.chunks.{mat}_w", c)
+        if kind == "mla":
+            src = {k: v for k, v in src.items() if not k.startswith("kda.")} | mla_tensor_sources()
         out.update({f"layers.{l}.{k}": (f"layers.{l}.{n}", e) for k, (n, e) in src.items()})
     if m.vocab:
         out["embedding"] = ("head.emb", None)
@@ -297,18 +329,47 @@ def model_tensor_sources(cfg) -> dict[str, tuple[str, int | None]]:
     return out
 
 
+def model_source_shapes(cfg) -> dict[str, tuple[int, ...]]:
+    """Region name -> the shape of its source array, for the regions whose matrix is the
+    source reshaped (row-major) rather than the source itself: an MLA layer's per-head
+    ``mla.w_uk`` (QMLA.uk.w, (H, r, dh)) and ``mla.w_uv`` (QMLA.uv.w, (H, dh, r))."""
+    m = cfg.model
+    if m.is_layer_chip:
+        return {}
+    H, dh, r = m.n_heads, m.head_dim, m.kv_rank
+    out = {}
+    for l, kind in enumerate(m.layers):
+        if kind == "mla":
+            out[f"layers.{l}.mla.w_uk"] = (H, r, dh)
+            out[f"layers.{l}.mla.w_uv"] = (H, dh, r)
+    return out
+
+
+def _to_region(region: str, x: np.ndarray, shapes: Mapping[str, tuple]) -> np.ndarray:
+    if region not in shapes:
+        return x
+    if x.shape != shapes[region]:
+        raise ValueError(f"{region}: source has shape {x.shape}, the config's is {shapes[region]}")
+    return x.reshape(x.shape[0] * x.shape[1], x.shape[2])
+
+
 def model_flat_tensors(cfg, flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every region's matrix from the flat integer parameters (QModel.to_flat(), or
-    QLayer.to_flat() for the layer chip)."""
-    return {region: (np.asarray(flat[name]) if e is None else np.asarray(flat[name])[e])
+    QLayer.to_flat() for the layer chip); a per-head source (``model_source_shapes``) as its
+    rows, head after head."""
+    shapes = model_source_shapes(cfg)
+    return {region: _to_region(region, np.asarray(flat[name]) if e is None else np.asarray(flat[name])[e], shapes)
             for region, (name, e) in model_tensor_sources(cfg).items()}
 
 
 def model_tensors_flat(cfg, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The inverse of ``model_flat_tensors``."""
+    shapes = model_source_shapes(cfg)
     out: dict[str, list | np.ndarray] = {}
     for region, (name, e) in model_tensor_sources(cfg).items():
-        if e is None:
+        if region in shapes:
+            out[name] = np.asarray(tensors[region], dtype=np.int64).reshape(shapes[region])
+        elif e is None:
             out[name] = np.asarray(tensors[region], dtype=np.int64)
         else:
             out.setdefault(name, []).append(np.asarray(tensors[region], dtype=np.int64))
@@ -359,3 +420,9 @@ def layer_mixer(cfg, l: int) -> str:
     """Channel mixer kind of layer ``l``: "moe" or "dense"."""
     layer_prefix(cfg, l)
     return cfg.model.mixers[l]
+
+
+def layer_kind(cfg, l: int) -> str:
+    """Token mixer kind of layer ``l``: "kda" or "mla" (model.layers)."""
+    layer_prefix(cfg, l)
+    return cfg.model.layers[l]

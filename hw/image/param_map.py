@@ -19,6 +19,10 @@ From this one list:
 Packing: fields in list order, each element ``bits`` wide, elements of an
 array in C order, least significant bit first; the region is the bit
 string cut into bytes, little-endian, zero-padded to a whole port beat.
+A layer's fields depend on its token mixer (``kind``: "kda", or a Gated MLA
+layer's "mla") and its channel mixer (``mixer``: "moe" or "dense"); in a
+config with both kinds the shorter token mixer's fields are followed by
+``token_pad``, zeros that are no value (``param_fields`` says why).
 
 ``structural(cfg)`` lists the integers of ``QLayer`` that are not
 parameters but facts of the config (the output width of each requantiser,
@@ -51,6 +55,7 @@ class ParamField:
     lo: int                # allowed values, inclusive
     hi: int
     doc: str = ""
+    pad: bool = False      # padding (PAD_FIELD), not a value: packed as zeros, not read back
 
     @property
     def count(self) -> int:
@@ -70,6 +75,13 @@ def _f(name, shape, bits, signed, doc, lo=None, hi=None) -> ParamField:
     return ParamField(name, tuple(shape), bits, signed, flo if lo is None else lo, fhi if hi is None else hi, doc)
 
 
+def mla_norm_ss_bits(cfg) -> int:
+    """Sum-of-squares width of the Gated MLA's latent RMSNorm (``mla.kv_norm``): the squares of
+    kv_rank resid_bits values."""
+    fm = formats_for(cfg)
+    return 2 * (fm.resid_bits - 1) + clog2(cfg.model.kv_rank + 1) + 1
+
+
 def kda_norm_ss_bits(cfg) -> int:
     """Sum-of-squares width of the KDA's shared normaliser (q, k L2 norms and the o RMSNorm)."""
     fm = formats_for(cfg)
@@ -82,33 +94,103 @@ KDA_LINEARS = ("q_proj", "k_proj", "v_proj", "f_down", "g_down", "b_proj", "f_up
 KDA_CONVS = ("conv_q", "conv_k", "conv_v")
 KDA_NORMS = ("q_norm", "k_norm", "o_norm")
 EXPERT_MATS = ("gate", "up", "down")
+# the Gated MLA's requantised matrices, as QMLA field names, in region order
+MLA_LINEARS = ("dkv", "q_proj", "g_proj", "uk", "uv", "o_proj")
+LAYER_KINDS = ("kda", "mla")
+# the padding after a shorter token mixer's fields (param_fields): zeros, not a value
+PAD_FIELD = "token_pad"
 
 
-def table_fields(cfg, mixer: str = "moe") -> list[tuple[str, int, bool, str]]:
+def _check_kind(kind: str) -> None:
+    if kind not in LAYER_KINDS:
+        raise ValueError(f"layer kind {kind!r}: one of {', '.join(LAYER_KINDS)}")
+
+
+def table_fields(cfg, mixer: str = "moe", kind: str = "kda") -> list[tuple[str, int, bool, str]]:
     """(dotted name, entry bits, signed, what) of every nonlinearity table of a layer whose
-    channel mixer is ``mixer`` ("moe", or "dense": its one SiLU table in place of the MoE's two)."""
+    channel mixer is ``mixer`` ("moe", or "dense": its one SiLU table in place of the MoE's two)
+    and whose token mixer is ``kind`` ("kda", or "mla": its one gate table in place of the
+    KDA's six)."""
+    _check_kind(kind)
     fm = formats_for(cfg)
-    kda = [("kda.silu_q", fm.qkv_bits, True, "SiLU after the q short conv"),
-           ("kda.silu_k", fm.qkv_bits, True, "SiLU after the k short conv"),
-           ("kda.silu_v", fm.qkv_bits, True, "SiLU after the v short conv (v at 2**-f_v)"),
-           ("kda.alpha", fm.alpha_frac, False, "decay alpha = exp(lb sigmoid(z)), U0.alpha_frac"),
-           ("kda.beta", fm.unit_frac + 1, False, "beta = sigmoid, U0.unit_frac"),
-           ("kda.gate", fm.unit_frac + 1, False, "output gate = sigmoid, U0.unit_frac")]
+    if kind == "mla":
+        tok = [("mla.gate", fm.unit_frac + 1, False, "output gate = sigmoid, U0.unit_frac")]
+    else:
+        tok = [("kda.silu_q", fm.qkv_bits, True, "SiLU after the q short conv"),
+               ("kda.silu_k", fm.qkv_bits, True, "SiLU after the k short conv"),
+               ("kda.silu_v", fm.qkv_bits, True, "SiLU after the v short conv (v at 2**-f_v)"),
+               ("kda.alpha", fm.alpha_frac, False, "decay alpha = exp(lb sigmoid(z)), U0.alpha_frac"),
+               ("kda.beta", fm.unit_frac + 1, False, "beta = sigmoid, U0.unit_frac"),
+               ("kda.gate", fm.unit_frac + 1, False, "output gate = sigmoid, U0.unit_frac")]
     if mixer == "dense":
-        return kda + [("dense.silu", fm.act_bits, True, "dense chunks' SiLU -> int8")]
-    return kda + [("moe.score", fm.score_frac + 1, False, "router score = sigmoid, U0.score_frac"),
+        return tok + [("dense.silu", fm.act_bits, True, "dense chunks' SiLU -> int8")]
+    return tok + [("moe.score", fm.score_frac + 1, False, "router score = sigmoid, U0.score_frac"),
                   ("moe.silu", fm.act_bits, True, "expert SiLU -> int8")]
 
 
-def param_fields(cfg, mixer: str = "moe") -> list[ParamField]:
+def param_fields(cfg, mixer: str = "moe", kind: str = "kda") -> list[ParamField]:
     """Every run-time parameter of one layer, in region (and bank) order.  ``mixer="dense"``:
     the layer of a model whose channel mixer is dense (QDense: its chunks take the MoE's
-    shared-expert fields' form under ``dense.*``; no router, score table, bias or rs)."""
+    shared-expert fields' form under ``dense.*``; no router, score table, bias or rs).
+    ``kind="mla"``: a Gated MLA layer (QMLA: its ``mla.*`` fields in place of ``kda.*``).
+
+    The token mixer's half comes first (``attn_norm``, the kind's fields, ``res1``), then the
+    channel mixer's (``mlp_norm`` on).  The model chip fetches either half of any layer's
+    block into its one parameter bank (hw/chip/loader.py), so each half must start at the
+    same bit in every block (``mixer_split_bit``).  An MLA layer's fields are far fewer than
+    a KDA layer's (one table in place of six, no short convolutions), so in a config with
+    both kinds the shorter kind's fields are followed by ``PAD_FIELD`` (``token_pad``,
+    ``token_pad_bits`` zero bits: packed as zeros, never read back).  ``res1`` and the
+    channel mixer's fields are then at the same bits in a KDA and an MLA layer of the same
+    mixer; only the token mixer's own fields differ.  A config with one kind has no padding
+    (a KDA-only config's blocks are what they were)."""
+    out = _token_fields(cfg, kind)
+    pad = token_pad_bits(cfg, kind)
+    if pad:
+        out.append(ParamField(PAD_FIELD, (), pad, False, 0, 0, "the token mixer half's padding (zeros)", True))
     fm, m = formats_for(cfg), cfg.model
     dw = derived_widths(cfg)
-    hk, hv, K, E = m.n_heads * m.head_dim, m.n_heads * m.head_dim, m.conv_kernel, m.n_experts
+    requant, norm, residual, table = _adders(cfg, out, mixer, kind)
+
+    residual("res1", f"{kind.upper()} residual add")
+    norm("mlp_norm", dw["ss_rmsnorm"], "MoE RMSNorm")
+    if mixer == "dense":
+        table("dense.silu")
+        for mat in EXPERT_MATS:
+            requant(f"dense.chunks.{mat}_m", f"dense.chunks.{mat}_s", f"dense chunks' {mat} requantisation",
+                    (m.dense_chunks,))
+        out[-1] = replace(out[-1], lo=dw["swiglu_prod"] - fm.hid_bits + 1)   # as the experts' down_s
+        requant("dense.comb_m", "dense.comb_s", "dense combine -> resid_bits")
+        residual("res2", "dense residual add")
+        _check_tree_order([f.name for f in out])
+        return out
+    # ---- MoE
+    E = m.n_experts
+    requant("moe.router.m", "moe.router.s", "router requantisation")
+    table("moe.score")
+    out.append(_f("moe.bias", (E,), fm.router_bias_bits, True, "expert selection bias, score units"))
+    table("moe.silu")
+    for bank, n in (("routed", E), ("shared", m.n_shared)):
+        if n == 0:
+            continue
+        for mat in EXPERT_MATS:
+            requant(f"moe.{bank}.{mat}_m", f"moe.{bank}.{mat}_s", f"{bank} experts' {mat} requantisation", (n,))
+        # the down projection's shift is down_s - sh, sh the per-token hidden exponent
+        # (0 .. swiglu_prod - hid_bits, hw/moe/unit.py), and the model needs it >= 1: with
+        # down_s above every sh the unit's 6-bit subtraction can neither wrap nor reach 0
+        out[-1] = replace(out[-1], lo=dw["swiglu_prod"] - fm.hid_bits + 1)
+    out.append(_f("moe.rs", (), dw["rs_int"], False, "routed_scaling as U.rs_frac"))
+    requant("moe.comb_m", "moe.comb_s", "MoE combine -> resid_bits")
+    residual("res2", "MoE residual add")
+    _check_tree_order([f.name for f in out])
+    return out
+
+
+def _adders(cfg, out: list, mixer: str, kind: str):
+    """The helpers that append a requantiser's, a norm's, a residual add's and a table's
+    fields to ``out``."""
+    fm = formats_for(cfg)
     mb, lut = fm.mult_bits, fm.lut_size
-    out: list[ParamField] = []
 
     def requant(m_name, s_name, doc, shape=()):
         out.append(_f(m_name, shape, mb, False, f"{doc}: multiplier"))
@@ -124,13 +206,34 @@ def param_fields(cfg, mixer: str = "moe") -> list[ParamField]:
         out.append(_f(f"{prefix}.m_b", (), mb, False, f"{doc}: multiplier of the branch"))
         out.append(_f(f"{prefix}.s", (), SHIFT_BITS, False, f"{doc}: shift"))
 
-    tables = {name: (bits, sgn, doc) for name, bits, sgn, doc in table_fields(cfg, mixer)}
+    tables = {name: (bits, sgn, doc) for name, bits, sgn, doc in table_fields(cfg, mixer, kind)}
 
     def table(name):
         bits, sgn, doc = tables[name]
         out.append(_f(f"{name}.table", (lut,), bits, sgn, f"table: {doc}"))
+    return requant, norm, residual, table
+
+
+def _token_fields(cfg, kind: str) -> list[ParamField]:
+    """The token mixer's fields of a ``kind`` layer before its padding and ``res1``:
+    ``attn_norm`` and the ``kda.*`` or ``mla.*`` fields."""
+    _check_kind(kind)
+    fm, m = formats_for(cfg), cfg.model
+    dw = derived_widths(cfg)
+    hk, hv, K = m.n_heads * m.head_dim, m.n_heads * m.head_dim, m.conv_kernel
+    out: list[ParamField] = []
+    requant, norm, residual, table = _adders(cfg, out, "moe", kind)
 
     norm("attn_norm", dw["ss_rmsnorm"], "attention RMSNorm")
+    if kind == "mla":
+        # ---- Gated MLA (QMLA; sim/models/int_mla.py)
+        for lin in MLA_LINEARS:
+            requant(f"mla.{lin}.m", f"mla.{lin}.s", f"mla {lin} requantisation")
+        norm("mla.kv_norm", mla_norm_ss_bits(cfg), "mla latent RMSNorm")
+        out.append(_f("mla.u_m", (), fm.mult_bits, False, "mla score qa . c -> u (base 2): multiplier"))
+        out.append(_f("mla.u_s", (), SHIFT_BITS, False, "mla score qa . c -> u (base 2): shift"))
+        table("mla.gate")
+        return out
     # ---- KDA
     for lin in KDA_LINEARS:
         requant(f"kda.{lin}.m", f"kda.{lin}.s", f"kda {lin} requantisation")
@@ -151,37 +254,15 @@ def param_fields(cfg, mixer: str = "moe") -> list[ParamField]:
     out.append(_f("kda.f_s", (), 5, False, "fractional bits of the state", 0, fm.state_bits - 1))
     out.append(_f("kda.o_shift", (), 5, False, "o16 = sat(rs(q . S, o_shift))", 0,
                   fm.qk_bits + fm.state_bits - 2))
-    residual("res1", "KDA residual add")
-    norm("mlp_norm", dw["ss_rmsnorm"], "MoE RMSNorm")
-    if mixer == "dense":
-        table("dense.silu")
-        for mat in EXPERT_MATS:
-            requant(f"dense.chunks.{mat}_m", f"dense.chunks.{mat}_s", f"dense chunks' {mat} requantisation",
-                    (m.dense_chunks,))
-        out[-1] = replace(out[-1], lo=dw["swiglu_prod"] - fm.hid_bits + 1)   # as the experts' down_s
-        requant("dense.comb_m", "dense.comb_s", "dense combine -> resid_bits")
-        residual("res2", "dense residual add")
-        _check_tree_order([f.name for f in out])
-        return out
-    # ---- MoE
-    requant("moe.router.m", "moe.router.s", "router requantisation")
-    table("moe.score")
-    out.append(_f("moe.bias", (E,), fm.router_bias_bits, True, "expert selection bias, score units"))
-    table("moe.silu")
-    for bank, n in (("routed", E), ("shared", m.n_shared)):
-        if n == 0:
-            continue
-        for mat in EXPERT_MATS:
-            requant(f"moe.{bank}.{mat}_m", f"moe.{bank}.{mat}_s", f"{bank} experts' {mat} requantisation", (n,))
-        # the down projection's shift is down_s - sh, sh the per-token hidden exponent
-        # (0 .. swiglu_prod - hid_bits, hw/moe/unit.py), and the model needs it >= 1: with
-        # down_s above every sh the unit's 6-bit subtraction can neither wrap nor reach 0
-        out[-1] = replace(out[-1], lo=dw["swiglu_prod"] - fm.hid_bits + 1)
-    out.append(_f("moe.rs", (), dw["rs_int"], False, "routed_scaling as U.rs_frac"))
-    requant("moe.comb_m", "moe.comb_s", "MoE combine -> resid_bits")
-    residual("res2", "MoE residual add")
-    _check_tree_order([f.name for f in out])
     return out
+
+
+def token_pad_bits(cfg, kind: str = "kda") -> int:
+    """Zero bits after a ``kind`` layer's token-mixer fields, before ``res1``: what makes its
+    token mixer's half as long as the longest of the kinds the config's layers use (0 when
+    it is the longest, or the config has one kind)."""
+    bits = {k: sum(f.total_bits for f in _token_fields(cfg, k)) for k in set(cfg.model.layers) | {kind}}
+    return max(bits.values()) - bits[kind]
 
 
 def _check_tree_order(names: list[str]) -> None:
@@ -203,18 +284,23 @@ def _check_tree_order(names: list[str]) -> None:
         prev = prefixes
 
 
-def structural(cfg, mixer: str = "moe") -> dict[str, int]:
+def structural(cfg, mixer: str = "moe", kind: str = "kda") -> dict[str, int]:
     """Integers of QLayer that the config fixes (not loaded): name -> required value."""
     fm = formats_for(cfg)
     a, lb = fm.act_bits, fm.lut_in_bits
     out = {}
-    for lin in KDA_LINEARS:
-        out[f"kda.{lin}.out_bits"] = lb if lin in ("f_up", "b_proj", "g_up") else a
-    for conv in KDA_CONVS:
-        out[f"kda.{conv}.out_bits"] = lb
+    if kind == "mla":
+        # the latent goes into its RMSNorm at resid_bits; the gate's logit is a table code
+        for lin in MLA_LINEARS:
+            out[f"mla.{lin}.out_bits"] = fm.resid_bits if lin == "dkv" else lb if lin == "g_proj" else a
+    else:
+        for lin in KDA_LINEARS:
+            out[f"kda.{lin}.out_bits"] = lb if lin in ("f_up", "b_proj", "g_up") else a
+        for conv in KDA_CONVS:
+            out[f"kda.{conv}.out_bits"] = lb
     if mixer == "moe":
         out["moe.router.out_bits"] = lb
-    for name, *_ in table_fields(cfg, mixer):
+    for name, *_ in table_fields(cfg, mixer, kind):
         out[f"{name}.in_bits"] = lb
     return out
 
@@ -236,36 +322,45 @@ def head_param_fields(cfg) -> list[ParamField]:
             _f("head.head_s", (), SHIFT_BITS, False, "LM head requantisation: shift")]
 
 
+def layer_pairs(cfg) -> list[tuple[str, str]]:
+    """The (token mixer kind, channel mixer) pairs the config's layers use, sorted."""
+    return sorted(set(zip(cfg.model.layers, cfg.model.mixers)))
+
+
 def model_param_maps(cfg) -> list[tuple[str, "ParamMap"]]:
     """The parameter region of an image, as (name prefix, map) blocks in address order, each
     block padded to whole port beats: the layer chip has one block (prefix "", today's map,
     byte for byte); a model has layer 0 .. L-1 (prefix ``layers.<l>.``, the map of the layer's
-    mixer kind) and, with a vocabulary, the head (prefix "", names ``head.*``)."""
+    kind and mixer, ``model.layers[l]`` and ``model.mixers[l]``) and, with a vocabulary, the
+    head (prefix "", names ``head.*``)."""
     if cfg.model.is_layer_chip:
         return [("", param_map(cfg))]
     pb = cfg.hw.weight_port_bytes
-    # every layer's block has the size of the largest kind's, so the chip fetches any layer's
-    # block into one bank with the block's first byte at bit 0 (hw/chip/loader.py)
+    # every layer's block has the size of the largest (kind, mixer)'s, so the chip fetches any
+    # layer's block into one bank with the block's first byte at bit 0 (hw/chip/loader.py); a
+    # shorter token mixer's fields are padded (param_fields), so the halves line up too
     size = layer_block_bytes(cfg)
-    out = [(f"layers.{l}.", ParamMap(tuple(param_fields(cfg, mx)), pb, size)) for l, mx in enumerate(cfg.model.mixers)]
+    out = [(f"layers.{l}.", ParamMap(tuple(param_fields(cfg, mx, kind)), pb, size))
+           for l, (kind, mx) in enumerate(zip(cfg.model.layers, cfg.model.mixers))]
     if cfg.model.vocab:
         out.append(("", ParamMap(tuple(head_param_fields(cfg)), pb)))
     return out
 
 
 def layer_block_bytes(cfg) -> int:
-    """Bytes of one layer's parameter block in a model's image: the largest mixer kind's."""
-    return max(ParamMap(tuple(param_fields(cfg, mx)), cfg.hw.weight_port_bytes).nbytes for mx in set(cfg.model.mixers))
+    """Bytes of one layer's parameter block in a model's image: the largest (kind, mixer)'s."""
+    return max(param_map(cfg, mx, kind).nbytes for kind, mx in layer_pairs(cfg))
 
 
 def mixer_split_bit(cfg) -> int:
     """Bit offset in a layer's block where the channel mixer's fields begin (``mlp_norm``
-    first): bits [0, split) are the token mixer's half (attn_norm, kda, res1), read by the
-    datapath's stage A only, the rest the channel mixer's, read by stage B only.  The same
-    in every mixer kind (param_fields lists the token mixer first), so a model chip can
-    fetch either half of a layer's block into the bank on its own (hw/chip/loader.py)."""
-    splits = {param_map(cfg, mx).offsets()["mlp_norm.eps_int"] for mx in set(cfg.model.mixers)}
-    assert len(splits) == 1, "the mixer kinds' blocks differ before the channel mixer"
+    first): bits [0, split) are the token mixer's half (attn_norm, kda or mla, the padding
+    ``token_pad`` of a shorter kind, res1), read by the datapath's stage A only, the rest the
+    channel mixer's, read by stage B only.  The same in every (kind, mixer) block
+    (param_fields lists the token mixer first and pads the shorter kind's), so a model chip
+    can fetch either half of a layer's block into the bank on its own (hw/chip/loader.py)."""
+    splits = {param_map(cfg, mx, kind).offsets()["mlp_norm.eps_int"] for kind, mx in layer_pairs(cfg)}
+    assert len(splits) == 1, "the layer kinds' blocks differ before the channel mixer"
     return splits.pop()
 
 
@@ -279,9 +374,9 @@ def fetch_halves(cfg) -> list[tuple[int, int]]:
 
 
 def layer_bank_bits(cfg) -> int:
-    """Bits of the chip's layer parameter bank: the fields of the largest mixer kind (the
+    """Bits of the chip's layer parameter bank: the fields of the largest (kind, mixer) (the
     layer chip: its whole map)."""
-    return max(param_map(cfg, mx).bits for mx in set(cfg.model.mixers))
+    return max(param_map(cfg, mx, kind).bits for kind, mx in layer_pairs(cfg))
 
 
 def model_structural(cfg) -> dict[str, int]:
@@ -289,8 +384,8 @@ def model_structural(cfg) -> dict[str, int]:
     if cfg.model.is_layer_chip:
         return structural(cfg)
     out = {}
-    for l, mx in enumerate(cfg.model.mixers):
-        out.update({f"layers.{l}.{k}": v for k, v in structural(cfg, mx).items()})
+    for l, (kind, mx) in enumerate(zip(cfg.model.layers, cfg.model.mixers)):
+        out.update({f"layers.{l}.{k}": v for k, v in structural(cfg, mx, kind).items()})
     return out
 
 
@@ -338,6 +433,9 @@ class ParamMap:
         field when a value is missing, misshapen or outside the field's range."""
         acc, pos = 0, 0
         for f in self.fields:
+            if f.pad:
+                pos += f.total_bits
+                continue
             if f.name not in flat:
                 raise ValueError(f"parameter {f.name}: missing")
             v = np.asarray(flat[f.name])
@@ -356,12 +454,15 @@ class ParamMap:
         return acc.to_bytes(self.nbytes, "little")
 
     def unpack(self, region: bytes) -> dict[str, np.ndarray]:
-        """The inverse of ``pack``: ``{dotted name: int64 array}``."""
+        """The inverse of ``pack``: ``{dotted name: int64 array}`` (padding not included)."""
         if len(region) < -(-self.bits // 8):
             raise ValueError(f"parameter region: {len(region)} bytes, needs {-(-self.bits // 8)}")
         acc = int.from_bytes(region, "little")
         out, pos = {}, 0
         for f in self.fields:
+            if f.pad:
+                pos += f.total_bits
+                continue
             mask, vals = (1 << f.bits) - 1, []
             for _ in range(f.count):
                 x = (acc >> pos) & mask
@@ -377,27 +478,28 @@ def _under(name: str, prefix: str) -> bool:
     return not prefix or name == prefix or name.startswith(prefix + ".")
 
 
-def param_map(cfg, mixer: str = "moe") -> ParamMap:
+def param_map(cfg, mixer: str = "moe", kind: str = "kda") -> ParamMap:
     """One layer's map (the layer chip's whole parameter region; a model's layer of that
-    mixer kind, before the padding of ``model_param_maps``)."""
-    return ParamMap(tuple(param_fields(cfg, mixer)), cfg.hw.weight_port_bytes)
+    mixer and kind, before the block padding of ``model_param_maps``)."""
+    return ParamMap(tuple(param_fields(cfg, mixer, kind)), cfg.hw.weight_port_bytes)
 
 
-def _fields_for(cfg, mixer: str) -> list[ParamField]:
-    return head_param_fields(cfg) if mixer == "head" else param_fields(cfg, mixer)
+def _fields_for(cfg, mixer: str, kind: str = "kda") -> list[ParamField]:
+    return head_param_fields(cfg) if mixer == "head" else param_fields(cfg, mixer, kind)
 
 
-def param_layout(cfg, prefix: str = "", mixer: str = "moe"):
+def param_layout(cfg, prefix: str = "", mixer: str = "moe", kind: str = "kda"):
     """The Amaranth layout of the fields under ``prefix`` (``""``: all, ``"kda"``, ``"moe"``,
     ``"res1"``, ...): nested StructLayouts following the dotted names, arrays as
     ArrayLayouts, in region order, so ``Cat`` of the whole bank is the region's bits.
     A block's ``params`` port has ``param_layout(cfg, "<block>")``.  ``mixer``: the fields
     of a layer with that channel mixer ("moe", "dense"), or "head" for the model's head
-    block (``param_layout(cfg, "head", mixer="head")``)."""
+    block (``param_layout(cfg, "head", mixer="head")``).  ``kind``: the token mixer, "kda" or
+    "mla" (an MLA layer's block: ``param_layout(cfg, "mla", kind="mla")``)."""
     from amaranth import signed, unsigned
     from amaranth.lib import data
 
-    fields = [f for f in _fields_for(cfg, mixer) if _under(f.name, prefix)]
+    fields = [f for f in _fields_for(cfg, mixer, kind) if _under(f.name, prefix)]
     if not fields:
         raise KeyError(f"no parameters under {prefix!r}")
     skip = len(prefix) + 1 if prefix else 0
@@ -417,11 +519,14 @@ def param_layout(cfg, prefix: str = "", mixer: str = "moe"):
     return build(tree)
 
 
-def region_value(cfg, flat: Mapping[str, np.ndarray], prefix: str = "", mixer: str = "moe") -> int:
+def region_value(cfg, flat: Mapping[str, np.ndarray], prefix: str = "", mixer: str = "moe",
+                 kind: str = "kda") -> int:
     """The bits of the fields under ``prefix`` as one integer, LSB first: the constant a
     test drives on a block's ``params`` port (the same bits LOAD puts in the bank).
-    ``flat``: one layer's (or the head's) unprefixed names; ``mixer`` as for param_layout."""
-    sub = ParamMap(tuple(f for f in _fields_for(cfg, mixer) if _under(f.name, prefix)), cfg.hw.weight_port_bytes)
+    ``flat``: one layer's (or the head's) unprefixed names; ``mixer``, ``kind`` as for
+    param_layout."""
+    sub = ParamMap(tuple(f for f in _fields_for(cfg, mixer, kind) if _under(f.name, prefix)),
+                   cfg.hw.weight_port_bytes)
     return int.from_bytes(sub.pack(flat), "little")
 
 

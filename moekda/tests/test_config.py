@@ -292,6 +292,27 @@ def test_hybrid_fields_keep_old_hashes_and_are_refused_by_the_chip():
     assert lat_moe == m.n_experts * 3 * m.d_ff * (8 - 16) + 2 * 8 * 16
 
 
+def test_the_image_holds_mla_layers_and_refuses_the_other_hybrid_parts():
+    from moekda.config import require_chip_model, require_image_model
+    require_image_model(config_from_dict(base()))
+    mla = config_from_dict(base(model={"n_layers": 4, "layers": ["kda", "kda", "kda", "mla"], "kv_rank": 8}))
+    require_image_model(mla)
+    with pytest.raises(ConfigError, match='model.layers "mla": float and integer models only so far; the chip'):
+        require_chip_model(mla)             # the model chip has no MLA sequencing yet
+    hy = config_from_dict(base(model={"n_layers": 4, "layers": ["kda", "kda", "kda", "mla"], "kv_rank": 8,
+                                      "attn_res": "block", "moe_latent": 8}))
+    with pytest.raises(ConfigError) as e:
+        require_image_model(hy)
+    msg = str(e.value)
+    assert msg.startswith('config t: model.attn_res = "block", model.moe_latent = 8: float and integer models '
+                          'only so far; the memory image holds kda and mla layers')
+    assert "\n" not in msg and 'model.layers "mla"' not in msg
+    for model, needle in (({"attn_res": "full"}, 'model.attn_res = "full"'),
+                          ({"moe_latent": 8}, "model.moe_latent = 8")):
+        with pytest.raises(ConfigError, match=needle):
+            require_image_model(config_from_dict(base(model=model)))
+
+
 def test_with_settings_replaces_fields_and_checks_them():
     from moekda.config import with_settings
     base = load_config("model-tiny")

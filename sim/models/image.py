@@ -73,9 +73,13 @@ def model_from_file(cfg: Config, path, model_seed: int = 0) -> QLayer:
 
 def qmodel_image(cfg: Config, qm) -> bytes:
     """The memory image of a quantised model (sim.models.qparams.QModel): per-layer parameter
-    blocks and the head's, every layer's matrices, the embedding and an untied LM head
-    (hw/image/param_map.model_param_maps, hw/image/memory_map.model_tensors)."""
+    blocks and the head's, every layer's matrices (a KDA or a Gated MLA token mixer's), the
+    embedding and an untied LM head (hw/image/param_map.model_param_maps,
+    hw/image/memory_map.model_tensors).  ConfigError (one line) for Attention Residuals or
+    LatentMoE, which no image holds yet (moekda.config.require_image_model)."""
     from hw.image.memory_map import model_flat_tensors
+    from moekda.config import require_image_model
+    require_image_model(cfg)
     if cfg.model.is_layer_chip:
         return qlayer_image(cfg, qm.layers[0])
     flat = qm.to_flat()
@@ -86,7 +90,9 @@ def qmodel_from_image(cfg: Config, image: bytes, what: str = "image"):
     """The QModel an image holds (checked: ImageError if it is not for ``cfg``).  Scales: only
     the header's (the logits', or the stack's input and output)."""
     from hw.image.memory_map import model_tensors_flat
+    from moekda.config import require_image_model
     from sim.models.qparams import QModel
+    require_image_model(cfg)
     if cfg.model.is_layer_chip:
         return QModel(layers=[qlayer_from_image(cfg, image, what)])
     params, tensors = read_image(cfg, image, what)

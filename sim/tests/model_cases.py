@@ -16,6 +16,13 @@ def model_config(name: str = "model-tiny", **model):
     return config_from_dict({"name": "t", **raw})
 
 
+def hybrid_model_config(name: str = "model-tiny", **model):
+    """``model_config`` with a Gated MLA last layer (model-tiny: layers kda, kda, kda, mla;
+    kv_rank 8), no Attention Residuals or LatentMoE: a model the memory image holds."""
+    model = {"layers": ["kda", "kda", "kda", "mla"], "kv_rank": 8, **model}
+    return model_config(name, **model)
+
+
 def quick_model(cfg, seed: int):
     """(float params, integer model) quantised on short calibration sequences (fast; accuracy
     is not the point)."""

@@ -58,3 +58,64 @@ def test_image_rejects_bad_tensors():
         build_image(cfg, {**good, "moe.router": np.zeros((1, 1))})
     with pytest.raises(ValueError, match="int8"):
         build_image(cfg, {**good, "moe.router": good["moe.router"] + 200})
+
+
+MLA_REGIONS = ("w_dkv", "w_q", "w_g", "w_uk", "w_uv", "w_o")
+
+
+def test_mla_layer_regions():
+    """An "mla" layer's token mixer is its six matrices, after its channel mixer's, contiguous;
+    the KDA layers' regions are where and what they are in the KDA-only model."""
+    from sim.tests.model_cases import hybrid_model_config
+    cfg = hybrid_model_config(n_heads=2, head_dim=8)
+    m = cfg.model
+    d, H, dh, r = m.d_model, m.n_heads, m.head_dim, m.kv_rank
+    mm = memory_map(cfg)
+    l3 = [n for n in mm.regions if n.startswith("layers.3.")]
+    mla = [f"layers.3.mla.{t}" for t in MLA_REGIONS]
+    assert l3[0] == "layers.3.moe.router" and l3[-6:] == mla and not any(".kda." in n for n in l3)
+    assert [(mm[n].rows, mm[n].cols) for n in mla] == [(r, d), (H * dh, d), (H * dh, d), (H * r, dh),
+                                                       (H * dh, r), (d, H * dh)]
+    addr, nbytes = mm.span(mla)
+    assert addr == mm[mla[0]].addr and nbytes == sum(mm[n].nbytes for n in mla)
+    mm.span(l3)
+    assert mm.regions[l3[-1]].end == mm["embedding"].addr
+    # the parameter blocks keep their size, so layers 0-2 are the KDA-only model's, byte for byte
+    plain = memory_map(config_from_dict({**cfg.to_dict(), "name": "t",
+                                         "model": {**cfg.to_dict()["model"], "layers": ["kda"] * 4, "kv_rank": 0}}))
+    assert plain.base == mm.base
+    for n, reg in plain.regions.items():
+        if not n.startswith("layers.3.") and n != "embedding":
+            assert mm[n] == reg, n
+    assert [n for n in plain.regions if n.startswith("layers.3.kda.")][0] == "layers.3.kda.w_q"
+
+
+def test_flat_tensors_round_trip_of_a_hybrid_model():
+    """QModel.to_flat() -> regions -> flat names: every matrix back; the per-head W_uk, W_uv
+    as rows h*r + i, h*dh + j."""
+    from hw.image.memory_map import model_flat_tensors, model_tensors_flat
+    from sim.tests.model_cases import hybrid_model_config, quick_model
+    cfg = hybrid_model_config(n_heads=2, head_dim=8)
+    H, dh, r = cfg.model.n_heads, cfg.model.head_dim, cfg.model.kv_rank
+    flat = quick_model(cfg, 2)[1].to_flat()
+    mm = memory_map(cfg)
+    t = model_flat_tensors(cfg, flat)
+    assert set(t) == set(mm.regions)
+    for n, reg in mm.regions.items():
+        assert t[n].shape == (reg.rows, reg.cols), n
+    uk, uv = flat["layers.3.mla.uk.w"], flat["layers.3.mla.uv.w"]
+    assert uk.shape == (H, r, dh) and uv.shape == (H, dh, r)
+    for h in range(H):
+        for i in range(r):
+            assert np.array_equal(t["layers.3.mla.w_uk"][h * r + i], uk[h, i])
+        for j in range(dh):
+            assert np.array_equal(t["layers.3.mla.w_uv"][h * dh + j], uv[h, j])
+    assert np.array_equal(t["layers.3.mla.w_dkv"], flat["layers.3.mla.dkv.w"])
+    back = model_tensors_flat(cfg, t)
+    assert {k for k in back if k.startswith("layers.3.mla.")} == {
+        f"layers.3.mla.{f}.w" for f in ("dkv", "q_proj", "g_proj", "uk", "uv", "o_proj")}
+    for k, v in back.items():
+        assert v.shape == flat[k].shape and np.array_equal(v, flat[k]), k
+    bad = {**flat, "layers.3.mla.uk.w": uk.reshape(H * r, dh)}
+    with pytest.raises(ValueError, match=r"layers\.3\.mla\.w_uk: source has shape \(16, 8\)"):
+        model_flat_tensors(cfg, bad)

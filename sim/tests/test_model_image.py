@@ -1,5 +1,6 @@
 """The memory image of a model (issue 14): per-layer parameter blocks and matrices, the head's
-parameters, the embedding and an untied LM head; one-layer images unchanged."""
+parameters, the embedding and an untied LM head; one-layer images unchanged.  Gated MLA layers
+(issue 15) too; Attention Residuals and LatentMoE refused in one line."""
 import subprocess
 import sys
 
@@ -9,12 +10,12 @@ import pytest
 from hw.image.format import ImageError, check_image, image_layout, param_blocks
 from hw.image.memory_map import memory_map, model_tensors
 from hw.image.param_map import model_param_maps, param_map
-from moekda.config import load_config
+from moekda.config import ConfigError, load_config
 from sim.models.image import qlayer_image, qmodel_from_image, qmodel_image, with_word
 from sim.models.int_model import int_run_model, int_run_stack
 from sim.models.params import random_model_params, random_tokens
 from sim.models.quantize import quantize_model, quantize_random_layer
-from sim.tests.model_cases import model_config, quick_model
+from sim.tests.model_cases import hybrid_model_config, model_config, quick_model
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -111,3 +112,52 @@ def test_cli_model_image(tmp_path):
     r = subprocess.run([sys.executable, "-m", "moekda", "image", "-c", "model-small", "--check", str(out)],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "made for config hash" in r.stderr and "\n" not in r.stderr.strip()
+
+
+def test_hybrid_model_image_round_trip():
+    """A model whose last layer is a Gated MLA one (layers kda, kda, kda, mla): its image
+    holds every integer, and the integer model on the image's model runs the same tokens."""
+    cfg = hybrid_model_config(n_heads=2, head_dim=8)
+    qm = quick_model(cfg, 2)[1]
+    assert [q.kind for q in qm.layers] == ["kda", "kda", "kda", "mla"]
+    img = qmodel_image(cfg, qm)
+    check_image(cfg, img)
+    assert len(img) == image_layout(cfg).length
+    back = qmodel_from_image(cfg, img)
+    assert [q.kind for q in back.layers] == ["kda", "kda", "kda", "mla"]
+    a, b = qm.to_flat(), back.to_flat()
+    assert {k for k in a if "scales." not in k} == {k for k in b if "scales." not in k}
+    for k, v in a.items():
+        if "scales." not in k:
+            assert np.array_equal(np.asarray(b[k]), np.asarray(v)), k
+    toks = random_tokens(cfg, 12, seed=5, model_seed=2)
+    assert np.array_equal(int_run_model(back, cfg, toks), int_run_model(qm, cfg, toks))
+    # the MLA layer's block: its values, its padding zeros, then res1 as a KDA layer's
+    _, pm, addr = param_blocks(cfg)[3]
+    assert pm.unpack(img[addr:addr + pm.nbytes])["mla.u_m"] == a["layers.3.mla.u_m"]
+
+
+def test_bad_hybrid_values_refused_naming_the_field():
+    from hw.image.format import pack_image
+    from hw.image.memory_map import model_flat_tensors
+    cfg = hybrid_model_config()
+    flat = quick_model(cfg, 3)[1].to_flat()
+    tensors = model_flat_tensors(cfg, flat)
+    with pytest.raises(ValueError, match=r"parameter layers\.3\.mla\.kv_norm\.s = 32: allowed range is 0 to 31"):
+        pack_image(cfg, {**flat, "layers.3.mla.kv_norm.s": np.int64(32)}, tensors)
+    with pytest.raises(ValueError, match=r"parameter layers\.3\.mla\.dkv\.out_bits = 8: this config fixes it to 16"):
+        pack_image(cfg, {**flat, "layers.3.mla.dkv.out_bits": np.int64(8)}, tensors)
+
+
+@pytest.mark.parametrize("model, needle", [({"attn_res": "full"}, 'model.attn_res = "full"'),
+                                           ({"moe_latent": 8}, "model.moe_latent = 8")])
+def test_attn_res_and_latent_moe_have_no_image(model, needle):
+    from hw.image.format import pack_image
+    cfg = hybrid_model_config(**model)
+    for build in (lambda: memory_map(cfg), lambda: image_layout(cfg), lambda: pack_image(cfg, {}, {}),
+                  lambda: qmodel_image(cfg, None), lambda: qmodel_from_image(cfg, b"")):
+        with pytest.raises(ConfigError) as e:
+            build()
+        msg = str(e.value)
+        assert msg.startswith(f"config {cfg.name}: {needle}: float and integer models only so far; "
+                              f"the memory image holds kda and mla layers") and "\n" not in msg
