@@ -59,6 +59,12 @@ def _mla_softmax(cfg):
     return unit, [Value.cast(v) for v in _flat_ports(unit)]
 
 
+def _mla(cfg):
+    from hw.mla.unit import default_mla
+    unit = default_mla(cfg)     # ConfigError (one line) for a config without an MLA layer
+    return unit, [Value.cast(v) for v in _flat_ports(unit)]
+
+
 def _head(cfg):
     from hw.chip.head import Head
     block = Head(cfg)           # ConfigError (one line) for a config without a vocabulary
@@ -73,10 +79,11 @@ TOPS: dict[str, Callable] = {
     "embed": _embed,    # the model chip's ends (configs with model.vocab > 0)
     "head": _head,
     "mla_softmax": _mla_softmax,   # a block of the hybrid's MLA layer (issue 15), before its chip
+    "mla": _mla,                   # the hybrid's MLA token mixer (issue 15), before its chip
 }
 
 # blocks of layer kinds the chip does not build yet: built for any config that has the kind
-LATER_KIND_BLOCKS = {"mla_softmax"}
+LATER_KIND_BLOCKS = {"mla_softmax", "mla"}
 
 
 def build_top(name: str, cfg):
