@@ -10,10 +10,14 @@ table), and the latents of the tokens so far are in the cache memory behind ``cp
 
 Ports
 -----
-``i``      stream, one beat per token: ``x`` (d_model int8, the normalised input) and
-           ``first`` (the token starts a new sequence for its layer and slot: position 0).
+``i``      stream, one beat per token: ``x`` (d_model int8, the normalised input).
 ``layer``  the token's model layer (an MLA layer of ``model.layers``); ``slot`` its
-           sequence slot.  Sampled with the accepted token, as on the KDA unit.
+           sequence slot; ``pos`` its position T in the sequence (0: a new sequence).
+           Sampled with the accepted token, as on the KDA unit.  The position comes from
+           outside because the owner counts it anyway (the model chip's ``seq``), and a
+           host that restores a saved cache resumes a sequence by giving its length.
+           The token reads rows 0 .. T-1 of its context and writes row T: the rows below
+           T must be the sequence's (the unit keeps nothing of a sequence but this port).
 ``o``      stream, one beat per token: d_model int8.
 ``wport``  weight port; ``cport`` cache port (hw/mla/cache.py).
 ``params`` the layer's MLA values; stable while a token is inside.
@@ -22,7 +26,7 @@ Ports
 Schedule of one token at position T of its context (W = port bytes = lanes, r = kv_rank,
 rb = beats per latent)
 ------------------------------------------------------------------------------------
-1. ACCEPT  latch x; T (0 on ``first``, else the context's count); request W_dkv, W_q,
+1. ACCEPT  latch x, T; request W_dkv, W_q,
            W_g, W_uk (contiguous).
 2. PROJ    the shared engine (hw/arith/matvec.py, requantising with each matrix's (m, s)):
            a = W_dkv x (resid_bits), q = W_q x, the gate code W_g x -> sigmoid table,
@@ -39,25 +43,25 @@ rb = beats per latent)
            h+1's scores: rb cycles per position and head, H rb (T + 1) in all.
 5. UV, O   request W_uv, W_o; o_h = W_uv,h ctx_h (int8), zo = round_shift(o gate,
            unit_frac) as each o leaves the engine, then out = W_o zo.
-6. OUTPUT  once the cache row is written; the context's count becomes T + 1.
+6. OUTPUT  once the cache row is written.
 
 Every cached row is read once per head (H T r bytes per token); cycles per token are
 about the weights' beats + H rb (T + 1) + the phases' latencies, growing linearly in T.
-A context holds ``cache_tokens(cfg)`` = 2**mla_context_bits positions: the sequence must
-start again (``first``) before it is full; the position counter wraps after it.
+A context holds ``cache_tokens(cfg)`` = 2**mla_context_bits positions, what ``pos`` can say.
 """
 from __future__ import annotations
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
-from amaranth.lib.wiring import In, Out
+from amaranth.lib.wiring import In, Out, connect
 
 from hw.arith.booth_multiply import booth_multiply
 from hw.arith.counter import ChunkedCounter, sparse_event_count
 from hw.arith.lut import LookupTable
 from hw.arith.matvec import MatVecEngine, MatVecFormats
 from hw.arith.pipeline import Pipe, plan_pipeline
+from hw.chip.skid import SkidBuffer
 from hw.chip.weight_port import WeightPortSignature, split_request
 from hw.image.memory_map import layer_bits, layer_prefix, memory_map, sequence_slots, slot_bits
 from hw.image.param_map import mla_norm_ss_bits, param_layout
@@ -131,9 +135,10 @@ class MlaUnit(wiring.Component):
         self.regions = [memory_map(cfg)[layer_prefix(cfg, self.layers[0]) + t] for _, t, _, _ in OPS]
         a = fm.act_bits
         super().__init__({
-            "i": In(stream.Signature(data.StructLayout({"x": data.ArrayLayout(signed(a), self.d), "first": 1}))),
+            "i": In(stream.Signature(data.StructLayout({"x": data.ArrayLayout(signed(a), self.d)}))),
             "layer": In(layer_bits(cfg)),
             "slot": In(slot_bits(cfg)),
+            "pos": In(fm.mla_context_bits),
             "o": Out(stream.Signature(data.ArrayLayout(signed(a), self.d))),
             "wport": Out(WeightPortSignature(self.W)),
             "cport": Out(CachePortSignature(self.W)),
@@ -171,7 +176,6 @@ class MlaUnit(wiring.Component):
         tok_ctx = Signal(range(max(2, C)))
         pos_bits = fm.mla_context_bits
         tok_pos = Signal(pos_bits)
-        POS = [Signal(pos_bits, name=f"pos{c}") for c in range(C)]   # tokens cached per context
         ctx_now = Signal(range(max(2, C)))
         k_now = Signal.like(tok_k)
         m.d.comb += k_now.eq(Array(Const(k, len(tok_k)) for k in k_of_layer)[self.layer])
@@ -290,16 +294,29 @@ class MlaUnit(wiring.Component):
         # ---- the engine's results -----------------------------------------------------------
         res = eng.o.payload
         is_score = res.tag == SCORE
+        # (score, latent, last) into the softmax through a register slice: the engine's FIFO
+        # read mux and the tag compare ended in the softmax's stage 1 and in this position
+        # count (-0.217 ns at tiny's 1.25 ns without the slice and the count's look-ahead)
         m.submodules.softmax = sm = mla_softmax(cfg)
-        m.d.comb += [sm.i.valid.eq(eng.o.valid & is_score & lat_fifo.r_rdy),
-                     sm.i.payload.u.eq(res.y), sm.i.payload.c.eq(lat_fifo.r_data),
-                     eng.o.ready.eq(Mux(is_score, sm.i.ready & lat_fifo.r_rdy, 1))]
-        sm_pos = Signal(pos_bits)
-        m.d.comb += sm.i.payload.last.eq(sm_pos == tok_pos)
-        sm_take = sm.i.valid & sm.i.ready
-        m.d.comb += lat_fifo.r_en.eq(sm_take)
-        with m.If(sm_take):
-            m.d.sync += sm_pos.eq(Mux(sm_pos == tok_pos, 0, sm_pos + 1))
+        m.submodules.softmax_slice = sk = SkidBuffer(sm.i.payload.shape())
+        connect(m, sk.o, sm.i)
+        m.d.comb += [sk.i.valid.eq(eng.o.valid & is_score & lat_fifo.r_rdy),
+                     sk.i.payload.u.eq(res.y), sk.i.payload.c.eq(lat_fifo.r_data),
+                     eng.o.ready.eq(Mux(is_score, sk.i.ready & lat_fifo.r_rdy, 1))]
+        # the head's position count as a look-ahead: the next position (a ChunkedCounter, so
+        # the acceptance selects rather than enters a carry chain) and whether it is the
+        # head's last are registers
+        sm_next, sm_last = ChunkedCounter(pos_bits + 1, name="sm_next"), Signal()
+        sm_start = Signal()          # set by the phase control: a token's first head begins
+        m.d.comb += sk.i.payload.last.eq(sm_last)
+        sm_take = sk.i.valid & sk.i.ready
+        m.d.comb += [lat_fifo.r_en.eq(sm_take), sm_next.inc.eq(sm_take & ~sm_last)]
+        sm_next.load(sm_start | (sm_take & sm_last), Const(1, pos_bits + 1))
+        sm_next.elaborate(m)
+        with m.If(sm_start | (sm_take & sm_last)):
+            m.d.sync += sm_last.eq(tok_pos == 0)
+        with m.Elif(sm_take):
+            m.d.sync += sm_last.eq(sm_next.value == tok_pos)
         ctx_head = Signal(range(H + 1))
         m.d.comb += sm.o.ready.eq(1)
         with m.If(sm.o.valid):
@@ -308,14 +325,16 @@ class MlaUnit(wiring.Component):
                     m.d.sync += [CTX[h * r + e].eq(sm.o.payload[e]) for e in range(r)]
             m.d.sync += ctx_head.eq(ctx_head + 1)
 
-        # matrix rows: one row counter walks each op's rows (results come in feed order)
+        # matrix rows: registered first (the engine FIFO's read mux is most of a cycle), then
+        # one row counter walks each op's rows (results come in feed order)
         res_row = Signal.like(f_row)
-        mat_res = eng.o.valid & ~is_score
-        with m.If(mat_res):
-            m.d.sync += res_row.eq(Mux(res_row == Array(Const(reg.rows - 1) for reg in regions)[res.tag], 0,
+        r1_valid, r1_op, r1_y = Signal(), Signal(3), Signal(signed(fmt.out_bits))
+        m.d.sync += [r1_valid.eq(eng.o.valid & ~is_score), r1_op.eq(res.tag), r1_y.eq(res.y)]
+        with m.If(r1_valid):
+            m.d.sync += res_row.eq(Mux(res_row == Array(Const(reg.rows - 1) for reg in regions)[r1_op], 0,
                                        res_row + 1))
         r2_valid, r2_op, r2_row, r2_y = Signal(), Signal(3), Signal.like(f_row), Signal(signed(fmt.out_bits))
-        m.d.sync += [r2_valid.eq(mat_res), r2_op.eq(res.tag), r2_row.eq(res_row), r2_y.eq(res.y)]
+        m.d.sync += [r2_valid.eq(r1_valid), r2_op.eq(r1_op), r2_row.eq(res_row), r2_y.eq(r1_y)]
 
         def store(buf, idx, value):
             m.d.sync += Array(buf)[idx].eq(value)
@@ -412,7 +431,7 @@ class MlaUnit(wiring.Component):
                     m.d.sync += [req_idx.eq(0), req_end.eq(self.n_first), f_op.eq(0), f_row.eq(0),
                                  f_sub.eq(0), f_head.eq(0), f_beat.eq(0), res_row.eq(0),
                                  tok_k.eq(k_now), tok_ctx.eq(ctx_now),
-                                 tok_pos.eq(Mux(self.i.payload.first, 0, Array(POS)[ctx_now]))]
+                                 tok_pos.eq(self.pos)]
                     m.d.comb += token_clear.eq(1)
                     m.next = "PROJ"
             with m.State("PROJ"):
@@ -424,8 +443,9 @@ class MlaUnit(wiring.Component):
                     m.next = "NORM"
             with m.State("NORM"):
                 with m.If(~norm.busy & ~norm.start):
+                    m.d.comb += sm_start.eq(1)
                     m.d.sync += [sc_active.eq(1), sc_head.eq(0), sc_pos.eq(0), sc_beat.eq(0), sc_done.eq(0),
-                                 sm_pos.eq(0), ctx_head.eq(0), rq_head.eq(0), rq_pos.eq(0),
+                                 ctx_head.eq(0), rq_head.eq(0), rq_pos.eq(0),
                                  rq_active.eq(tok_pos != 0), wr_active.eq(1), wr_beat.eq(0)]
                     m.next = "SCORE"
             with m.State("SCORE"):
@@ -436,8 +456,7 @@ class MlaUnit(wiring.Component):
                 wait_zo = (f_op == OP["o"]) & (f_row == 0) & (f_beat == 0) & ~drained
                 m.d.comb += feed_enable.eq((f_op < len(OPS)) & ~wait_zo)
                 with m.If((f_op == len(OPS)) & drained & ~wr_active):
-                    m.d.sync += [token_cycles.eq(token_count.value),
-                                 Array(POS)[tok_ctx].eq(tok_pos + 1)]
+                    m.d.sync += token_cycles.eq(token_count.value)
                     m.next = "OUTPUT"
             with m.State("OUTPUT"):
                 m.d.comb += self.o.valid.eq(1)

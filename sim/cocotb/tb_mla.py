@@ -5,13 +5,16 @@ sequences start, the expected outputs - is made in the pytest process by ``mla_c
 one quantised model and handed over in one .npz file (MOEKDA_CASE).  The inputs are the
 model's own: each MLA layer's ``xn_unit`` from the integer model run on a token sequence
 (sim/models/int_model.py); the expectations are ``int_mla_step`` with each (slot, layer)'s
-own cache, restarted where ``first`` is set and dropped by a reset.
+own cache, restarted where ``first`` is set and dropped by a reset.  The bench gives each
+token's position in its cache on ``pos``.  ``long_mla_case``: one long sequence whose first
+tokens' latents the bench writes into the cache memory before the run (a host restoring a
+saved cache), so the unit's tokens attend over a 4096-row cache in a few thousand cycles.
 
 The bench drives the unit's two memories: the weight memory (sim/cocotb/weight_memory.py)
 and a cache memory (``CacheMemory`` below: the same read timing, plus writes), both with
-random stalls when MOEKDA_STALL=1, and back-pressure on ``o``.  ``layer`` and ``slot`` carry
-noise between acceptances.  A reset inside token ``reset_in`` drops that token and every
-cache (the unit's positions restart at 0; the memory's stale rows must not be read).
+random stalls when MOEKDA_STALL=1, and back-pressure on ``o``.  ``layer``, ``slot`` and ``pos``
+carry noise between acceptances.  A reset inside token ``reset_in`` drops that token; the
+sequences start again after it (position 0: the memory's stale rows must not be read).
 Checks: every output, the unit's ``tokens`` count, and that the cache memory holds each
 written latent at its address (hw/mla/cache.py ``cache_address``).  Writes the
 ``token_cycles`` of each token to MOEKDA_CYCLES_OUT.
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw.image.memory_map import layer_bits, sequence_slots, slot_bits
+from hw.image.memory_map import layer_bits, slot_bits
 from hw.image.param_map import region_value
 from hw.mla.cache import cache_address, cache_bytes, cache_context, mla_layers
 from moekda.config import load_config
@@ -44,6 +47,7 @@ class MlaCase:
     latents: np.ndarray  # (T, r) int8: the latent each token appends to its cache
     pos: np.ndarray     # (T,) its position in its cache
     reset_in: int = -1
+    prefill: int = 0    # tokens 0 .. prefill-1 are not run: their latents are written into the cache
 
 
 def mla_case(config: str, seed: int, layers, slots, first=(), reset_in: int = -1) -> MlaCase:
@@ -85,11 +89,49 @@ def mla_case(config: str, seed: int, layers, slots, first=(), reset_in: int = -1
     return MlaCase(cfg, qmodel_image(cfg, qm), params, xn, starts, want, layers, slots, latents, pos, reset_in)
 
 
+def long_mla_case(config: str, seed: int, context: int, run: int = 2) -> MlaCase:
+    """One sequence of ``context`` tokens on the last MLA layer, slot 0: the first
+    ``context - run`` latents prefilled, the last ``run`` tokens run (the last attends over
+    ``context`` rows, its own included).  Inputs: the layer's RMSNorm of residual-stream-like
+    vectors (sim/models/params.py random_inputs), as the KDA bench's; the integer model gives
+    every latent and the run tokens' outputs."""
+    from sim.models.image import qmodel_image
+    from sim.models.int_layer import quantize_input
+    from sim.models.int_mla import IntMLACache, int_mla_step
+    from sim.models.int_ops import int_linear, int_normalize, int_rmsnorm
+    from sim.models.params import random_inputs
+    from sim.tests.model_cases import quick_model
+    cfg = load_config(config)
+    fm = formats_for(cfg)
+    _, qm = quick_model(cfg, seed)
+    l = mla_layers(cfg)[-1]
+    q = qm.layers[l]
+    x = quantize_input(random_inputs(cfg, context, seed=seed + 1, model_seed=seed), q, cfg)
+    xn = int_rmsnorm(x, q.attn_norm, fm)
+    T = context
+    want, latents = np.zeros_like(xn), np.zeros((T, cfg.model.kv_rank), np.int64)
+    cache = IntMLACache()
+    for t in range(T):
+        if t < T - run:
+            # only the latent of a prefilled token is needed: a = W_dkv xn, then its norm
+            a = int_linear(q.mla.dkv, xn[t], fm, "mla dkv")
+            c = int_normalize(a[None, :], q.mla.kv_norm, fm, fm.act_bits)[0]
+            cache = IntMLACache(cache.latents + [c])
+        else:
+            cache, want[t] = int_mla_step(q.mla, cfg, fm, cache, xn[t])
+        latents[t] = cache.latents[-1]
+    starts = np.zeros(T, bool)
+    starts[0] = True
+    params = {l: region_value(cfg, q.to_flat(), "mla", mixer=cfg.model.mixers[l], kind="mla")}
+    return MlaCase(cfg, qmodel_image(cfg, qm), params, xn, starts, want, np.full(T, l), np.zeros(T, np.int64),
+                   latents, np.arange(T), -1, T - run)
+
+
 def save_case(case: MlaCase, path) -> None:
     ls = sorted(case.params)
     nbytes = max(1, max(-(-case.params[l].bit_length() // 8) for l in ls))
     np.savez(path, config=case.cfg.source, xn=case.xn, first=case.first, want=case.want, layer=case.layer,
-             slot=case.slot, latents=case.latents, pos=case.pos, reset_in=case.reset_in,
+             slot=case.slot, latents=case.latents, pos=case.pos, reset_in=case.reset_in, prefill=case.prefill,
              image=np.frombuffer(case.image, dtype=np.uint8), param_layers=np.array(ls),
              params=np.array([np.frombuffer(case.params[l].to_bytes(nbytes, "little"), dtype=np.uint8) for l in ls]))
 
@@ -98,7 +140,7 @@ def case_from_env() -> MlaCase:
     z = np.load(os.environ["MOEKDA_CASE"])
     params = {int(l): int.from_bytes(p.tobytes(), "little") for l, p in zip(z["param_layers"], z["params"])}
     return MlaCase(load_config(str(z["config"])), z["image"].tobytes(), params, z["xn"], z["first"], z["want"],
-                   z["layer"], z["slot"], z["latents"], z["pos"], int(z["reset_in"]))
+                   z["layer"], z["slot"], z["latents"], z["pos"], int(z["reset_in"]), int(z["prefill"]))
 
 
 def mla_bound(cfg, context: int) -> float:
@@ -175,6 +217,7 @@ if cocotb is not None:
         def port_noise():
             dut.layer.value = noise.randrange(1 << layer_bits(cfg))
             dut.slot.value = noise.randrange(1 << slot_bits(cfg))
+            dut.pos.value = noise.randrange(1 << fm.mla_context_bits)
 
         cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
         dut.rst.value = 1
@@ -187,18 +230,22 @@ if cocotb is not None:
                             **kw).start()
         cmem = CacheMemory(dut, cache_bytes(cfg), W, cfg.hw.weight_port_latency, seed=rng.randrange(1 << 30),
                            write_stall=0.3 if stall else 0.0, **kw).start()
+        for t in range(case.prefill):       # the host restores the sequence's cache
+            addr = cache_address(cfg, cache_context(cfg, int(case.slot[t]), int(case.layer[t])), int(case.pos[t]))
+            cmem.image[addr:addr + r] = (case.latents[t] & 0xFF).astype(np.uint8).tobytes()
         for _ in range(3):
             await RisingEdge(dut.clk)
         await FallingEdge(dut.clk)
         dut.rst.value = 0
 
-        sent = got = waited = 0
+        sent = got = case.prefill
+        waited = 0
         offering = just_taken = False
         params_of, params_settled = int(case.layer[0]), True
         reset_countdown = -1
         cycles = []
         bound = mla_bound(cfg, int(case.pos.max()))
-        limit = cycle_limit(bound, T)
+        limit = cycle_limit(bound, T - case.prefill)
         while got < T:
             await FallingEdge(dut.clk)
             waited += 1
@@ -230,9 +277,10 @@ if cocotb is not None:
                 dut.params.value = case.params[nxt]     # no token inside: the next layer's values
                 params_of, params_settled = nxt, False
             elif not offering and sent < T and params_settled and got == sent and (not stall or rng.random() < 0.7):
-                dut.i__payload.value = pack(case.xn[sent], a) | (int(case.first[sent]) << (d * a))
+                dut.i__payload.value = pack(case.xn[sent], a)
                 dut.layer.value = int(case.layer[sent])
                 dut.slot.value = int(case.slot[sent])
+                dut.pos.value = int(case.pos[sent])
                 offering = True
             else:
                 params_settled = True
@@ -257,10 +305,10 @@ if cocotb is not None:
         for _ in range(2):
             await RisingEdge(dut.clk)
         await ReadOnly()
-        since = T - case.reset_in - 1 if case.reset_in >= 0 else T
+        since = T - case.reset_in - 1 if case.reset_in >= 0 else T - case.prefill
         assert int(dut.tokens.value) == since, f"tokens = {int(dut.tokens.value)}, {since} outputs since reset"
         # every completed token's latent is in the cache memory at its row
-        for t in range(T):
+        for t in range(case.prefill, T):
             if t == case.reset_in:
                 continue
             ctx = cache_context(cfg, int(case.slot[t]), int(case.layer[t]))
@@ -274,6 +322,6 @@ if cocotb is not None:
         if path:
             with open(path, "w") as f:
                 f.write("\n".join(map(str, cycles)) + "\n")
-        dut._log.info(f"{T} tokens bit-exact; token_cycles {cycles[:4]} .. {cycles[-4:]}; weight bytes "
+        dut._log.info(f"{T - case.prefill} tokens bit-exact (positions up to {case.pos.max()}); token_cycles {cycles[:4]} .. {cycles[-4:]}; weight bytes "
                       f"{wmem.counters.bytes}, cache bytes read {cmem.counters.bytes}, beats written {cmem.writes}; "
                       f"cycles used {waited} of limit {limit}")

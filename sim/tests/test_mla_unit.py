@@ -33,9 +33,9 @@ def mla_config(base: str, layers, kv_rank: int) -> str:
     return str(path)
 
 
-def run_mla(config: str, layers, slots, first=(), reset_in=-1, stall=True, seed=0, name="run"):
+def run_mla(config: str, layers, slots, first=(), reset_in=-1, stall=True, seed=0, name="run", case=None):
     from sim.cocotb.tb_mla import mla_case, save_case
-    case = mla_case(config, seed, layers, slots, first, reset_in)
+    case = case or mla_case(config, seed, layers, slots, first, reset_in)
     run_dir = REPO_ROOT / "build" / load_config(config).name / "sim" / "mla" / "cases"
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / f"{name}.npz"
@@ -63,6 +63,17 @@ def test_mla_unit_matches_model_icarus(tiny_mla):
     case, cycles = run_mla(tiny_mla, layers, slots, first=(21,), reset_in=30, name="interleaved")
     assert case.pos.max() >= 7 and case.pos[31:].max() < case.pos[:30].max()   # long caches, then anew
     assert case.first[21] and len(cycles) == T - 1
+
+
+@pytest.mark.slow
+@needs_icarus
+def test_mla_unit_at_context_4096_icarus(tiny_mla):
+    """(slow: 174 s, most of it the integer model's 4096 tokens) The last two tokens of a 4096-token sequence, the cache's first 4094 rows restored by
+    the host: the last token attends over 4096 positions, bit for bit."""
+    from sim.cocotb.tb_mla import long_mla_case
+    case = long_mla_case(tiny_mla, 4, 4096)
+    case, cycles = run_mla(tiny_mla, None, None, stall=True, seed=4, name="context4096", case=case)
+    assert case.pos[-1] == 4095 and len(cycles) == 2
 
 
 @pytest.mark.slow
