@@ -249,12 +249,11 @@ def test_kda_sram_cycles_constant_and_near_flops():
     assert 0 <= sram[0] - flops[0] <= 8, (flops[0], sram[0])
 
 
-@needs_verilator
-@pytest.mark.verilator
 def test_kda_cycles_constant_short():
-    """Without stalls every token costs the same cycles; same RTL as the 512-token run,
-    so the Verilator model is built once."""
-    cycles = run_kda(sim_config("tiny"), "verilator", 64, stall=False, seed=1)
+    """Without stalls every token costs the same cycles.  On Icarus, whose build the other
+    tests of this file share: on Verilator it was the suite's only user of that build
+    (155 s, most of it the build); the 4096-token check below stays on Verilator."""
+    cycles = run_kda(sim_config("tiny"), "icarus", 16, stall=False, seed=1)
     assert len(set(cycles)) == 1, cycles
 
 
