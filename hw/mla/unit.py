@@ -257,9 +257,13 @@ class MlaUnit(wiring.Component):
         cn_groups = _groups(CN, W, a)
         qa_groups = Array(Array(_groups(QA[h * r:(h + 1) * r], W, a)) for h in range(H))
         sc_w = Mux(from_cache, self.cport.resp.payload.data, Array(cn_groups)[sc_beat])
-        # a latent waits here from its row's last beat until its score leaves the results'
-        # slice: at most the engine's rows in flight, its FIFO's, and the slice's two
-        m.submodules.latents = lat_fifo = SyncFIFO(width=r * a, depth=eng.fifo_depth + 3)
+        # a latent waits here from its row's last beat until its score leaves the results
+        # slice, the engine's latency and the slice's later: at full rate (a row every rb
+        # cycles) that is (latency + 2) / rb rows, plus room for the softmax's rescale
+        # stalls; a full FIFO holds the feeder (w_rdy), so the depth costs only speed
+        # (the engine's whole credit, latency + 5 rows, was 39k um2 of flops on small)
+        lat_depth = -(-(eng.latency + 2) // rb) + 3
+        m.submodules.latents = lat_fifo = SyncFIFO(width=r * a, depth=lat_depth)
         sc_valid = sc_active & (~from_cache | self.cport.resp.valid) & lat_fifo.w_rdy
         sc_go = sc_valid & eng.i.ready
         m.d.comb += self.cport.resp.ready.eq(sc_active & from_cache & eng.i.ready & lat_fifo.w_rdy)
