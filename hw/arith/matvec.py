@@ -43,7 +43,7 @@ from zero.
 """
 from __future__ import annotations
 
-from amaranth.hdl import Module, Mux, Signal, Value, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
@@ -52,6 +52,13 @@ from amaranth.utils import ceil_log2
 from hw.arith.booth_multiply import barrel_shift_saturate, rounding_word, saturate  # noqa: F401 (saturate: re-exported)
 from hw.arith.carry_save import booth_partial_products, compress_3_2, pipelined_add, reduce_to_two, sign_extend
 from hw.arith.pipeline import Pipe, PipelinePlan, plan_pipeline
+
+
+def port_groups(vec, lanes: int, bits: int) -> list:
+    """A vector of signed ``bits``-wide values cut into ``lanes``-wide groups, zero-padded:
+    the engine's ``x`` for each beat of a row (one weight-port beat per engine beat)."""
+    return [Cat(*[vec[g * lanes + k] if g * lanes + k < len(vec) else Const(0, signed(bits))
+                  for k in range(lanes)]) for g in range(-(-len(vec) // lanes))]
 
 
 class MatVecFormats:

@@ -83,7 +83,7 @@ from hw.arith.booth_multiply import booth_multiply, requantise
 from hw.arith.counter import sparse_event_count
 from hw.arith.carry_save import pipelined_add
 from hw.kda.delta import DeltaRule
-from hw.arith.matvec import MatVecEngine
+from hw.arith.matvec import MatVecEngine, port_groups
 from hw.kda.norm import Normalizer
 from hw.arith.lut import LookupTable
 from hw.image.memory_map import (layer_bits, layer_count, layer_prefix, memory_map, sequence_slots, slot_bits,
@@ -163,15 +163,6 @@ class KdaUnit(wiring.Component):
         })
 
     # -- helpers ------------------------------------------------------------------
-    def _groups(self, vec, bits):
-        """A vector cut into port-wide groups (the MAC's x per beat), zero-padded."""
-        W = self.W
-        out = []
-        for g in range(-(-len(vec) // W)):
-            lanes = [vec[g * W + l] if g * W + l < len(vec) else Const(0, signed(bits)) for l in range(W)]
-            out.append(Cat(*lanes))
-        return out
-
     def elaborate(self, platform):
         m = Module()
         cfg, fm, P = self.cfg, self.fm, self.params
@@ -242,8 +233,8 @@ class KdaUnit(wiring.Component):
         # ---- the projection feeder: response beats + input groups -> MAC ----------------
         # the regions' shapes (rows, beats per row) are every layer's: layer 0's stand for all
         regions = [self.mm[layer_prefix(cfg, 0) + t] for _, t, _, _ in OPS]
-        sources = {"x": self._groups(X, a), "fd": self._groups(FD, a), "gd": self._groups(GD, a),
-                   "zo": self._groups(ZO, a)}
+        sources = {"x": port_groups(X, W, a), "fd": port_groups(FD, W, a), "gd": port_groups(GD, W, a),
+                   "zo": port_groups(ZO, W, a)}
         n_ops = len(OPS)
         f_op = Signal(range(n_ops + 1))
         f_row = Signal(range(max(reg.rows for reg in regions)))

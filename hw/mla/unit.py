@@ -59,7 +59,7 @@ from amaranth.lib.wiring import In, Out, connect
 from hw.arith.booth_multiply import booth_multiply
 from hw.arith.counter import ChunkedCounter, sparse_event_count
 from hw.arith.lut import LookupTable
-from hw.arith.matvec import MatVecEngine, MatVecFormats
+from hw.arith.matvec import MatVecEngine, MatVecFormats, port_groups
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.chip.skid import SkidBuffer
 from hw.chip.weight_port import WeightPortSignature, split_request
@@ -97,12 +97,6 @@ def mla_requests(cfg, layer: int) -> tuple[list[tuple[int, int]], list[tuple[int
         addr, nbytes = mm.span([prefix + t for _, t, _, _ in ops])
         return split_request(addr, nbytes // W, W)
     return reads(FIRST_READ), reads(SECOND_READ)
-
-
-def _groups(vec, W: int, bits: int):
-    """A vector cut into port-wide groups (the engine's x per beat), zero-padded."""
-    return [Cat(*[vec[g * W + k] if g * W + k < len(vec) else Const(0, signed(bits)) for k in range(W)])
-            for g in range(-(-len(vec) // W))]
 
 
 def require_mla(cfg) -> None:
@@ -223,8 +217,8 @@ class MlaUnit(wiring.Component):
         f_head = Signal(range(max(2, H)))
         f_beat = Signal(range(max(reg.row_beats for reg in regions)))
         feed_enable = Signal()
-        sources = {"x": [_groups(X, W, a)], "q": [_groups(Q[h * dh:(h + 1) * dh], W, a) for h in range(H)],
-                   "ctx": [_groups(CTX[h * r:(h + 1) * r], W, a) for h in range(H)], "zo": [_groups(ZO, W, a)]}
+        sources = {"x": [port_groups(X, W, a)], "q": [port_groups(Q[h * dh:(h + 1) * dh], W, a) for h in range(H)],
+                   "ctx": [port_groups(CTX[h * r:(h + 1) * r], W, a) for h in range(H)], "zo": [port_groups(ZO, W, a)]}
         x_group = Signal(W * a)
         with m.Switch(f_op):
             for n, (_, _, _, src) in enumerate(OPS):
@@ -254,8 +248,8 @@ class MlaUnit(wiring.Component):
         sc_pos = Signal(pos_bits)
         sc_beat = Signal(range(max(2, rb)))
         from_cache = sc_pos != tok_pos
-        cn_groups = _groups(CN, W, a)
-        qa_groups = Array(Array(_groups(QA[h * r:(h + 1) * r], W, a)) for h in range(H))
+        cn_groups = port_groups(CN, W, a)
+        qa_groups = Array(Array(port_groups(QA[h * r:(h + 1) * r], W, a)) for h in range(H))
         sc_w = Mux(from_cache, self.cport.resp.payload.data, Array(cn_groups)[sc_beat])
         # a latent waits here from its row's last beat until its score leaves the results
         # slice, the engine's latency and the slice's later: at full rate (a row every rb

@@ -97,8 +97,8 @@ def long_mla_case(config: str, seed: int, context: int, run: int = 2) -> MlaCase
     every latent and the run tokens' outputs."""
     from sim.models.image import qmodel_image
     from sim.models.int_layer import quantize_input
-    from sim.models.int_mla import IntMLACache, int_mla_step
-    from sim.models.int_ops import int_linear, int_normalize, int_rmsnorm
+    from sim.models.int_mla import IntMLACache, int_mla_latent, int_mla_step
+    from sim.models.int_ops import int_rmsnorm
     from sim.models.params import random_inputs
     from sim.tests.model_cases import quick_model
     cfg = load_config(config)
@@ -113,10 +113,7 @@ def long_mla_case(config: str, seed: int, context: int, run: int = 2) -> MlaCase
     cache = IntMLACache()
     for t in range(T):
         if t < T - run:
-            # only the latent of a prefilled token is needed: a = W_dkv xn, then its norm
-            a = int_linear(q.mla.dkv, xn[t], fm, "mla dkv")
-            c = int_normalize(a[None, :], q.mla.kv_norm, fm, fm.act_bits)[0]
-            cache = IntMLACache(cache.latents + [c])
+            cache = IntMLACache(cache.latents + [int_mla_latent(q.mla, fm, xn[t])[1]])
         else:
             cache, want[t] = int_mla_step(q.mla, cfg, fm, cache, xn[t])
         latents[t] = cache.latents[-1]

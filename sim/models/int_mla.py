@@ -78,6 +78,13 @@ def online_softmax(u, c, fm: Formats, sum_bits: int, acc_bits: int, out_bits: in
     return saturate(np.sign(acc) * mag, out_bits)
 
 
+def int_mla_latent(q: QMLA, fm: Formats, xn):
+    """(a, c_unit): the token's latent before and after its RMSNorm, what it appends to the
+    cache (a bench restoring a cache needs only this part of the step)."""
+    a = int_linear(q.dkv, xn, fm, "mla dkv")
+    return a, int_normalize(a[..., None, :], q.kv_norm, fm, fm.act_bits)[..., 0, :]
+
+
 def int_mla_step(q: QMLA, cfg: Config, fm: Formats, cache: IntMLACache, xn, trace=None):
     """One token through the MLA block. xn: (d,) int8 (or (..., d): a batch of sequences, the
     cache batched alike). Returns (new cache, out (d,) int8); the cache passed in is unchanged."""
@@ -85,8 +92,7 @@ def int_mla_step(q: QMLA, cfg: Config, fm: Formats, cache: IntMLACache, xn, trac
     H, dh = m.n_heads, m.head_dim
     xn = check_width(np.asarray(xn, dtype=np.int64), fm.act_bits, "mla input")
     t = trace if trace is not None else {}
-    t["mla_a"] = int_linear(q.dkv, xn, fm, "mla dkv")
-    c = int_normalize(t["mla_a"][..., None, :], q.kv_norm, fm, fm.act_bits)[..., 0, :]
+    t["mla_a"], c = int_mla_latent(q, fm, xn)
     t["mla_c_unit"] = c
     cache = IntMLACache(cache.latents + [c])
     t["mla_q"] = int_linear(q.q_proj, xn, fm, "mla q_proj")
