@@ -90,6 +90,8 @@ class PnrPaths:
     @property
     def config_tcl(self) -> Path: return self.root / "config.tcl"
     def odb(self, stage: Stage) -> Path: return self.root / f"{stage.step}_{stage.name}.odb"
+    @property
+    def stages_json(self) -> Path: return self.root / "stages.json"
     def log(self, stage: Stage) -> Path: return self.build.log(f"pnr_{stage.name}")
     @property
     def final_odb(self) -> Path: return self.root / f"{self.build.top}.odb"
@@ -312,6 +314,49 @@ def collect_metrics(paths: PnrPaths) -> dict[str, object]:
     overflow = global_route_overflow(paths.log(stage_named("global_route")))
     if overflow is not None:
         metrics["globalroute__congestion__overflow"] = overflow
+    metrics.update(stage_record_metrics(read_stage_records(paths)))
+    return metrics
+
+
+# ---- what each stage's run was: kept as it ends, so a run carried over several sessions
+# (`moekda pnr --from STAGE` after an interrupted one) keeps every stage's wall time
+
+def read_stage_records(paths: PnrPaths) -> dict[str, dict]:
+    return json.loads(paths.stages_json.read_text()) if paths.stages_json.is_file() else {}
+
+
+def start_stage_records(paths: PnrPaths, start: int) -> None:
+    """A run from stage ``start``: the records of that stage and later ones are void (from 0:
+    a new run, all of them)."""
+    names = {s.name for s in STAGES[:start]}
+    kept = {k: v for k, v in read_stage_records(paths).items() if k in names}
+    paths.stages_json.write_text(json.dumps(kept, indent=2) + "\n")
+
+
+def write_stage_record(paths: PnrPaths, stage: Stage, seconds: float) -> None:
+    """A finished stage: its wall time, the commit its scripts ran at, when it ended."""
+    import datetime
+    from flow.provenance import git_commit
+    records = read_stage_records(paths)
+    commit, changed = git_commit()
+    records[stage.name] = {"seconds": round(seconds, 1), "commit": commit, "working_tree_changed": changed,
+                           "ended": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    paths.stages_json.write_text(json.dumps(records, indent=2) + "\n")
+
+
+def stage_record_metrics(records: dict[str, dict]) -> dict[str, object]:
+    """Each recorded stage's wall time (``pnr__<stage>__runtime__s``) and the run's commit:
+    the first stage's; the working tree counts as changed if any stage's was, or if the
+    stages ran at different commits (stages.json has each one's)."""
+    metrics: dict[str, object] = {}
+    ordered = [records[s.name] for s in STAGES if s.name in records]
+    for s in STAGES:
+        if s.name in records:
+            metrics[f"pnr__{s.name}__runtime__s"] = records[s.name]["seconds"]
+    if ordered:
+        metrics["pnr__git_commit"] = ordered[0]["commit"]
+        metrics["pnr__git_working_tree_changed"] = (any(r["working_tree_changed"] for r in ordered)
+                                                    or len({r["commit"] for r in ordered}) > 1)
     return metrics
 
 
@@ -438,17 +483,14 @@ def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: in
         raise UserError(f"pnr --from {first}: no {paths.odb(STAGES[start - 1])} from stage "
                         f"{STAGES[start - 1].name}; run from an earlier stage")
     write_config_tcl(pnr_settings(cfg, kit, paths, build.netlist, build.sdc), paths.config_tcl)
-    runtimes: dict[str, object] = {}
+    start_stage_records(paths, start)
     for i, stage in enumerate(STAGES[start:], start + 1):
         progress(f"pnr [{i}/{len(STAGES)}] {stage.name}: {stage.title} ...")
         seconds = run_stage(openroad, stage, paths, threads)
-        runtimes[f"pnr__{stage.name}__runtime__s"] = round(seconds, 1)
+        write_stage_record(paths, stage, seconds)
         progress(f"pnr [{i}/{len(STAGES)}] {stage.name}: done in {seconds:.1f} s (log {paths.log(stage)})")
+    # every stage's wall time and the run's commit come from stages.json (collect_metrics)
     metrics = collect_metrics(paths)
-    metrics.update(runtimes)
-    if start == 0:      # the commit the scripts ran at, for the committed record (pnr --record)
-        from flow.provenance import git_commit
-        metrics["pnr__git_commit"], metrics["pnr__git_working_tree_changed"] = git_commit()
     # OpenRCX without usable rules warns and writes an empty SPEF, exit code 0: the
     # post-route numbers would then be of unloaded wires, so the run fails here
     nets = spef_net_count(paths.final_spef)

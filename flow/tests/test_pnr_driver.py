@@ -18,7 +18,7 @@ import pytest
 
 from flow.openroad.check import stub_tcl
 from flow.paths import BuildPaths
-from flow.pnr import (STAGES, PnrPaths, count_drc_violations, find_openroad, merge_metrics, read_metrics_file,
+from flow.pnr import (STAGES, PnrPaths, stage_named, count_drc_violations, find_openroad, merge_metrics, read_metrics_file,
                       run_pnr)
 from moekda import cli
 from moekda.cli import UserError
@@ -293,3 +293,28 @@ Total          4333243       1239000           28.60%             0 /  0 / 0
     assert global_route_overflow(log) == 0          # the last route of the stage counts
     log.write_text("no table\n")
     assert global_route_overflow(log) is None and global_route_overflow(tmp_path / "none.log") is None
+
+
+def test_a_run_carried_over_an_interruption_keeps_every_stage_s_time(synthesised, monkeypatch):
+    """A long run stopped part way (a failed stage, or a session that ended) and resumed with
+    --from: the stages that finished before keep their wall times and the run its commit,
+    as each stage writes its record (stages.json) when it ends, not when the run does."""
+    pytest.importorskip("klayout.db", reason="KLayout Python module not installed (pip install klayout==0.30.12)")
+    cfg, build, fake = synthesised
+    kit = find_kit(("liberty", "tech_lef", "cell_lef", "gds"))
+    paths = PnrPaths(build)
+    monkeypatch.setenv("FAKE_FAIL_STAGE", "cts")
+    with pytest.raises(UserError, match="pnr stage cts failed"):
+        run_pnr(cfg, build, kit, fake, progress=lambda _: None)
+    done = list(json.loads(paths.stages_json.read_text()))
+    assert done == [s.name for s in STAGES[:STAGES.index(stage_named("cts"))]]
+    monkeypatch.delenv("FAKE_FAIL_STAGE")
+    run_pnr(cfg, build, kit, fake, first="cts", progress=lambda _: None)
+    merged = json.loads(build.metrics.read_text())
+    assert all(f"pnr__{s.name}__runtime__s" in merged for s in STAGES)
+    assert len(merged["pnr__git_commit"]) == 40 or merged["pnr__git_commit"] == "unknown"
+    # a new run from the first stage voids the records of the earlier one
+    monkeypatch.setenv("FAKE_FAIL_STAGE", "pins")
+    with pytest.raises(UserError):
+        run_pnr(cfg, build, kit, fake, progress=lambda _: None)
+    assert list(json.loads(paths.stages_json.read_text())) == ["floorplan", "tapcell", "pdn"]
