@@ -82,7 +82,8 @@ TOPS: dict[str, Callable] = {
     "mla": _mla,                   # the hybrid's MLA token mixer (issue 15), before its chip
 }
 
-# blocks of layer kinds the chip does not build yet: built for any config that has the kind
+# the MLA blocks alone: built for any config with an "mla" layer, also one the chip refuses
+# (AttnRes, LatentMoE), so the MLA unit can be synthesised on its own
 LATER_KIND_BLOCKS = {"mla_softmax", "mla"}
 
 

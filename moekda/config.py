@@ -334,13 +334,12 @@ def require_image_model(cfg: Config) -> None:
 
 def require_chip_model(cfg: Config) -> None:
     """ConfigError unless the chip (the RTL: hw/chip/model.py, hw/tops.py) builds this model:
-    the hybrid's parts (Gated MLA layers, Attention Residuals, LatentMoE) have float and
-    integer models (sim/models/), no chip yet (an MLA layer has its memory image,
-    ``require_image_model``, and its block's RTL, not the model chip's sequencing)."""
-    parts = hybrid_parts(cfg.model)
+    kda and Gated MLA ("mla") layers; Attention Residuals and LatentMoE have float and
+    integer models (sim/models/) only so far."""
+    parts = [p for p in hybrid_parts(cfg.model) if not p.startswith("model.layers")]
     if parts:
         raise ConfigError(f"config {cfg.name}: {', '.join(parts)}: float and integer models only so far; the chip "
-                          f"builds kda layers, model.attn_res = \"none\" and model.moe_latent = 0")
+                          f"builds kda and mla layers, model.attn_res = \"none\" and model.moe_latent = 0")
 
 
 def _check_relations(cfg: Config):

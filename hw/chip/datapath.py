@@ -1,9 +1,11 @@
 """The layer datapath: one decoder layer on one KDA unit and one MoE unit, any layer of a stack.
 
-    xn = RMSNorm(x);  h = x (+) KDA(xn);  hn = RMSNorm(h);  y = h (+) Mixer(hn)
+    xn = RMSNorm(x);  h = x (+) Mix(xn);  hn = RMSNorm(h);  y = h (+) Mixer(hn)
 
-(``sim.models.int_layer.int_layer_step`` bit for bit; Mixer is the MoE, or the dense SwiGLU
-on the MoE unit's shared-expert path for a dense layer).  Both chips are built on it: the
+(``sim.models.int_layer.int_layer_step`` bit for bit; Mix is the layer's token mixer, the
+KDA, or on a hybrid's ``"mla"`` layer the Gated MLA unit (hw/mla/unit.py), built only when
+the model has such layers; Mixer is the MoE, or the dense SwiGLU on the MoE unit's
+shared-expert path for a dense layer).  Both chips are built on it: the
 layer chip (hw/chip/layer.py) feeds it the input stream, the model chip (hw/chip/model.py)
 feeds it each layer of a token in turn, with that layer's parameter block in ``bank``.
 
@@ -13,6 +15,7 @@ Block diagram::
   i -> XA -> norm1 -> NA -> KdaUnit -> res1 -> XA(h) -> HQ => HB -> norm2 -> NB -> MoEUnit -> res2 -> HB(y) -> o
                                |                                             |
                           kda_wport                                      moe_wport
+                     (or MlaUnit: mla_wport, cport)
 
 The two stages are a two-token pipeline: while stage B runs the MoE of token t, stage A
 already runs the RMSNorm and KDA of token t+1 (a token's KDA never needs an earlier
@@ -43,7 +46,10 @@ Ports
            a half must hold still while its stage has a token (``a_free``, ``b_idle``);
            ``params_change`` says the token half is about to change, which voids an early
            RMSNorm of a waiting token.
-``kda_wport``, ``moe_wport``  the units' weight ports (the top arbitrates them).
+``kda_wport``, ``moe_wport``  the units' weight ports (the top arbitrates them); with MLA
+           layers also ``mla_wport`` and the MLA unit's cache port ``cport``
+           (hw/mla/cache.py), which the top passes out.  A model of MLA layers only has
+           no KDA unit and no ``kda_wport``.
 ``idle``   no token inside and no early RMSNorm running: the bank may change.
 ``b_go``   stage B may take the token stage A holds (default high; the model chip lowers it
            until the bank's channel-mixer half holds that token's layer).
@@ -54,7 +60,14 @@ Ports
            ``b_idle`` stage B has none: the channel-mixer half may change (``b_layer``: the
            layer of stage B's token otherwise).
 ``busy``   a token is inside; ``token_cycles`` the cycles the last token took from ``i``
-           to ``o`` offered; ``mac_beat`` the two engines' beats (the MACS counter).
+           to ``o`` offered; ``mac_beat`` the engines' beats (the MACS counter): the KDA's,
+           the MLA's, the MoE's, those the config has.
+
+The token mixer is chosen per layer: the layer's kind (``model.layers``, a constant per
+layer) is registered with the token at stage A's acceptance and steers stage A's stream to
+the KDA or the MLA unit (their inputs and outputs are both d x act_bits).  An MLA token's
+position in its sequence (``pos``, the unit's cache row) is its ``tag``, the sequence
+position the top counts.
 """
 from __future__ import annotations
 
@@ -65,10 +78,12 @@ from amaranth.lib.wiring import In, Out
 from hw.arith.counter import ChunkedCounter
 from hw.chip.residual import ResidualAdd
 from hw.chip.weight_port import WeightPortSignature
-from hw.image.memory_map import layer_bits, layer_count, layer_mixer, slot_bits
+from hw.image.memory_map import layer_bits, layer_count, layer_mixer, mixer_layers, slot_bits
 from hw.image.param_map import layer_bank_bits, param_layout, param_map
 from hw.kda.norm import Normalizer
 from hw.kda.unit import KdaUnit
+from hw.mla.cache import CachePortSignature
+from hw.mla.unit import MlaUnit
 from hw.moe.unit import MoEUnit
 from moekda.formats import derived_widths, formats_for
 
@@ -97,6 +112,11 @@ class LayerDatapath(wiring.Component):
         self.fm = formats_for(cfg)
         self.d = cfg.model.d_model
         pb = cfg.hw.weight_port_bytes
+        self.kda_layers, self.mla_layers = mixer_layers(cfg, "kda"), mixer_layers(cfg, "mla")
+        units = {"kda_wport": Out(WeightPortSignature(pb))} if self.kda_layers else {}
+        if self.mla_layers:
+            units.update(mla_wport=Out(WeightPortSignature(pb)), cport=Out(CachePortSignature(pb)))
+        self.engines = bool(self.kda_layers) + bool(self.mla_layers) + 1
         super().__init__({
             "i": In(stream.Signature(datapath_in_layout(cfg))),
             "o": Out(stream.Signature(datapath_out_layout(cfg))),
@@ -108,42 +128,76 @@ class LayerDatapath(wiring.Component):
             "a_layer": Out(layer_bits(cfg)),
             "b_idle": Out(1),
             "b_layer": Out(layer_bits(cfg)),
-            "kda_wport": Out(WeightPortSignature(pb)),
+            **units,
             "moe_wport": Out(WeightPortSignature(pb)),
             "idle": Out(1),
             "busy": Out(1),
             "token_cycles": Out(32),
-            "mac_beat": Out(2),
+            "mac_beat": Out(self.engines),
         })
 
     def _views(self, m):
-        """(moe-kind view, dense-kind view or None) of the bank.  The fields before the
-        channel mixer's (attn_norm, kda, res1, mlp_norm) are at the same offsets in both
-        kinds (param_fields lists them first), so the KDA and the norms read the moe view;
-        only res2 moves."""
+        """(moe-kind view, dense-kind view or None, MLA-kind view or None) of the bank.  The
+        fields before the channel mixer's (attn_norm, the token mixer's, res1, mlp_norm) are
+        at the same offsets in both channel-mixer kinds (param_fields lists them first), so
+        the token mixer and the norms read the moe view; only res2 moves.  attn_norm, res1
+        and the channel mixer's fields are also at the same bits in a KDA and an MLA layer
+        (the shorter token mixer is padded), so only the token mixer's own fields come
+        from the MLA view."""
         cfg = self.cfg
-        moe_v = data.View(param_layout(cfg, mixer="moe"), self.bank[:param_map(cfg, "moe").bits])
+        kind = "kda" if self.kda_layers else "mla"
+
+        def view(mixer, kind):
+            return data.View(param_layout(cfg, mixer=mixer, kind=kind), self.bank[:param_map(cfg, mixer, kind).bits])
+        moe_v = view("moe", kind)
+        a = param_map(cfg, "moe", kind).offsets()
+        mla_v = None
+        if self.mla_layers:
+            mx = layer_mixer(cfg, self.mla_layers[0])
+            b = param_map(cfg, mx, "mla").offsets()
+            for name in ("attn_norm.eps_int", "res1.m_a", "mlp_norm.eps_int"):
+                assert a[name] == b[name], f"{name}: the token mixer kinds' parameter blocks differ outside the mixer"
+            mla_v = view(mx, "mla")
         if not has_dense(cfg):
-            return moe_v, None
-        a, b = param_map(cfg, "moe").offsets(), param_map(cfg, "dense").offsets()
-        for name in ("attn_norm.eps_int", "kda.q_proj.m", "res1.m_a", "mlp_norm.eps_int"):
+            return moe_v, None, mla_v
+        b = param_map(cfg, "dense", kind).offsets()
+        for name in ("attn_norm.eps_int", f"{kind}.q_proj.m", "res1.m_a", "mlp_norm.eps_int"):
             assert a[name] == b[name], f"{name}: the mixer kinds' parameter blocks differ before the mixer"
-        return moe_v, data.View(param_layout(cfg, mixer="dense"), self.bank[:param_map(cfg, "dense").bits])
+        return moe_v, view("dense", kind), mla_v
 
     def elaborate(self, platform):
         m = Module()
         cfg, fm, d = self.cfg, self.fm, self.d
         rb, a = fm.resid_bits, fm.act_bits
         L = layer_count(cfg)
-        P, D = self._views(m)
+        P, D, M = self._views(m)
 
-        m.submodules.kda = kda = KdaUnit(cfg)
-        m.d.comb += kda.params.eq(P.kda)
+        # the token mixers: mix_in / mix_out stand for the unit of stage A's token
+        mix_in = stream.Signature(data.ArrayLayout(signed(a), d)).create(path=("mix_in",))
+        mix_out = stream.Signature(data.ArrayLayout(signed(a), d)).create(path=("mix_out",))
+        is_mla = Signal()                       # stage A's token is of an MLA layer
+        units = []                              # (unit, selected)
+        if self.kda_layers:
+            m.submodules.kda = kda = KdaUnit(cfg)
+            m.d.comb += kda.params.eq(P.kda)
+            wiring.connect(m, kda.wport, wiring.flipped(self.kda_wport))
+            units.append((kda, ~is_mla if self.mla_layers else Const(1)))
+        if self.mla_layers:
+            m.submodules.mla = mla = MlaUnit(cfg)
+            m.d.comb += mla.params.eq(M.mla)
+            wiring.connect(m, mla.wport, wiring.flipped(self.mla_wport))
+            wiring.connect(m, mla.cport, wiring.flipped(self.cport))
+            units.append((mla, is_mla if self.kda_layers else Const(1)))
+        for unit, sel in units:
+            m.d.comb += [unit.i.valid.eq(mix_in.valid & sel), unit.i.payload.x.eq(mix_in.payload),
+                         unit.o.ready.eq(mix_out.ready & sel)]
+            with m.If(sel):
+                m.d.comb += [mix_in.ready.eq(unit.i.ready), mix_out.valid.eq(unit.o.valid),
+                             mix_out.payload.eq(unit.o.payload)]
         m.submodules.moe = moe = MoEUnit(cfg)
         m.d.comb += moe.params.eq(P.moe)
         if D is not None:
             m.d.comb += moe.dense_params.eq(D.dense)
-        wiring.connect(m, kda.wport, wiring.flipped(self.kda_wport))
         wiring.connect(m, moe.wport, wiring.flipped(self.moe_wport))
         ss_bits = derived_widths(cfg)["ss_rmsnorm"]
         period = cfg.hw.clock_period_ns
@@ -169,7 +223,12 @@ class LayerDatapath(wiring.Component):
         layer_a, layer_b = Signal(layer_bits(cfg)), Signal(layer_bits(cfg))
         tag_a, tag_b = Signal(SEQ_BITS), Signal(SEQ_BITS)
         slot_a, slot_b = Signal(slot_bits(cfg)), Signal(slot_bits(cfg))
-        m.d.comb += [kda.layer.eq(layer_a), kda.slot.eq(slot_a), moe.layer.eq(layer_b)]
+        m.d.comb += moe.layer.eq(layer_b)
+        if self.kda_layers:
+            m.d.comb += [kda.layer.eq(layer_a), kda.slot.eq(slot_a), kda.i.payload.first.eq(first)]
+        if self.mla_layers:
+            # the sequence position is the cache row (an MLA token starts its sequence at 0)
+            m.d.comb += [mla.layer.eq(layer_a), mla.slot.eq(slot_a), mla.pos.eq(tag_a[:len(mla.pos)])]
         if D is not None:
             # res2 is the one field whose place depends on the mixer kind; the kind is a
             # constant per layer, registered with stage B's layer at the hand-over
@@ -204,7 +263,7 @@ class LayerDatapath(wiring.Component):
         # residual adds: they select element idx themselves (registered one-hot select) and write it
         # back a fixed number of cycles later, so the sum replaces its own input (x by h,
         # h by y); the block's output stays on its stream (ready low) until the last write
-        m.d.comb += [res1.a.eq(Cat(*XA)), res1.b.eq(kda.o.payload),
+        m.d.comb += [res1.a.eq(Cat(*XA)), res1.b.eq(mix_out.payload),
                      res2.a.eq(Cat(*HB)), res2.b.eq(moe.out.payload)]
         with m.If(res1.wr_en):
             m.d.sync += Array(XA)[res1.wr_idx].eq(res1.wr_y)
@@ -220,7 +279,7 @@ class LayerDatapath(wiring.Component):
                 m.d.sync += dense_b.eq(Array(Const(int(layer_mixer(cfg, l) == "dense"), 1)
                                              for l in range(L))[layer_q])
 
-        m.d.comb += [kda.i.payload.x.eq(Cat(*NA)), kda.i.payload.first.eq(first),
+        m.d.comb += [mix_in.payload.eq(Cat(*NA)),
                      moe.tokens.payload.eq(Cat(*NB)), self.o.payload.y.eq(Cat(*HB)),
                      self.o.payload.tag.eq(tag_b), self.o.payload.layer.eq(layer_b),
                      self.o.payload.slot.eq(slot_b)]
@@ -233,12 +292,15 @@ class LayerDatapath(wiring.Component):
                     m.d.sync += [Cat(*XA).eq(self.i.payload.x), first.eq(self.i.payload.first),
                                  tag_a.eq(self.i.payload.tag), layer_a.eq(self.i.payload.layer),
                                  slot_a.eq(self.i.payload.slot)]
+                    if self.kda_layers and self.mla_layers:
+                        m.d.sync += is_mla.eq(Array(Const(int(l in self.mla_layers), 1)
+                                                    for l in range(L))[self.i.payload.layer])
                     # an early RMSNorm is of this very token: the payload was held still
                     with m.If(pre_done):
                         m.next = "SEND"
                     with m.Else():
                         m.next = "NORM_START"
-            norm_unit_residual(m, d, norm1, kda.i, kda.o, res1, then="HOLD", name="stage_a")
+            norm_unit_residual(m, d, norm1, mix_in, mix_out, res1, then="HOLD", name="stage_a")
             with m.State("HOLD"):                         # h waits for HQ (full only while
                 m.d.comb += enq.eq(~q_full)               # stage B is busy)
                 with m.If(enq):
@@ -280,7 +342,7 @@ class LayerDatapath(wiring.Component):
                      self.a_busy.eq(busy_a | q_full), self.a_layer.eq(Mux(q_full, layer_q, layer_a)),
                      self.b_idle.eq(stage_b_idle),
                      self.b_layer.eq(layer_b),
-                     self.mac_beat.eq(Cat(kda.mac_beat, moe.mac_beat))]
+                     self.mac_beat.eq(Cat(*(u.mac_beat for u, _ in units), moe.mac_beat))]
         # a stage counts every cycle it is not idle, the cycle of its last step included,
         # so "lat + 1" at the handoff and at the end is the counter's own next value
         m.d.comb += [lat_a.inc.eq(busy_a), lat_q.inc.eq(q_full), lat_b.inc.eq(busy_b)]

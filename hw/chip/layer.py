@@ -198,15 +198,15 @@ def connect_status(m, csr, chip, loader, busy, loading, clear_pending, mac_beats
                  csr.load_errors.eq(loader.errors), csr.load_cycles.eq(loader.cycles)]
 
 
-def weight_port_slices(m, cfg, inner, outer) -> None:
+def weight_port_slices(m, cfg, inner, outer, prefix: str = "") -> None:
     """The chip's weight port ``outer`` from the arbiter's ``inner``, both directions through
     a register slice (hw/chip/skid.py): the grant logic of three clients plus a block's
     request logic did not fit small's 1 ns with the output delay (-0.094 ns), and a block's
     resp.ready through the arbiter to the pin was the routed tiny layer's worst path once
     the clock tree's insertion delay was in it (-0.08 ns); one cycle of latency each way,
-    full rate."""
-    m.submodules.req_slice = req_slice = SkidBuffer(WeightRequest)
-    m.submodules.resp_slice = resp_slice = SkidBuffer(response_layout(cfg.hw.weight_port_bytes))
+    full rate.  ``prefix`` names the slices of a second port (the cache port's)."""
+    req_slice, resp_slice = SkidBuffer(WeightRequest), SkidBuffer(response_layout(cfg.hw.weight_port_bytes))
+    m.submodules[f"{prefix}req_slice"], m.submodules[f"{prefix}resp_slice"] = req_slice, resp_slice
     connect(m, inner.req, req_slice.i)
     connect(m, req_slice.o, wiring.flipped(outer.req))
     connect(m, wiring.flipped(outer.resp), resp_slice.i)

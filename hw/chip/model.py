@@ -9,7 +9,8 @@ Block diagram::
   i (token, first, slot) -> Embedding -> X[slot] -> LayerDatapath (layer l, slot) -+-> Head -> o (next, logit, seq, slot)
                                            ^------------- y, while l < L-1 ---------+      `-> logits (CTRL.LOGITS)
   ImageLoader: LOAD (the image, checked; layer 0's block, the head's block), FETCH (one half of layer l's block)
-  KDA, loader, embedding, MoE, head -> WeightArbiter (fixed priority, in pieces) -> register slices -> wport
+  KDA, loader, embedding, MLA, MoE, head -> WeightArbiter (fixed priority, in pieces) -> register slices -> wport
+  MLA's latent cache port -> register slices -> cport (a hybrid's "mla" layers; hw/mla/cache.py)
   bus (Wishbone) -> LayerCsr (hw/chip/csr.py; CTRL.LOGITS, N_LAYERS, VOCAB)
 
 Sequencing.  A token's layer l+1 needs its layer l, so one sequence cannot overlap its
@@ -27,8 +28,9 @@ tokens, and the area of the parameter flops stays one layer's whatever L is.  Th
 weight port is shared by fixed priority in pieces of ARB_CHUNK beats, the KDA first (the
 longer stage), so the MoE's experts stream in the KDA's delta rule rather than ahead
 of its projections.  The units keep one state per layer and slot (KDA delta-rule state
-and short-convolution history: context slot * L + layer) and take the layer's index and
-the slot with the token; the head runs one token at a time.
+and short-convolution history: context slot * K + k for the k-th of the K KDA layers; an
+MLA layer's latent cache, in the memory behind ``cport``: context slot * n_mla + k) and
+take the layer's index and the slot with the token; the head runs one token at a time.
 
 Sequence rules per slot, as on the layer chip: a token starts a new sequence in its slot
 when its ``first`` bit is set; a CLEAR write, a LOAD or a reset starts a new one in
@@ -48,9 +50,12 @@ from hw.chip.head import Head
 from hw.chip.layer import connect_status, sequence_rules, weight_port_slices
 from hw.chip.loader import ImageLoader
 from hw.chip.weight_arbiter import WeightArbiter
+from hw.chip.skid import SkidBuffer
 from hw.chip.weight_port import WeightPortSignature
 from hw.image.format import image_layout
-from hw.image.memory_map import layer_bits, layer_count, layer_prefix, memory_map, sequence_slots, slot_bits
+from hw.image.memory_map import (layer_bits, layer_count, layer_kind, layer_prefix, memory_map, mla_tensors,
+                                 sequence_slots, slot_bits)
+from hw.mla.cache import CachePortSignature, cache_write_layout, mla_layers, row_beats
 from moekda.config import ConfigError, require_chip_model
 from moekda.formats import formats_for
 
@@ -95,8 +100,11 @@ def _used_matrices(cfg) -> list[str]:
     out = []
     for l in range(layer_count(cfg)):
         p = layer_prefix(cfg, l)
-        out += [p + f"kda.{t}" for t in ("w_q", "w_k", "w_v", "w_f_down", "w_g_down", "w_b",
-                                         "w_f_up", "w_g_up", "w_o")]
+        if layer_kind(cfg, l) == "mla":
+            out += [p + name for name, _, _ in mla_tensors(cfg)]
+        else:
+            out += [p + f"kda.{t}" for t in ("w_q", "w_k", "w_v", "w_f_down", "w_g_down", "w_b",
+                                             "w_f_up", "w_g_up", "w_o")]
         if m.mixers[l] == "dense":
             out += [p + f"dense.chunk{c}.{t}" for c in range(m.dense_chunks) for t in ("gate", "up", "down")]
         else:
@@ -108,18 +116,23 @@ def _used_matrices(cfg) -> list[str]:
 
 
 def model_macs_per_token(cfg) -> int:
-    """Weight elements used per token: every layer's KDA matrices, router, shared and chosen
-    experts (a dense layer: its chunks), and the LM head (V x d); the embedding row is a
-    lookup, not a MAC."""
+    """Weight elements used per token: every layer's KDA (or MLA) matrices, router, shared
+    and chosen experts (a dense layer: its chunks), and the LM head (V x d); the embedding
+    row is a lookup, not a MAC.  (An MLA layer's scores against its cache are MACs on no
+    weight: ``model_engine_macs_per_token`` counts them.)"""
     mm = memory_map(cfg)
     return sum(mm[n].rows * mm[n].cols for n in _used_matrices(cfg))
 
 
-def model_engine_macs_per_token(cfg) -> int:
-    """What the MACS counter grows by per token: ``hw.lanes`` per beat the three engines
-    (KDA's, MoE's, the head's) take, i.e. every used row padded to whole beats."""
+def model_engine_macs_per_token(cfg, pos: int = 0) -> int:
+    """What the MACS counter grows by per token at sequence position ``pos``: ``hw.lanes``
+    per beat the engines (KDA's, MLA's, MoE's, the head's) take, i.e. every used row
+    padded to whole beats, and on each MLA layer the scores: every head's query against
+    the pos + 1 cached latents, one row of ``row_beats`` beats each (hw/mla/unit.py
+    SCORE), the one part of a token's work that grows with its context."""
     mm = memory_map(cfg)
-    return cfg.hw.lanes * sum(mm[n].beats for n in _used_matrices(cfg))
+    scores = len(mla_layers(cfg)) * cfg.model.n_heads * row_beats(cfg) * (pos + 1) if mla_layers(cfg) else 0
+    return cfg.hw.lanes * (sum(mm[n].beats for n in _used_matrices(cfg)) + scores)
 
 
 class ModelTop(wiring.Component):
@@ -136,6 +149,8 @@ class ModelTop(wiring.Component):
             "o": Out(stream.Signature(model_out_layout(cfg))),
             "logits": Out(Head.logits_signature(cfg)),
             "wport": Out(WeightPortSignature(cfg.hw.weight_port_bytes)),
+            # the MLA layers' latent cache (hw/mla/cache.py), a memory of its own
+            **({"cport": Out(CachePortSignature(cfg.hw.weight_port_bytes))} if mla_layers(cfg) else {}),
             "bus": In(WishboneSignature()),
         })
 
@@ -155,14 +170,24 @@ class ModelTop(wiring.Component):
         # FETCHes gate a stage; the MoE streams in stage A's delta rule; the head has a slot's
         # time.  Requests go down in pieces (WeightArbiter chunk) so a later, more urgent one
         # waits behind at most ARB_AHEAD pieces, not behind a whole expert
-        clients = [dp.kda_wport, loader.wport, embed.wport, dp.moe_wport, head.wport]
+        # (the MLA unit, a hybrid's other token mixer, has stage A's rank after the
+        # fetches: its layers are one in four and its first read is the one that waits)
+        clients = ([dp.kda_wport] if dp.kda_layers else []) + [loader.wport, embed.wport] + \
+            ([dp.mla_wport] if dp.mla_layers else []) + [dp.moe_wport, head.wport]
         m.submodules.arbiter = arb = WeightArbiter(cfg.hw.weight_port_bytes, len(clients), priority=True,
                                                    chunk=ARB_CHUNK, ahead=ARB_AHEAD)
         for n, port in enumerate(clients):
             connect(m, port, arb.up[n])
         weight_port_slices(m, cfg, arb.down, self.wport)
-        m.submodules.csr = csr = LayerCsr(cfg, model_macs_per_token(cfg), image_layout(cfg).length, engines=3,
-                                          stages=True)
+        if dp.mla_layers:
+            # the cache port through register slices too: its read requests come from the
+            # unit's score loop and its responses feed the engine, as the weight port's
+            weight_port_slices(m, cfg, dp.cport, self.cport, prefix="cache_")
+            m.submodules.cache_wr_slice = cwr = SkidBuffer(cache_write_layout(cfg.hw.weight_port_bytes))
+            connect(m, dp.cport.wr, cwr.i)
+            connect(m, cwr.o, wiring.flipped(self.cport.wr))
+        m.submodules.csr = csr = LayerCsr(cfg, model_macs_per_token(cfg), image_layout(cfg).length,
+                                          engines=dp.engines + 1, stages=True)
         connect(m, wiring.flipped(self.bus), csr.bus)
         connect(m, head.logits, wiring.flipped(self.logits))
         m.d.comb += head.logits_en.eq(csr.logits_en)

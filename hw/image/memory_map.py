@@ -403,10 +403,19 @@ def slot_bits(cfg) -> int:
     return max(1, (sequence_slots(cfg) - 1).bit_length())
 
 
+def mixer_layers(cfg, kind: str) -> list[int]:
+    """The layers whose token mixer is ``kind`` ("kda" or "mla"), in order: the k-th of them
+    is the mixer's k-th layer, which numbers its state or cache contexts.  The layer chip's
+    one layer is a KDA layer."""
+    if cfg.model.is_layer_chip:
+        return [0] if kind == "kda" else []
+    return [l for l, k in enumerate(cfg.model.layers) if k == kind]
+
+
 def state_contexts(cfg) -> int:
-    """KDA states (and short-convolution histories) the chip keeps: one per layer and sequence
-    slot, context ``slot * L + layer``."""
-    return layer_count(cfg) * sequence_slots(cfg)
+    """KDA states (and short-convolution histories) the chip keeps: one per KDA layer and
+    sequence slot, context ``slot * K + k`` for the k-th of the K KDA layers."""
+    return len(mixer_layers(cfg, "kda")) * sequence_slots(cfg)
 
 
 def layer_prefix(cfg, l: int) -> str:

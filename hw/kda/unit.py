@@ -19,8 +19,8 @@ Ports
 ``layer`` the token's layer, 0 .. L-1 (hw/image/memory_map.py ``layer_count``,
         ``layer_bits`` wide; on the layer chip L = 1 and the port is ignored).
 ``slot``  the token's sequence slot, 0 .. S-1 (``hw.sequences``; ignored when S = 1): the
-        state and history are those of context ``slot * L + layer``; the weights are the
-        layer's.
+        state and history are those of context ``slot * K + k`` for the k-th of the K KDA
+        layers (all L of them unless the model is a hybrid); the weights are the layer's.
         Sampled in the cycle ``i`` is accepted, with ``first``, and used for
         everything of that token: its weight addresses (``layer_prefix``: the
         layer's own regions), its state and history.  It may change as soon as
@@ -86,12 +86,13 @@ from hw.kda.delta import DeltaRule
 from hw.arith.matvec import MatVecEngine, port_groups
 from hw.kda.norm import Normalizer
 from hw.arith.lut import LookupTable
-from hw.image.memory_map import (layer_bits, layer_count, layer_prefix, memory_map, sequence_slots, slot_bits,
-                                 state_contexts)
+from hw.image.memory_map import (layer_bits, layer_count, layer_prefix, memory_map, mixer_layers, sequence_slots,
+                                 slot_bits, state_contexts)
 from hw.image.param_map import kda_norm_ss_bits, param_layout, param_map, structural
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.kda.short_conv import ShortConv
 from hw.chip.weight_port import WeightPortSignature, split_request
+from moekda.config import ConfigError
 from moekda.formats import formats_for
 
 # the projections in weight-memory order: (op, memory-map tensor, QKDA field, input vector)
@@ -139,11 +140,15 @@ class KdaUnit(wiring.Component):
             raise ValueError(f"hw.lanes = {hw.lanes}: the KDA unit needs lanes == hw.weight_port_bytes "
                              f"({hw.weight_port_bytes}), one port beat per MAC beat")
         self.mm = memory_map(cfg)
-        self.layers = layer_count(cfg)
-        # the states it keeps: one per layer and sequence slot (context slot * L + layer)
+        # the model layers it runs (a hybrid's MLA layers are the MLA unit's); the k-th of
+        # them is its layer k: the states it keeps are one per KDA layer and sequence slot
+        # (context slot * K + k)
+        self.layers = mixer_layers(cfg, "kda")
+        if not self.layers:
+            raise ConfigError(f"config {cfg.name}: no \"kda\" in model.layers, so no KDA unit")
         self.slots, self.contexts = sequence_slots(cfg), state_contexts(cfg)
         # per layer (projections', W_o's) requests; the layers differ only in addresses
-        self.layer_reqs = [kda_requests(cfg, l) for l in range(self.layers)]
+        self.layer_reqs = [kda_requests(cfg, l) for l in self.layers]
         self.proj_reqs, self.wo_reqs = self.layer_reqs[0]
         for proj, wo in self.layer_reqs:
             if [n for _, n in proj + wo] != [n for _, n in self.proj_reqs + self.wo_reqs]:
@@ -171,14 +176,21 @@ class KdaUnit(wiring.Component):
         d, H, dk, dv, r, W = self.d, self.H, self.dk, self.dv, self.r, self.W
         a = fm.act_bits
         hk, hv = H * dk, H * dv
-        L, C = self.layers, self.contexts
-        # the accepted token's layer (its weights' addresses) and context (its state and history)
+        L, C = len(self.layers), self.contexts
+        # the accepted token's KDA layer k (its weights' addresses) and context (its state
+        # and history); with every layer a KDA layer, k is the model layer itself
+        if self.layers == list(range(layer_count(cfg))):
+            k_now = self.layer
+        else:
+            k_now = Signal(range(max(2, L)))
+            m.d.comb += k_now.eq(Array(Const(self.layers.index(l) if l in self.layers else 0, len(k_now))
+                                       for l in range(layer_count(cfg)))[self.layer])
         if L > 1:
             tok_layer = Signal(range(L))
         if C > 1:
             tok_ctx = Signal(range(C))
             ctx_now = Signal(range(C))      # the context of the token on ``i``
-            m.d.comb += ctx_now.eq(self.layer + L * self.slot if self.slots > 1 else self.layer)
+            m.d.comb += ctx_now.eq(k_now + L * self.slot if self.slots > 1 else k_now)
 
         # ---- registers holding the token's vectors ---------------------------------
         def vec(name, n, shape):
@@ -231,8 +243,8 @@ class KdaUnit(wiring.Component):
             m.d.sync += req_idx.eq(req_idx + 1)
 
         # ---- the projection feeder: response beats + input groups -> MAC ----------------
-        # the regions' shapes (rows, beats per row) are every layer's: layer 0's stand for all
-        regions = [self.mm[layer_prefix(cfg, 0) + t] for _, t, _, _ in OPS]
+        # the regions' shapes (rows, beats per row) are every KDA layer's: the first stands for all
+        regions = [self.mm[layer_prefix(cfg, self.layers[0]) + t] for _, t, _, _ in OPS]
         sources = {"x": port_groups(X, W, a), "fd": port_groups(FD, W, a), "gd": port_groups(GD, W, a),
                    "zo": port_groups(ZO, W, a)}
         n_ops = len(OPS)
@@ -481,7 +493,7 @@ class KdaUnit(wiring.Component):
                                  res_op.eq(0), res_row.eq(0)]
                     m.d.comb += token_clear.eq(1)
                     if L > 1:
-                        m.d.sync += tok_layer.eq(self.layer)
+                        m.d.sync += tok_layer.eq(k_now)
                     if C == 1:
                         with m.If(self.i.payload.first):
                             m.d.comb += [delta.clear.eq(1), conv.restart.eq(1)]

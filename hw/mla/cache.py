@@ -31,13 +31,13 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.chip.weight_port import ADDR_BITS, WeightRequest, padded_row_bytes, response_layout
-from hw.image.memory_map import sequence_slots
+from hw.image.memory_map import mixer_layers, sequence_slots
 from moekda.formats import formats_for
 
 
 def mla_layers(cfg) -> list[int]:
     """The model layers whose token mixer is Gated MLA, in order (k = index in this list)."""
-    return [l for l, kind in enumerate(cfg.model.layers) if kind == "mla"] if not cfg.model.is_layer_chip else []
+    return mixer_layers(cfg, "mla")
 
 
 def cache_contexts(cfg) -> int:

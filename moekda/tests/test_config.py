@@ -282,8 +282,8 @@ def test_hybrid_fields_keep_old_hashes_and_are_refused_by_the_chip():
                                       "attn_res": "block", "moe_latent": 8}))
     assert hy.to_dict()["model"]["kv_rank"] == 8 and hy.hash() != plain.hash()
     assert len(hybrid_parts(hy.model)) == 3
-    with pytest.raises(ConfigError, match='model.layers "mla", model.attn_res = "block", model.moe_latent = 8: '
-                                          'float and integer models only so far; the chip'):
+    with pytest.raises(ConfigError, match='model.attn_res = "block", model.moe_latent = 8: '
+                                          'float and integer models only so far; the chip builds kda and mla'):
         require_chip_model(hy)
     # an MLA layer has no KDA state; LatentMoE's routed experts shrink by moe_latent / d_model
     assert resource_estimate(hy)["state_bits"] == 3 * resource_estimate(plain)["state_bits"]
@@ -292,13 +292,12 @@ def test_hybrid_fields_keep_old_hashes_and_are_refused_by_the_chip():
     assert lat_moe == m.n_experts * 3 * m.d_ff * (8 - 16) + 2 * 8 * 16
 
 
-def test_the_image_holds_mla_layers_and_refuses_the_other_hybrid_parts():
+def test_the_image_and_chip_hold_mla_layers_and_refuse_the_other_hybrid_parts():
     from moekda.config import require_chip_model, require_image_model
     require_image_model(config_from_dict(base()))
     mla = config_from_dict(base(model={"n_layers": 4, "layers": ["kda", "kda", "kda", "mla"], "kv_rank": 8}))
     require_image_model(mla)
-    with pytest.raises(ConfigError, match='model.layers "mla": float and integer models only so far; the chip'):
-        require_chip_model(mla)             # the model chip has no MLA sequencing yet
+    require_chip_model(mla)                 # the model chip runs MLA layers
     hy = config_from_dict(base(model={"n_layers": 4, "layers": ["kda", "kda", "kda", "mla"], "kv_rank": 8,
                                       "attn_res": "block", "moe_latent": 8}))
     with pytest.raises(ConfigError) as e:

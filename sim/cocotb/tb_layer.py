@@ -74,10 +74,14 @@ class ChipIO:
             from hw.chip.model import model_engine_macs_per_token, model_in_layout, model_out_layout
             self.in_layout, self.out_layout = model_in_layout(cfg), model_out_layout(cfg)
             self.engine_macs = model_engine_macs_per_token(cfg)
+            self.engine_macs_at = lambda pos: model_engine_macs_per_token(cfg, pos)
         else:
             self.in_layout, self.out_layout = token_in_layout(cfg), token_out_layout(cfg)
             self.engine_macs = engine_macs_per_token(cfg)
-
+            self.engine_macs_at = lambda pos: self.engine_macs
+        from hw.mla.cache import mla_layers
+        # the MLA layers' latent cache, a second memory in the sim top (sim/hdl/layer_sim.py)
+        self.mems = ("mem", "cmem") if mla_layers(cfg) else ("mem",)
     def item(self, x, first, slot=0) -> dict:
         if self.model:
             return {"token": int(x), "first": int(first), **({"slot": int(slot)} if self.slots > 1 else {})}
@@ -150,7 +154,7 @@ async def layer_run(dut):
     cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns").start())
     # reset before anything samples the outputs: at gate level the flip-flops start as X
     dut.rst.value = 1
-    for s in ("i__valid", "o__ready", "mem_wr_en", "mem_wr_clk", "mem_slot"):
+    for s in ("i__valid", "o__ready", *(f"{mem}_{c}" for mem in io.mems for c in ("wr_en", "wr_clk", "slot"))):
         getattr(dut, s).value = 0
     pb = cfg.hw.weight_port_bytes
     image = bytes(z["image"])
@@ -173,13 +177,16 @@ async def layer_run(dut):
 
     # the good image goes into slot 0 while the chip is held in reset
     await write_image(0, image)
-    # the weight memory's stalls (HDL, per cycle); its random generator is seeded once
-    dut.mem_req_stall.value = round(256 * STALL["req"]) if stall else 0
-    dut.mem_resp_stall.value = round(256 * STALL["resp"]) if stall else 0
-    dut.mem_seed.value = rng.randrange(1, 1 << 32)
-    dut.mem_seed_load.value = 1
+    # the memories' stalls (HDL, per cycle; the cache memory's writes too); each random
+    # generator is seeded once
+    for mem in io.mems:
+        getattr(dut, f"{mem}_req_stall").value = round(256 * STALL["req"]) if stall else 0
+        getattr(dut, f"{mem}_resp_stall").value = round(256 * STALL["resp"]) if stall else 0
+        getattr(dut, f"{mem}_seed").value = rng.randrange(1, 1 << 32)
+        getattr(dut, f"{mem}_seed_load").value = 1
     await ClockCycles(dut.clk, 2)
-    dut.mem_seed_load.value = 0
+    for mem in io.mems:
+        getattr(dut, f"{mem}_seed_load").value = 0
     bus = Wishbone(dut)
 
     S = io.slots
@@ -271,10 +278,11 @@ async def layer_run(dut):
         dut.rst.value = 0
 
     def check_memory(when: str):
-        err = int(dut.mem_error.value)
-        for bit, what in enumerate(MEM_ERRORS):
-            if err >> bit & 1:
-                problems.append(f"weight memory {when}: {what}")
+        for mem, name in zip(io.mems, ("weight memory", "cache memory")):
+            err = int(getattr(dut, f"{mem}_error").value)
+            for bit, what in enumerate(MEM_ERRORS):
+                if err >> bit & 1:
+                    problems.append(f"{name} {when}: {what}")
 
     async def stream(lo, hi):
         """Send tokens lo..hi-1, writing CTRL.CLEAR (after the previous token was taken: the
@@ -429,9 +437,13 @@ async def layer_run(dut):
         if counters["TOKENS"] != seg_tokens:
             problems.append(f"TOKENS = {counters['TOKENS']}, {seg_tokens} outputs taken since reset")
         engine_macs = io.engine_macs
-        if counters["MACS"] != (seg_tokens * engine_macs) & 0xFFFF_FFFF:
-            problems.append(f"MACS = {counters['MACS']} != TOKENS x {engine_macs} (MACS_PER_TOKEN "
-                            f"{counters['MACS_PER_TOKEN']} + {engine_macs - counters['MACS_PER_TOKEN']} padding lanes)")
+        # per token at its sequence position (an MLA layer's scores grow with it)
+        seg_macs = sum(io.engine_macs_at(tg) for i, tg in zip(idx, tags) if i >= seg["base"]) \
+            if io.model else seg_tokens * engine_macs
+        if counters["MACS"] != seg_macs & 0xFFFF_FFFF:
+            problems.append(f"MACS = {counters['MACS']} != {seg_macs}, the engines' beats of the {seg_tokens} tokens "
+                            f"(MACS_PER_TOKEN {counters['MACS_PER_TOKEN']} + "
+                            f"{engine_macs - counters['MACS_PER_TOKEN']} padding lanes at position 0)")
         served = int(dut.mem_bytes.value)
         if counters["WEIGHT_BYTES"] != served & 0xFFFF_FFFF:
             problems.append(f"WEIGHT_BYTES = {counters['WEIGHT_BYTES']}, the memory served {served}")

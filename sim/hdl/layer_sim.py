@@ -11,7 +11,9 @@ image slots and is written by the bench (``mem_wr_*``), so the sim top is the
 same for every model: one simulator build per chip.
 
 Ports: ``i``, ``o``, ``bus`` as the chip's; ``mem_*`` are the memory's stall
-thresholds, seed, slot select, write port and counters (HdlWeightMemory).
+thresholds, seed, slot select, write port and counters (HdlWeightMemory).  A chip with
+MLA layers has a cache port too (hw/mla/cache.py), answered by HdlCacheMemory with
+``cache_rows`` positions per context, its controls and counters as ``cmem_*``.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from amaranth.lib.wiring import In, Out, connect
 from hw.chip.csr import WishboneSignature
 from hw.chip.layer import LayerTop
 from hw.image.format import image_layout
-from sim.hdl.weight_memory import HdlWeightMemory, control_members
+from sim.hdl.weight_memory import HdlCacheMemory, HdlWeightMemory, control_members
 
 
 def chip_signature(cfg) -> wiring.Signature:
@@ -43,15 +45,18 @@ class LayerSimTop(wiring.Component):
     """The chip's streams and bus (and, on the model chip, its ``logits`` stream) as its own,
     the weight port answered by the memory."""
 
-    def __init__(self, cfg, chip_module: str = "layer", max_outstanding: int = 8):
+    def __init__(self, cfg, chip_module: str = "layer", max_outstanding: int = 8, cache_rows: int = 4096):
         self.cfg, self.chip_module = cfg, chip_module
-        self.max_outstanding = max_outstanding
+        self.max_outstanding, self.cache_rows = max_outstanding, cache_rows
         self.members = control_members(cfg.hw.weight_port_bytes)
-        self.streams = [n for n in chip_signature(cfg).members if n not in ("wport", "bus")]
+        chip = chip_signature(cfg).members
+        self.cache = "cport" in chip
+        self.streams = [n for n in chip if n not in ("wport", "cport", "bus")]
+        mems = ("mem", "cmem") if self.cache else ("mem",)
         super().__init__({
-            **{n: chip_signature(cfg).members[n] for n in self.streams},
+            **{n: chip[n] for n in self.streams},
             "bus": In(WishboneSignature()),
-            **{f"mem_{name}": member for name, member in control_members(cfg.hw.weight_port_bytes).items()},
+            **{f"{mem}_{name}": member for mem in mems for name, member in self.members.items()},
         })
 
     def elaborate(self, platform):
@@ -75,9 +80,17 @@ class LayerSimTop(wiring.Component):
         connect(m, wiring.flipped(self.bus), chip.bus)
         connect(m, chip.wport.req, mem.req)
         connect(m, mem.resp, chip.wport.resp)
-        for name, member in self.members.items():     # the memory's controls and counters, as mem_*
-            outer, inner = getattr(self, f"mem_{name}"), getattr(mem, name)
-            m.d.comb += inner.eq(outer) if member.flow == In else outer.eq(inner)
+        mems = [("mem", mem)]
+        if self.cache:
+            m.submodules.cmem = cmem = HdlCacheMemory(cfg, self.cache_rows, self.max_outstanding)
+            connect(m, chip.cport.req, cmem.req)
+            connect(m, cmem.resp, chip.cport.resp)
+            connect(m, chip.cport.wr, cmem.wr_port)
+            mems.append(("cmem", cmem))
+        for prefix, memory in mems:      # the memories' controls and counters, as mem_* and cmem_*
+            for name, member in self.members.items():
+                outer, inner = getattr(self, f"{prefix}_{name}"), getattr(memory, name)
+                m.d.comb += inner.eq(outer) if member.flow == In else outer.eq(inner)
         return m
 
 

@@ -28,6 +28,13 @@ simulation needs no Python call per clock cycle:
   bit 0 address not aligned to ``port_bytes``, bit 1 zero beats, bit 2 a read
   beyond the image.  The Python model raises at once; here the bench reads
   the flags (they cannot stop the simulation by themselves).
+
+HdlCacheMemory is the same memory behind an MLA unit's cache port (hw/mla/cache.py): the
+reads as above, plus the port's ``wr`` stream of single-beat writes in the chip's clock
+(``wr_port``; its ready drops with the request stall probability, on a random bit of its
+own), applied when accepted.  It decodes the first ``rows`` positions of each context
+(the cache's address space is 2**16 rows a context; a bench that runs fewer tokens needs
+fewer), and flags a read or write beyond them with error bit 2.
 """
 from __future__ import annotations
 
@@ -37,6 +44,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from hw.chip.weight_port import BEATS_BITS, WeightRequest, ceil_div, response_layout
+from hw.mla.cache import cache_contexts, cache_tokens, cache_write_layout, row_stride
 
 COUNT_BITS = 48          # bytes of a 4096-token run of small (~0.5 GB) fit with room to spare
 STALL_BITS = 8           # thresholds are in 1/256
@@ -65,7 +73,8 @@ class HdlWeightMemory(wiring.Component):
     """``image``: the initial contents of slot 0 (bytes), or the slot size in bytes (an int:
     zeros, to be written through ``wr_*``)."""
 
-    def __init__(self, image, port_bytes: int, latency: int, max_outstanding: int = 8, slots: int = 1):
+    def __init__(self, image, port_bytes: int, latency: int, max_outstanding: int = 8, slots: int = 1,
+                 members: dict | None = None):
         if latency < 1:
             raise ValueError("latency must be at least one cycle")
         if max_outstanding < 1:
@@ -83,7 +92,17 @@ class HdlWeightMemory(wiring.Component):
             "req": In(stream.Signature(WeightRequest)),
             "resp": Out(stream.Signature(response_layout(port_bytes))),
             **control_members(port_bytes),
+            **(members or {}),
         })
+
+    def word_of(self, m, addr, beats):
+        """(word of byte address ``addr`` in the current slot, its request of ``beats`` beats
+        reaches past what the memory holds)."""
+        return (addr // self.port_bytes + Mux(self.slot, self.words, 0),
+                addr + beats * self.port_bytes > self.image_bytes)
+
+    def chip_writes(self, m, mem, rand) -> None:
+        """Writes from the chip's side (none: the weight memory is read-only to the chip)."""
 
     def elaborate(self, platform):
         m = Module()
@@ -100,6 +119,7 @@ class HdlWeightMemory(wiring.Component):
         m.d.sync += rand.eq(Mux(self.seed_load, Mux(self.seed == 0, 1, self.seed), xorshift32(rand)))
         req_stalled = rand[0:STALL_BITS] < self.req_stall
         resp_stalled = rand[16:16 + STALL_BITS] < self.resp_stall
+        self.chip_writes(m, mem, rand)
 
         now = Signal(32)                      # cycle count; due times compare modulo 2**32
         m.d.sync += now.eq(now + 1)
@@ -139,15 +159,51 @@ class HdlWeightMemory(wiring.Component):
         m.d.comb += self.req.ready.eq((count < depth) & ~req_stalled)
         accept = self.req.valid & self.req.ready
         addr, beats = self.req.payload.addr, self.req.payload.beats
+        word, beyond = self.word_of(m, addr, beats)
         with m.If(accept):
-            m.d.sync += [q_word[tail].eq(addr // pb + Mux(self.slot, self.words, 0)), q_beats[tail].eq(beats),
+            m.d.sync += [q_word[tail].eq(word), q_beats[tail].eq(beats),
                          q_due[tail].eq(now + self.latency), tail.eq(bump(tail)),
                          self.requests.eq(self.requests + 1)]
             with m.If(addr % pb != 0):
                 m.d.sync += self.error[0].eq(1)
             with m.If(beats == 0):
                 m.d.sync += self.error[1].eq(1)
-            with m.If(addr + beats * pb > self.image_bytes):
+            with m.If(beyond):
                 m.d.sync += self.error[2].eq(1)
         m.d.sync += count.eq(count + accept - pop)
         return m
+
+
+class HdlCacheMemory(HdlWeightMemory):
+    """The latent cache of ``cfg``'s MLA layers, ``rows`` positions of each context decoded
+    (hw/mla/cache.py's layout: context, position, beat; the memory keeps them in that
+    order, the rows beyond ``rows`` left out)."""
+
+    def __init__(self, cfg, rows: int, max_outstanding: int = 8):
+        self.stride = row_stride(cfg)
+        self.rows = min(rows, cache_tokens(cfg))
+        self.contexts = cache_contexts(cfg)
+        self.context_bytes = cache_tokens(cfg) * self.stride       # the address space's
+        pb = cfg.hw.weight_port_bytes
+        super().__init__(self.contexts * self.rows * self.stride, pb, cfg.hw.weight_port_latency, max_outstanding,
+                         members={"wr_port": In(stream.Signature(cache_write_layout(pb)))})
+
+    def word_of(self, m, addr, beats):
+        pb = self.port_bytes
+        context = addr // self.context_bytes
+        within = addr % self.context_bytes                 # byte offset inside the context
+        held = self.rows * self.stride                     # of which the memory holds the first
+        return ((context * held + within) // pb,
+                (context >= self.contexts) | (within + beats * pb > held))
+
+    def chip_writes(self, m, mem, rand) -> None:
+        wp = mem.write_port()
+        word, beyond = self.word_of(m, self.wr_port.payload.addr, 1)
+        m.d.comb += [self.wr_port.ready.eq(~(rand[8:8 + STALL_BITS] < self.req_stall)),
+                     wp.addr.eq(word), wp.data.eq(self.wr_port.payload.data),
+                     wp.en.eq(self.wr_port.valid & self.wr_port.ready & ~beyond)]
+        with m.If(self.wr_port.valid & self.wr_port.ready):
+            with m.If(self.wr_port.payload.addr % self.port_bytes != 0):
+                m.d.sync += self.error[0].eq(1)
+            with m.If(beyond):
+                m.d.sync += self.error[2].eq(1)

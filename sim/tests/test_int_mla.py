@@ -161,7 +161,8 @@ def test_a_hybrid_model_batch_is_each_sequence_alone():
         assert np.array_equal(got, int_run_model(back, cfg, s))
 
 
-def test_the_chip_refuses_mla_in_one_line():
-    cfg = hybrid(layers=["kda", "kda", "kda", "mla"], kv_rank=8)
-    with pytest.raises(ConfigError, match='model.layers "mla": float and integer models only so far; the chip'):
+def test_the_chip_takes_mla_layers_and_refuses_latent_moe_in_one_line():
+    require_chip_model(hybrid(layers=["kda", "kda", "kda", "mla"], kv_rank=8))
+    cfg = hybrid(layers=["kda", "kda", "kda", "mla"], kv_rank=8, moe_latent=8)
+    with pytest.raises(ConfigError, match='model.moe_latent = 8: float and integer models only so far; the chip'):
         require_chip_model(cfg)
