@@ -26,38 +26,46 @@ class ChunkedCounter:
     count (comb), for owners that copy it.  Use ``elaborate(m)`` once, after the
     loads are declared."""
 
-    def __init__(self, width: int, step: int = 1, name: str = "counter"):
-        if not 0 <= step < 1 << width:
-            raise ValueError(f"counter {name}: step {step} outside 0..2**{width}-1")
+    def __init__(self, width: int, step: int = 1, name: str = "counter", step2: int | None = None):
+        for s in (step, step2):
+            if s is not None and not 0 <= s < 1 << width:
+                raise ValueError(f"counter {name}: step {s} outside 0..2**{width}-1")
         self.width, self.step, self.name = width, step, name
         self.value = Signal(width, name=name)
         self.inc = Signal(name=f"{name}_inc")
         self.next = Signal(width, name=f"{name}_next")
         self._chunks = [(lo, min(width, lo + CHUNK_BITS)) for lo in range(0, width, CHUNK_BITS)]
-        n = len(self._chunks)
-        g0, p0 = self._flag_ints(0)                  # the flags of the reset value 0
-        self._g = Signal(n, name=f"{name}_g", init=g0)   # chunk + step chunk overflows
-        self._p = Signal(n, name=f"{name}_p", init=p0)   # ... or is all ones (passes a carry on)
+        # each step has its own registered flags: chunk + step chunk overflows (g) or is all
+        # ones (p: passes a carry on); the reset value's flags are their initial values
+        self._steps = [step] + ([step2] if step2 is not None else [])
+        self._flag_regs = []
+        for n_, s in enumerate(self._steps):
+            g0, p0 = self._flag_ints(0, s)
+            sfx = "" if n_ == 0 else str(n_ + 1)
+            self._flag_regs.append((Signal(len(self._chunks), name=f"{name}_g{sfx}", init=g0),
+                                    Signal(len(self._chunks), name=f"{name}_p{sfx}", init=p0)))
+        # ``inc2`` (only with ``step2``): add step2 instead of step this cycle (it wins over inc)
+        self.inc2 = Signal(name=f"{name}_inc2") if step2 is not None else None
         self._loads: list[tuple[Value, Value]] = []
 
-    def _step_chunk(self, k: int) -> int:
+    def _step_chunk(self, k: int, step: int | None = None) -> int:
         lo, hi = self._chunks[k]
-        return (self.step >> lo) & ((1 << (hi - lo)) - 1)
+        return ((self.step if step is None else step) >> lo) & ((1 << (hi - lo)) - 1)
 
-    def _flag_ints(self, value: int) -> tuple[int, int]:
+    def _flag_ints(self, value: int, step: int) -> tuple[int, int]:
         g = p = 0
         for k, (lo, hi) in enumerate(self._chunks):
-            total = ((value >> lo) & ((1 << (hi - lo)) - 1)) + self._step_chunk(k)
+            total = ((value >> lo) & ((1 << (hi - lo)) - 1)) + self._step_chunk(k, step)
             g |= (total >= 1 << (hi - lo)) << k
             p |= (total == (1 << (hi - lo)) - 1) << k
         return g, p
 
-    def _flags(self, value) -> tuple[Value, Value]:
-        """(g, p) of a value, chunk by chunk: a compare of each chunk against constants."""
+    def _flags(self, value, step: int) -> tuple[Value, Value]:
+        """(g, p) of a value for ``step``, chunk by chunk: a compare of each chunk against constants."""
         value = Value.cast(value)
         g, p = [], []
         for k, (lo, hi) in enumerate(self._chunks):
-            bits, c = hi - lo, self._step_chunk(k)
+            bits, c = hi - lo, self._step_chunk(k, step)
             chunk = value[lo:hi]
             g.append(chunk >= (1 << bits) - c if c else Const(0, 1))
             p.append(chunk == (1 << bits) - 1 - c)
@@ -67,32 +75,45 @@ class ChunkedCounter:
         """Write ``value`` in the cycles ``when`` is high (the first load declared wins)."""
         self._loads.append((Value.cast(when), Value.cast(value)))
 
-    def elaborate(self, m) -> None:
-        # the carry into chunk k: some lower chunk generates and every chunk between passes
+    def _sum(self, step: int, g, p) -> Value:
+        """value + step, the carry into chunk k from the flags: some lower chunk generates
+        and every chunk between passes."""
         carries = [Const(0, 1)]
         for k in range(1, len(self._chunks)):
             c = Const(0, 1)
             for j in range(k):
-                term = self._g[j]
+                term = g[j]
                 for i in range(j + 1, k):
-                    term = term & self._p[i]
+                    term = term & p[i]
                 c = c | term
             carries.append(c)
         parts = []
         for k, (lo, hi) in enumerate(self._chunks):
-            total = self.value[lo:hi] + self._step_chunk(k) + carries[k]
+            total = self.value[lo:hi] + self._step_chunk(k, step) + carries[k]
             parts.append(total[:hi - lo])
-        m.d.comb += self.next.eq(Mux(self.inc, Cat(*parts), self.value))
-        g_next, p_next = self._flags(self.next)
+        return Cat(*parts)
+
+    def elaborate(self, m) -> None:
+        sums = [self._sum(s, g, p) for s, (g, p) in zip(self._steps, self._flag_regs)]
+        nxt = Mux(self.inc, sums[0], self.value)
+        if self.inc2 is not None:
+            nxt = Mux(self.inc2, sums[1], nxt)
+        m.d.comb += self.next.eq(nxt)
+
+        def flag_writes(value):
+            out = []
+            for s, (g, p) in zip(self._steps, self._flag_regs):
+                g_v, p_v = self._flags(value, s)
+                out += [g.eq(g_v), p.eq(p_v)]
+            return out
         chain = None
         for when, value in self._loads:
-            g_load, p_load = self._flags(value)
             branch = (m.If if chain is None else m.Elif)(when)
             with branch:
-                m.d.sync += [self.value.eq(value), self._g.eq(g_load), self._p.eq(p_load)]
+                m.d.sync += [self.value.eq(value), *flag_writes(value)]
             chain = True
         with (m.Else() if chain else m.If(1)):
-            m.d.sync += [self.value.eq(self.next), self._g.eq(g_next), self._p.eq(p_next)]
+            m.d.sync += [self.value.eq(self.next), *flag_writes(self.next)]
 
 
 def sparse_event_count(m: Module, event, name: str) -> Value:

@@ -34,7 +34,7 @@ word name           rw meaning
 0x04 BUSY_CYCLES    r  cycles with a token inside the chip
 0x05 TOKENS         r  tokens delivered on the output stream
 0x06 MACS           r  int8 multiply-accumulates done: LANES per beat the matrix-vector
-                       engines (KDA's, MoE's) take, counted from their ``beat``
+                       engines (KDA's, MLA's, MoE's, the head's) take, counted from their ``beat``
                        outputs (padding lanes of a row included: per token
                        MACS_PER_TOKEN + the padding lanes, hw/chip/layer.py
                        engine_macs_per_token)
@@ -60,7 +60,7 @@ Counters are 32 bits and wrap.
 """
 from __future__ import annotations
 
-from amaranth import Cat, Module, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -135,9 +135,15 @@ class LayerCsr(wiring.Component):
     keeps the clear pending and reports it back on ``clear_pending``.
     """
 
-    def __init__(self, cfg, macs_per_token: int, image_bytes: int, engines: int = 2, stages: bool = False):
+    def __init__(self, cfg, macs_per_token: int, image_bytes: int, engines: int = 2, stages: bool = False,
+                 mac_rate: int = 1):
         self.cfg, self.macs_per_token = cfg, int(macs_per_token)
         self.lanes, self.engines = cfg.hw.lanes, engines
+        # the engines' sustained beats per cycle: one per memory port that feeds an engine
+        # (2 on a chip with an MLA latent cache port beside the weight port)
+        if mac_rate not in (1, 2):
+            raise ValueError(f"mac_rate {mac_rate}: the MACS counter takes 1 or 2 beats a cycle")
+        self.mac_rate = mac_rate
         self.port_bytes = cfg.hw.weight_port_bytes
         self.constants = {"ID": CHIP_ID, "MACS_PER_TOKEN": self.macs_per_token, "IMAGE_BYTES": int(image_bytes),
                           **config_words(cfg)}
@@ -160,25 +166,31 @@ class LayerCsr(wiring.Component):
         # chunked counters (hw/arith/counter.py): a 32-bit add in one cycle does not fit the clock
         steps = {"CYCLES": 1, "BUSY_CYCLES": 1, "TOKENS": 1, "MACS": self.lanes,
                  "WEIGHT_BYTES": self.port_bytes, **({n: 1 for n in STAGE_COUNTERS} if self.stages else {})}
-        counters = {name: ChunkedCounter(DATA_BITS, step, name=name.lower()) for name, step in steps.items()}
+        counters = {name: ChunkedCounter(DATA_BITS, step, name=name.lower(),
+                                         step2=2 * step if name == "MACS" and self.mac_rate == 2 else None)
+                    for name, step in steps.items()}
         run, logits = Signal(), Signal()
         m.d.comb += [self.run.eq(run), self.logits_en.eq(logits)]
 
         zero = Signal()
-        # MACS: the engines' beats, one count of ``lanes`` per cycle.  Every engine beat is a
-        # weight-port beat of its block (one beat a cycle on the chip's one port), so two
-        # engines rarely beat in one cycle; when they do, the extra beats wait in ``owed`` and
-        # are counted in the following cycles (nothing is lost while the average is <= 1 and
-        # no more than 63 are owed at once)
+        # MACS: the engines' beats, at most ``mac_rate`` counts of ``lanes`` per cycle.  Every
+        # engine beat is a beat of a memory port (the weight port, or an MLA layer's cache
+        # port), so more engines than ports rarely beat in one cycle; when they do, the extra
+        # beats wait in ``owed`` and are counted in the following cycles (nothing is lost
+        # while the average is <= mac_rate and no more than 63 are owed at once)
         owed = Signal(range(64))
         beats = Signal(range(64 + self.engines))
         m.d.comb += beats.eq(sum(self.ev_mac[n] for n in range(self.engines)) + owed)
         mac_inc = Signal()
         m.d.comb += mac_inc.eq(beats != 0)
+        taken = Const(1)
+        if self.mac_rate == 2:
+            m.d.comb += counters["MACS"].inc2.eq(beats >= 2)
+            taken = Mux(beats >= 2, 2, 1)
         with m.If(zero):
             m.d.sync += owed.eq(0)
         with m.Elif(mac_inc):
-            m.d.sync += owed.eq(beats - 1)
+            m.d.sync += owed.eq(beats - taken)
         events = {"CYCLES": 1, "BUSY_CYCLES": self.busy, "TOKENS": self.ev_token, "MACS": mac_inc,
                   "WEIGHT_BYTES": self.ev_beat}
         if self.stages:

@@ -187,7 +187,9 @@ class ModelTop(wiring.Component):
             connect(m, dp.cport.wr, cwr.i)
             connect(m, cwr.o, wiring.flipped(self.cport.wr))
         m.submodules.csr = csr = LayerCsr(cfg, model_macs_per_token(cfg), image_layout(cfg).length,
-                                          engines=dp.engines + 1, stages=True)
+                                          engines=dp.engines + 1, stages=True,
+                                          # the cache port feeds the MLA's scores beside the weight port
+                                          mac_rate=2 if dp.mla_layers else 1)
         connect(m, wiring.flipped(self.bus), csr.bus)
         connect(m, head.logits, wiring.flipped(self.logits))
         m.d.comb += head.logits_en.eq(csr.logits_en)
