@@ -95,7 +95,8 @@ vectors: $(STAMP)
 	$(MOEKDA) vectors -c $(CONFIG) -n 256 -o build/$(CONFIG)/vectors
 
 # make bench: measured performance of the layer chips (tiny, small) and the model chips
-# (model-tiny, model-small) into bench/results/.
+# (model-tiny, model-small, model-tiny-kda-mla) into bench/results/.  Contexts are sequence
+# positions: with two sequence slots, 8192 tokens reach context 4096 in both.
 # a committed trained model on its task: float, integer and RTL accuracy, cycles per token
 # (no training framework); GL=1 also runs a few tokens on the synthesised netlist (slow)
 demo: $(STAMP)
@@ -104,8 +105,9 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(MOEKDA) bench -c tiny --tokens 4096 --synth
 	$(MOEKDA) bench -c small --tokens 1024 --synth
-	$(MOEKDA) bench -c model-tiny --tokens 4096 --synth
+	$(MOEKDA) bench -c model-tiny --tokens 8192 --synth
 	$(MOEKDA) bench -c model-small --tokens 1024 --synth
+	$(MOEKDA) bench -c model-tiny-kda-mla --tokens 8192 --synth
 	$(MOEKDA) context -c model-tiny-hybrid --tokens 4096
 	$(MOEKDA) context -c model-small-hybrid --tokens 4096
 

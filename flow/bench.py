@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -198,28 +198,39 @@ def chip_verilog(cfg: Config) -> str:
 
 # ---- simulation ------------------------------------------------------------------
 
-def window_mean(token_cycles, position: int, window: int = CONTEXT_WINDOW) -> float | None:
-    """Mean per-token cycles of the ``window`` tokens ending at context ``position``."""
-    if position > len(token_cycles) or position < 1:
+def window_mean(token_cycles, position: int, window: int = CONTEXT_WINDOW, positions=None) -> float | None:
+    """Mean per-token cycles of the tokens at sequence positions ``position - window`` ..
+    ``position - 1``, i.e. with a context of up to ``position`` tokens (their own included).
+    ``positions``: each token's position in its sequence (default: token t at t, one
+    sequence); with several sequence slots every slot's tokens at those positions count."""
+    if position < 1:
         return None
+    pos = range(len(token_cycles)) if positions is None else positions
+    if max(pos, default=-1) < position - 1:
+        return None                                  # the run did not reach this context
     lo = max(0, position - window)
-    seg = [int(c) for c in token_cycles[lo:position] if c is not None]   # None: not read
+    seg = [int(c) for c, p in zip(token_cycles, pos) if c is not None and lo <= p < position]   # None: not read
     return sum(seg) / len(seg) if seg else None
 
 
 def simulate(cfg_name: str, tokens: int, simulator: str, seed: int = 0) -> dict:
     """One stall-free run through the chip; checked bit for bit against the model."""
-    from sim.driver import RunPlan, chip_driver
+    from sim.driver import RunPlan, chip_driver, sequence_positions
     drv = chip_driver(cfg_name, seed)     # the layer chip, or the model chip for a vocabulary
     t0 = time.monotonic()
     drv.build(simulator)
     build_s = time.monotonic() - t0
-    # TOKEN_CYCLES is read after the outputs of the windows before each context position.
-    # One token more than measured: the last token of a run has the chip to itself (no next
-    # token's KDA sharing the port), so it would flatter the window at the last position.
-    windows = tuple(t for p in CONTEXTS if p <= tokens for t in range(max(0, p - CONTEXT_WINDOW), p))
-    res = drv.run(RunPlan(tokens=tokens + 1, stall=False, seed=1, token_cycles=windows), simulator=simulator,
-                  name=f"bench_T{tokens}")
+    # TOKEN_CYCLES is read after the outputs of the windows before each context, by sequence
+    # position: with S sequence slots (token t in slot t mod S) position p is token about S p,
+    # so a run reaches context 4096 with S x 4096 tokens (an MLA layer's cost is its
+    # sequence's position, not the token's index).  One token more than measured: the last
+    # token of a run has the chip to itself (no next token's KDA sharing the port), so it
+    # would flatter the window at the last position.
+    plan = RunPlan(tokens=tokens + 1, stall=False, seed=1)
+    pos = sequence_positions(plan, drv.slots)[:tokens]
+    windows = tuple(int(t) for t in range(tokens)
+                    if any(max(0, p - CONTEXT_WINDOW) <= pos[t] < p for p in CONTEXTS))
+    res = drv.run(replace(plan, token_cycles=windows), simulator=simulator, name=f"bench_T{tokens}")
     c = res.counters
     if not res.match:
         raise RuntimeError(f"bench run of {cfg_name} on {simulator} does not match the model: {res.problems[0]}")
@@ -233,7 +244,7 @@ def simulate(cfg_name: str, tokens: int, simulator: str, seed: int = 0) -> dict:
             # the model chip's phase counters (hw/chip/csr.py STAGE_COUNTERS), summed over tokens
             **{k.lower(): c[k] for k in ("FETCH_CYCLES", "LAYER_CYCLES", "HEAD_CYCLES") if k in c},
             "cycles_per_token": res.cycles_per_token,
-            "token_cycles_at": {str(p): window_mean(tc, p) for p in CONTEXTS},
+            "token_cycles_at": {str(p): window_mean(tc, p, positions=pos) for p in CONTEXTS},
             "build_s": round(build_s, 2), "run_s": round(res.wall_s, 2),
             "sim_cycles": res.sim_cycles, "sim_s": round(res.sim_s, 2),
             # the simulator's own speed: the run's cycles over its wall time (no build, no model)

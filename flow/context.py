@@ -65,30 +65,43 @@ def channel_mixer_cost(cfg: Config, mixer: str) -> dict:
 
 def kind_cost(cfg: Config, kind: str, context: int) -> dict:
     """One token mixer of ``kind`` ("kda" or "mla") for a token at ``context`` (tokens in the
-    sequence so far, this one included), on the config's datapath."""
+    sequence so far, this one included), on the config's datapath.  The limits are the
+    chip's units: the matrix-vector engine's MAC lanes (weights, and an MLA's scores), the
+    weight port, an MLA's cache port (its own, as wide as the weight port: each head reads
+    the cache's rows, whole beats), the online softmax (a position a cycle per head; its
+    weighted sum of the latents has its own kv_rank lanes), the KDA state's lanes."""
     from sim.models.params import expected_shapes
     m, hw, fm = cfg.model, cfg.hw, formats_for(cfg)
-    H, dh = m.n_heads, m.head_dim
+    H, dh, pb = m.n_heads, m.head_dim, hw.weight_port_bytes
     weight = _elements(expected_shapes(cfg, kind=kind), kind + ".")
     c = {"kind": kind, "context": context, "weight_macs": weight,
          "weight_bytes": weight * fm.weight_bits // 8}
+    limits = {}
     if kind == "mla":
         r = m.kv_rank
+        row = -(-r * fm.act_bits // 8 // pb) * pb          # a latent in whole port beats
+        # scores qa_h . c_j on the engine, the weighted sum of the c_j in the softmax's lanes
         c["attention_macs"] = 2 * H * r * context
-        c["cache_read_bytes"] = context * r * fm.act_bits // 8
-        c["cache_write_bytes"] = r * fm.act_bits // 8
+        c["cache_read_bytes"] = H * context * row
+        c["cache_write_bytes"] = row
         c["state_cycles"] = 0.0
-        c["kept_bytes"] = c["cache_read_bytes"]
+        c["kept_bytes"] = context * r * fm.act_bits // 8
+        engine = weight + H * r * context
+        limits["cache port"] = (c["cache_read_bytes"] + c["cache_write_bytes"]) / pb
+        limits["softmax"] = float(H * context)
     else:
         c["attention_macs"] = 0
         c["cache_read_bytes"] = c["cache_write_bytes"] = 0
         # the delta rule's two passes over S (hw/kda/delta.py), state_lanes entries a cycle
         c["state_cycles"] = 2 * H * dh * dh / hw.state_lanes
         c["kept_bytes"] = (H * dh * dh * fm.state_bits + 3 * (m.conv_kernel - 1) * H * dh * fm.act_bits) // 8
+        engine = weight
     c["macs"] = c["weight_macs"] + c["attention_macs"]
+    c["engine_macs"] = engine
     c["port_bytes"] = c["weight_bytes"] + c["cache_read_bytes"] + c["cache_write_bytes"]
-    limits = {"MAC lanes": c["macs"] / hw.lanes, "port": c["port_bytes"] / hw.weight_port_bytes,
-              "KDA state lanes": c["state_cycles"]}
+    limits.update({"MAC lanes": engine / hw.lanes, "weight port": c["weight_bytes"] / pb,
+                   "KDA state lanes": c["state_cycles"]})
+    c["limits"] = limits
     c["bound_cycles"] = max(limits.values())
     c["bound_by"] = max(limits, key=limits.get)
     return c
@@ -97,15 +110,17 @@ def kind_cost(cfg: Config, kind: str, context: int) -> dict:
 def model_cost(cfg: Config, context: int) -> dict:
     """Every layer of the model (token mixer and channel mixer) and the LM head, one token at
     ``context``: MACs, port bytes and the sum of the layers' bounds (the layers run one after
-    another on the one datapath)."""
+    another on the one datapath; a layer's engine and weight port are shared by its two
+    mixers, its cache port and softmax are the MLA's own)."""
     m, hw = cfg.model, cfg.hw
     macs = port = cycles = kept = 0.0
     for kind, mixer in zip(m.layers, m.mixers):
         k, x = kind_cost(cfg, kind, context), channel_mixer_cost(cfg, mixer)
         macs += k["macs"] + x["macs"]
         port += k["port_bytes"] + x["weight_bytes"]
-        cycles += max((k["macs"] + x["macs"]) / hw.lanes, (k["port_bytes"] + x["weight_bytes"]) / hw.weight_port_bytes,
-                      k["state_cycles"])
+        own = [v for n, v in k["limits"].items() if n in ("cache port", "softmax", "KDA state lanes")]
+        cycles += max((k["engine_macs"] + x["macs"]) / hw.lanes, (k["weight_bytes"] + x["weight_bytes"]) / hw.weight_port_bytes,
+                      *own)
         kept += k["kept_bytes"]
     head = m.vocab * m.d_model
     macs, port = macs + head, port + head * cfg.formats.weight_bits // 8
@@ -167,9 +182,50 @@ def run_integer(cfg: Config, tokens: np.ndarray, seed: int = 0, with_float: bool
     return {"kept_bytes": kept, "cosine": cos, "seconds": time.monotonic() - t0}
 
 
+# ---- measured on the RTL ---------------------------------------------------------------------
+
+def token_mixer_config(cfg: Config) -> str:
+    """A config file the MLA unit's bench takes for ``cfg``: the same model without Attention
+    Residuals and LatentMoE (the memory image holds neither yet; neither changes the token
+    mixer's unit, its parameters or its cycles); ``cfg``'s own file when it has neither."""
+    m = cfg.model
+    if m.attn_res == "none" and not m.moe_latent:
+        return cfg.source or cfg.name
+    from flow.sweep import to_toml
+    from moekda.config import config_from_dict
+    raw = cfg.to_dict()
+    raw["model"].update(attn_res="none", moe_latent=0)
+    raw["name"] = f"{cfg.name}-mixers"
+    config_from_dict(raw)
+    path = REPO_ROOT / "build" / "configs" / f"{raw['name']}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = to_toml(raw)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return str(path)
+
+
+def measure_mla_unit(cfg: Config, contexts, seed: int = 0, progress=None) -> dict:
+    """The MLA unit's RTL (hw/mla/unit.py, Icarus, no stalls) on one sequence of the last
+    MLA layer: the cache rows before each measured token restored into the bench's cache
+    memory (sim/cocotb/tb_mla.py ``long_mla_case``), then the tokens at positions
+    context - 1 run, each checked bit for bit against ``int_mla_step``; their
+    ``token_cycles`` (input accepted to output offered)."""
+    from sim.cocotb.tb_mla import long_mla_case, run_mla_case
+    config = token_mixer_config(cfg)
+    t0 = time.monotonic()
+    case = long_mla_case(config, seed, max(contexts), run_at=[c - 1 for c in contexts])
+    cycles = run_mla_case(config, case, stall=False, seed=seed, name="context_sweep")
+    if progress:
+        progress(f"MLA unit RTL: token_cycles {cycles} at contexts {list(contexts)} "
+                 f"({time.monotonic() - t0:.0f} s)")
+    return {"config": config, "token_cycles": dict(zip(map(str, contexts), cycles)), "simulator": "icarus",
+            "seconds": round(time.monotonic() - t0, 1)}
+
+
 # ---- the record ----------------------------------------------------------------------------------
 
-def sweep(cfg: Config, tokens: int = CONTEXTS[-1], seed: int = 0, progress=None) -> dict:
+def sweep(cfg: Config, tokens: int = CONTEXTS[-1], seed: int = 0, progress=None, rtl: bool = True) -> dict:
     from sim.models.params import random_tokens
     ctxs = [c for c in CONTEXTS if c <= tokens]
     kinds = {k: [kind_cost(cfg, k, c) for c in ctxs] for k in ("kda", "mla") if k != "mla" or cfg.model.kv_rank}
@@ -179,6 +235,8 @@ def sweep(cfg: Config, tokens: int = CONTEXTS[-1], seed: int = 0, progress=None)
                   "state_lanes": cfg.hw.state_lanes},
            "layers": list(cfg.model.layers), "kinds": kinds,
            "model": [model_cost(cfg, c) for c in ctxs]}
+    if rtl and "mla" in kinds:
+        rec["mla_rtl"] = measure_mla_unit(cfg, ctxs, seed, progress)
     hyb = run_integer(cfg, toks, seed, with_float=True, progress=progress)
     rec["integer"] = hyb
     if "mla" in cfg.model.layers and "kda" in cfg.model.layers:
@@ -202,18 +260,29 @@ def markdown(rec: dict) -> str:
     hw = rec["hw"]
     out = [f"# context sweep: {rec['config']} (layers {' '.join(rec['layers'])})", "",
            f"One token mixer of each kind on this datapath ({hw['lanes']} MAC lanes, {hw['weight_port_bytes']}-byte "
-           f"weight port, {hw['state_lanes']} state lanes), for a token at each context.  Cycles are the "
-           "datapath's roofline (the chip has no MLA RTL yet; docs/bench.md).", "",
-           "| kind | context | MACs | port bytes (weights + cache) | cache read | kept bytes | bound cycles | bound by |",
-           "|---|---:|---:|---:|---:|---:|---:|---|"]
+           f"weight port, {hw['state_lanes']} state lanes), for a token at each context: the units' bound "
+           "(docs/bench.md) and, for MLA, the MLA unit's RTL measured.", "",
+           "| kind | context | MACs | port bytes (weights + cache) | cache read | kept bytes | bound cycles | bound by | RTL cycles |",
+           "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    rtl = rec.get("mla_rtl", {}).get("token_cycles", {})
     for kind, rows in rec["kinds"].items():
         for c in rows:
+            meas = rtl.get(str(c["context"])) if kind == "mla" else None
             out.append(f"| {kind} | {c['context']:,} | {c['macs']:,} | {c['port_bytes']:,} | "
-                       f"{c['cache_read_bytes']:,} | {c['kept_bytes']:,} | {c['bound_cycles']:,.1f} | {c['bound_by']} |")
+                       f"{c['cache_read_bytes']:,} | {c['kept_bytes']:,} | {c['bound_cycles']:,.1f} | {c['bound_by']} | "
+                       f"{_fmt(meas, ',d')} |")
     for kind, rows in rec["kinds"].items():
         out.append("")
         out.append(f"- {kind}: bound cycles at context {ctxs[-1]:,} / at {ctxs[0]}: "
                    f"{rows[-1]['bound_cycles'] / rows[0]['bound_cycles']:.3f}")
+    if rtl:
+        r = rec["mla_rtl"]
+        first, last = str(ctxs[0]), str(ctxs[-1])
+        slope = (rtl[last] - rtl[first]) / (ctxs[-1] - ctxs[0]) if len(ctxs) > 1 else None
+        out += ["", f"- mla, RTL: {rtl[last]:,} cycles at context {ctxs[-1]:,} against {rtl[first]:,} at "
+                f"{ctxs[0]} ({_fmt(slope, '.3f')} cycles per cached token; {r['simulator']}, no stalls, every token "
+                f"bit-exact; the unit of `{r['config']}`).  KDA's RTL cycles are flat to the cycle: "
+                "bench/results/model-*.md, sim/tests/test_kda_unit.py."]
     out += ["", "The whole model per token (every layer and the LM head, one after another):", "",
             "| context | MACs | port bytes | bound cycles | kept bytes (cost model) | kept bytes (integer model, measured) | int vs float logits cosine |",
             "|---:|---:|---:|---:|---:|---:|---:|"]
@@ -244,8 +313,11 @@ def plot(rec: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     for kind, rows in rec["kinds"].items():
-        a.plot([c["context"] for c in rows], [c["bound_cycles"] for c in rows], "o-", label=f"{kind} layer")
-    a.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="cycles per token (datapath roofline)",
+        a.plot([c["context"] for c in rows], [c["bound_cycles"] for c in rows], "o--", label=f"{kind} layer, bound")
+    rtl = rec.get("mla_rtl", {}).get("token_cycles", {})
+    if rtl:
+        a.plot([int(c) for c in rtl], list(rtl.values()), "s-", label="mla layer, RTL measured")
+    a.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="cycles per token",
           title=f"{rec['config']}: one token mixer")
     a.legend()
     a.grid(True, which="both", alpha=0.3)

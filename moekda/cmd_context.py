@@ -1,10 +1,11 @@
 """`moekda context`: cycles and bytes per token of each layer kind as the context grows, and the
 cache the hybrid keeps against an all-MLA model -> bench/results/context-<cfg>.{json,md,png}
 
-    moekda context -c model-tiny-hybrid [--tokens 4096] [--seed 0] [--out DIR]
+    moekda context -c model-tiny-hybrid [--tokens 4096] [--seed 0] [--out DIR] [--no-rtl]
 
 The cost of a KDA and of a Gated MLA token mixer on the config's datapath at contexts 16, 256,
-1024, 4096 (roofline: MAC lanes, port bytes, state lanes); the integer model run over --tokens
+1024, 4096 (the units' bound: MAC lanes, weight and cache ports, softmax, state lanes) and, for
+MLA, the MLA unit's RTL measured at each context (its cache restored); the integer model run over --tokens
 tokens measures what it keeps at each context and its logits against the float model's; for a
 hybrid, the same model with every layer MLA measures the cache saving.  Code: flow/context.py;
 docs/bench.md explains the numbers.
@@ -25,6 +26,8 @@ def configure(p):
                    help="tokens of the integer model's run (default 4096: reaches every context of the sweep)")
     p.add_argument("--seed", type=int, default=0, help="model and token seed (default 0)")
     p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results/)")
+    p.add_argument("--no-rtl", action="store_true",
+                   help="leave out the MLA unit's RTL measurement (an Icarus build and run: about a minute)")
 
 
 def run(args) -> int:
@@ -40,8 +43,10 @@ def run(args) -> int:
     if not 0 <= args.seed < 2**31:
         raise UserError(f"--seed = {args.seed}: allowed range is 0 to 2**31 - 1")
     print(f"moekda context: {cfg.name}, {args.tokens} tokens on the integer model", flush=True)
-    rec = context.sweep(cfg, args.tokens, args.seed, progress=lambda s: print("  " + s, flush=True))
-    rec.update(provenance(f"moekda context -c {args.config} --tokens {args.tokens} --seed {args.seed}"))
+    rec = context.sweep(cfg, args.tokens, args.seed, progress=lambda s: print("  " + s, flush=True),
+                        rtl=not args.no_rtl)
+    rec.update(provenance(f"moekda context -c {args.config} --tokens {args.tokens} --seed {args.seed}"
+                          + (" --no-rtl" if args.no_rtl else "")))
     j, md, png = context.write(rec, args.out or context.RESULTS_DIR)
     print(md.read_text())
     print(f"wrote {j}, {md} and {png}")

@@ -70,6 +70,15 @@ def test_window_mean_ends_at_the_context_position():
     assert bench.window_mean(cycles, 101) is None   # not reached
 
 
+def test_window_mean_is_by_sequence_position():
+    """Two sequence slots, token t in slot t mod 2: position p is tokens 2p and 2p + 1, so
+    context 16 is reached at token 32 and its window holds both slots' positions 8..15."""
+    cycles = list(range(40))
+    pos = [t // 2 for t in range(40)]
+    assert bench.window_mean(cycles, 16, window=8, positions=pos) == pytest.approx(sum(range(16, 32)) / 16)
+    assert bench.window_mean(cycles[:30], 16, positions=pos[:30]) is None     # position 15 not reached
+
+
 def test_window_mean_skips_tokens_not_read():
     """The bench reads TOKEN_CYCLES only inside the windows; the other tokens are None."""
     cycles = [None] * 12 + [10, 20, 30, 40]

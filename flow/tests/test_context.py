@@ -63,7 +63,7 @@ def test_all_mla_keeps_the_shape(cfg):
 
 
 def test_the_record_reports_the_saving(cfg, tmp_path):
-    rec = context.sweep(cfg, tokens=256)
+    rec = context.sweep(cfg, tokens=256, rtl=False)
     s = rec["cache_saving"]
     L, r, n_mla = cfg.model.n_layers, cfg.model.kv_rank, cfg.model.layers.count("mla")
     assert s["all_mla_bytes"] == L * 256 * r and 0 < s["saving"] < 1
@@ -73,6 +73,21 @@ def test_the_record_reports_the_saving(cfg, tmp_path):
     j, md, png = context.write(rec, tmp_path)
     assert json.loads(j.read_text())["cache_saving"]["context"] == 256
     assert "all MLA" in md.read_text() and png.stat().st_size > 1000
+
+
+def test_the_mla_unit_measured_grows_by_its_score_beats(cfg):
+    """The MLA unit's RTL at two contexts, its cache restored: each cached token costs the
+    H row_beats score beats of the engine (the softmax's rescales add a little), and every
+    output is bit-exact (the bench raises otherwise)."""
+    from sim.cocotb_util import simulator_available
+    if not simulator_available("icarus"):
+        pytest.skip("icarus not installed")
+    got = context.measure_mla_unit(cfg, (16, 112), seed=1)
+    assert got["config"].endswith("model-tiny-hybrid-mixers.toml")
+    c = got["token_cycles"]
+    rb = -(-cfg.model.kv_rank // cfg.hw.weight_port_bytes)
+    slope = (c["112"] - c["16"]) / 96
+    assert cfg.model.n_heads * rb <= slope <= cfg.model.n_heads * rb + 0.5, c
 
 
 @pytest.mark.parametrize("argv, words", [

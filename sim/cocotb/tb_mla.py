@@ -89,12 +89,13 @@ def mla_case(config: str, seed: int, layers, slots, first=(), reset_in: int = -1
     return MlaCase(cfg, qmodel_image(cfg, qm), params, xn, starts, want, layers, slots, latents, pos, reset_in)
 
 
-def long_mla_case(config: str, seed: int, context: int, run: int = 2) -> MlaCase:
-    """One sequence of ``context`` tokens on the last MLA layer, slot 0: the first
-    ``context - run`` latents prefilled, the last ``run`` tokens run (the last attends over
-    ``context`` rows, its own included).  Inputs: the layer's RMSNorm of residual-stream-like
-    vectors (sim/models/params.py random_inputs), as the KDA bench's; the integer model gives
-    every latent and the run tokens' outputs."""
+def long_mla_case(config: str, seed: int, context: int, run: int = 2, run_at=None) -> MlaCase:
+    """One sequence of ``context`` tokens on the last MLA layer, slot 0: the tokens at the
+    positions ``run_at`` (default the last ``run``) are run, every other token's latent is
+    prefilled (the token at position p attends over p + 1 rows, its own included; a run
+    token's row is written again by the unit, with the same latent).  Inputs: the layer's
+    RMSNorm of residual-stream-like vectors (sim/models/params.py random_inputs), as the
+    KDA bench's; the integer model gives every latent and the run tokens' outputs."""
     from sim.models.image import qmodel_image
     from sim.models.int_layer import quantize_input
     from sim.models.int_mla import IntMLACache, int_mla_latent, int_mla_step
@@ -109,19 +110,43 @@ def long_mla_case(config: str, seed: int, context: int, run: int = 2) -> MlaCase
     x = quantize_input(random_inputs(cfg, context, seed=seed + 1, model_seed=seed), q, cfg)
     xn = int_rmsnorm(x, q.attn_norm, fm)
     T = context
+    runs = sorted(set(range(T - run, T) if run_at is None else (int(p) for p in run_at)))
+    if not runs or runs[0] < 0 or runs[-1] >= T:
+        raise ValueError(f"run_at {run_at}: positions 0 to {T - 1}")
     want, latents = np.zeros_like(xn), np.zeros((T, cfg.model.kv_rank), np.int64)
     cache = IntMLACache()
     for t in range(T):
-        if t < T - run:
-            cache = IntMLACache(cache.latents + [int_mla_latent(q.mla, fm, xn[t])[1]])
+        if t in runs:
+            new, want[t] = int_mla_step(q.mla, cfg, fm, cache, xn[t])
+            latent = new.latents[-1]
         else:
-            cache, want[t] = int_mla_step(q.mla, cfg, fm, cache, xn[t])
-        latents[t] = cache.latents[-1]
+            latent = int_mla_latent(q.mla, fm, xn[t])[1]
+        cache = IntMLACache(cache.latents + [latent])
+        latents[t] = latent
+    # the case's entries: the prefilled positions, then the run ones in order
+    order = np.array([t for t in range(T) if t not in set(runs)] + runs, np.int64)
     starts = np.zeros(T, bool)
     starts[0] = True
     params = {l: region_value(cfg, q.to_flat(), "mla", mixer=cfg.model.mixers[l], kind="mla")}
-    return MlaCase(cfg, qmodel_image(cfg, qm), params, xn, starts, want, np.full(T, l), np.zeros(T, np.int64),
-                   latents, np.arange(T), -1, T - run)
+    return MlaCase(cfg, qmodel_image(cfg, qm), params, xn[order], starts, want[order], np.full(T, l),
+                   np.zeros(T, np.int64), latents[order], order, -1, T - len(runs))
+
+
+def run_mla_case(config: str, case: MlaCase, stall: bool = True, seed: int = 0, name: str = "run",
+                 simulator: str = "icarus") -> list[int]:
+    """Simulate ``case`` on the config's MLA unit (the ``mla`` top); the run tokens'
+    token_cycles, in the case's order.  Raises if any output or cache row differs."""
+    from moekda.config import REPO_ROOT
+    from sim.cocotb_util import run_cocotb
+    run_dir = REPO_ROOT / "build" / load_config(config).name / "sim" / "mla" / "cases"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / f"{name}.npz"
+    save_case(case, path)
+    cycles = run_dir / f"{name}.cycles"
+    run_cocotb("mla", config, "sim.cocotb.tb_mla", simulator=simulator, test_name=name,
+               env={"MOEKDA_CASE": path, "MOEKDA_STALL": int(stall), "MOEKDA_SEED": seed,
+                    "MOEKDA_CYCLES_OUT": cycles})
+    return [int(v) for v in cycles.read_text().split()]
 
 
 def save_case(case: MlaCase, path) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from moekda.config import REPO_ROOT, ConfigError, config_from_dict, load_config
-from sim.cocotb_util import run_cocotb, simulator_available
+from sim.cocotb_util import simulator_available
 
 needs_icarus = pytest.mark.skipif(not simulator_available("icarus"), reason="icarus not installed")
 
@@ -34,17 +34,9 @@ def mla_config(base: str, layers, kv_rank: int) -> str:
 
 
 def run_mla(config: str, layers, slots, first=(), reset_in=-1, stall=True, seed=0, name="run", case=None):
-    from sim.cocotb.tb_mla import mla_case, save_case
+    from sim.cocotb.tb_mla import mla_case, run_mla_case
     case = case or mla_case(config, seed, layers, slots, first, reset_in)
-    run_dir = REPO_ROOT / "build" / load_config(config).name / "sim" / "mla" / "cases"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / f"{name}.npz"
-    save_case(case, path)
-    cycles = run_dir / f"{name}.cycles"
-    run_cocotb("mla", config, "sim.cocotb.tb_mla", simulator="icarus", test_name=name,
-               env={"MOEKDA_CASE": path, "MOEKDA_STALL": int(stall), "MOEKDA_SEED": seed,
-                    "MOEKDA_CYCLES_OUT": cycles})
-    return case, [int(v) for v in cycles.read_text().split()]
+    return case, run_mla_case(config, case, stall, seed, name)
 
 
 @pytest.fixture(scope="module")
