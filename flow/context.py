@@ -79,7 +79,8 @@ def kind_cost(cfg: Config, kind: str, context: int) -> dict:
     limits = {}
     if kind == "mla":
         r = m.kv_rank
-        row = -(-r * fm.act_bits // 8 // pb) * pb          # a latent in whole port beats
+        from hw.mla.cache import row_beats
+        row = row_beats(cfg) * pb                           # a latent in whole port beats
         # scores qa_h . c_j on the engine, the weighted sum of the c_j in the softmax's lanes
         c["attention_macs"] = 2 * H * r * context
         c["cache_read_bytes"] = H * context * row
@@ -191,18 +192,11 @@ def token_mixer_config(cfg: Config) -> str:
     m = cfg.model
     if m.attn_res == "none" and not m.moe_latent:
         return cfg.source or cfg.name
-    from flow.sweep import to_toml
-    from moekda.config import config_from_dict
+    from flow.sweep import write_config
     raw = cfg.to_dict()
     raw["model"].update(attn_res="none", moe_latent=0)
     raw["name"] = f"{cfg.name}-mixers"
-    config_from_dict(raw)
-    path = REPO_ROOT / "build" / "configs" / f"{raw['name']}.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = to_toml(raw)
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
-    return str(path)
+    return write_config(raw)
 
 
 def measure_mla_unit(cfg: Config, contexts, seed: int = 0, progress=None) -> dict:

@@ -164,6 +164,19 @@ def to_toml(cfg_dict: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_config(cfg_dict: dict) -> str:
+    """A derived config (Config.to_dict() changed, with its name) checked and written as
+    build/configs/<name>.toml, for benches that reload it from the file; rewritten only when
+    its text changes (the simulator builds key on it).  Returns the path."""
+    config_from_dict(cfg_dict)                  # checked here, with its one-line message
+    path = REPO_ROOT / "build" / "configs" / f"{cfg_dict['name']}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = to_toml(cfg_dict)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return str(path)
+
+
 def run_point(cfg_dict: dict, tokens: int, simulator: str, root: str) -> dict:
     """rtl + synth + STA + cycle count of one config; writes and returns its result."""
     from flow import bench

@@ -82,6 +82,7 @@ class ChipIO:
         from hw.mla.cache import mla_layers
         # the MLA layers' latent cache, a second memory in the sim top (sim/hdl/layer_sim.py)
         self.mems = ("mem", "cmem") if mla_layers(cfg) else ("mem",)
+
     def item(self, x, first, slot=0) -> dict:
         if self.model:
             return {"token": int(x), "first": int(first), **({"slot": int(slot)} if self.slots > 1 else {})}

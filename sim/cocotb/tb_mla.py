@@ -110,13 +110,14 @@ def long_mla_case(config: str, seed: int, context: int, run: int = 2, run_at=Non
     x = quantize_input(random_inputs(cfg, context, seed=seed + 1, model_seed=seed), q, cfg)
     xn = int_rmsnorm(x, q.attn_norm, fm)
     T = context
-    runs = sorted(set(range(T - run, T) if run_at is None else (int(p) for p in run_at)))
+    run_set = set(range(T - run, T) if run_at is None else (int(p) for p in run_at))
+    runs = sorted(run_set)
     if not runs or runs[0] < 0 or runs[-1] >= T:
         raise ValueError(f"run_at {run_at}: positions 0 to {T - 1}")
     want, latents = np.zeros_like(xn), np.zeros((T, cfg.model.kv_rank), np.int64)
     cache = IntMLACache()
     for t in range(T):
-        if t in runs:
+        if t in run_set:
             new, want[t] = int_mla_step(q.mla, cfg, fm, cache, xn[t])
             latent = new.latents[-1]
         else:
@@ -124,7 +125,7 @@ def long_mla_case(config: str, seed: int, context: int, run: int = 2, run_at=Non
         cache = IntMLACache(cache.latents + [latent])
         latents[t] = latent
     # the case's entries: the prefilled positions, then the run ones in order
-    order = np.array([t for t in range(T) if t not in set(runs)] + runs, np.int64)
+    order = np.array([t for t in range(T) if t not in run_set] + runs, np.int64)
     starts = np.zeros(T, bool)
     starts[0] = True
     params = {l: region_value(cfg, q.to_flat(), "mla", mixer=cfg.model.mixers[l], kind="mla")}

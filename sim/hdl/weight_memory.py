@@ -95,7 +95,7 @@ class HdlWeightMemory(wiring.Component):
             **(members or {}),
         })
 
-    def word_of(self, m, addr, beats):
+    def word_of(self, addr, beats):
         """(word of byte address ``addr`` in the current slot, its request of ``beats`` beats
         reaches past what the memory holds)."""
         return (addr // self.port_bytes + Mux(self.slot, self.words, 0),
@@ -159,7 +159,7 @@ class HdlWeightMemory(wiring.Component):
         m.d.comb += self.req.ready.eq((count < depth) & ~req_stalled)
         accept = self.req.valid & self.req.ready
         addr, beats = self.req.payload.addr, self.req.payload.beats
-        word, beyond = self.word_of(m, addr, beats)
+        word, beyond = self.word_of(addr, beats)
         with m.If(accept):
             m.d.sync += [q_word[tail].eq(word), q_beats[tail].eq(beats),
                          q_due[tail].eq(now + self.latency), tail.eq(bump(tail)),
@@ -188,7 +188,7 @@ class HdlCacheMemory(HdlWeightMemory):
         super().__init__(self.contexts * self.rows * self.stride, pb, cfg.hw.weight_port_latency, max_outstanding,
                          members={"wr_port": In(stream.Signature(cache_write_layout(pb)))})
 
-    def word_of(self, m, addr, beats):
+    def word_of(self, addr, beats):
         pb = self.port_bytes
         context = addr // self.context_bytes
         within = addr % self.context_bytes                 # byte offset inside the context
@@ -198,7 +198,7 @@ class HdlCacheMemory(HdlWeightMemory):
 
     def chip_writes(self, m, mem, rand) -> None:
         wp = mem.write_port()
-        word, beyond = self.word_of(m, self.wr_port.payload.addr, 1)
+        word, beyond = self.word_of(self.wr_port.payload.addr, 1)
         m.d.comb += [self.wr_port.ready.eq(~(rand[8:8 + STALL_BITS] < self.req_stall)),
                      wp.addr.eq(word), wp.data.eq(self.wr_port.payload.data),
                      wp.en.eq(self.wr_port.valid & self.wr_port.ready & ~beyond)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moekda.config import REPO_ROOT, ConfigError, config_from_dict, load_config
+from moekda.config import ConfigError, load_config
 from sim.cocotb_util import simulator_available
 
 needs_icarus = pytest.mark.skipif(not simulator_available("icarus"), reason="icarus not installed")
@@ -20,17 +20,11 @@ needs_icarus = pytest.mark.skipif(not simulator_available("icarus"), reason="ica
 
 def mla_config(base: str, layers, kv_rank: int) -> str:
     """A config file: ``base`` with ``layers`` as its token mixers (path, for the bench)."""
-    from flow.sweep import to_toml
+    from flow.sweep import write_config
     raw = load_config(base).to_dict()
     raw["model"].update(layers=list(layers), kv_rank=kv_rank)
     raw["name"] = f"{base}-mla"
-    config_from_dict(raw)                       # checked here, with its one-line message
-    path = REPO_ROOT / "build" / "configs" / f"{raw['name']}.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = to_toml(raw)
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
-    return str(path)
+    return write_config(raw)
 
 
 def run_mla(config: str, layers, slots, first=(), reset_in=-1, stall=True, seed=0, name="run", case=None):
