@@ -238,9 +238,13 @@ def simulate(cfg_name: str, tokens: int, simulator: str, seed: int = 0) -> dict:
     for t, cycles in zip(res.token_cycles_idx, res.token_cycles):
         if t < tokens:
             tc[int(t)] = int(cycles)
+    from hw.image.format import image_layout
     return {"simulator": simulator, "tokens": tokens, "match": res.match,
             "cycles": c.get("CYCLES"), "busy_cycles": c.get("BUSY_CYCLES"), "tokens_counted": c.get("TOKENS"),
             "weight_bytes": c.get("WEIGHT_BYTES"), "macs": c.get("MACS"),
+            # WEIGHT_BYTES counts the run's one LOAD too, which reads the whole image once
+            # (hw/chip/loader.py): not a token's traffic
+            "load_bytes": image_layout(drv.cfg).length,
             # the model chip's phase counters (hw/chip/csr.py STAGE_COUNTERS), summed over tokens
             **{k.lower(): c[k] for k in ("FETCH_CYCLES", "LAYER_CYCLES", "HEAD_CYCLES") if k in c},
             "cycles_per_token": res.cycles_per_token,
@@ -271,7 +275,8 @@ def assemble(cfg: Config, tr: Traffic, long_run: dict, speed: dict, synth: dict 
         "roofline_state_cycles": tr.state_cycles,
         "roofline_bound": tr.bound, "bound_by": tr.bound_by,
         "cycles_per_token": cpt, "utilisation": utilisation(tr.bound, cpt),
-        "measured_weight_bytes_per_token": (long_run["weight_bytes"] / long_run["tokens_counted"]
+        "measured_weight_bytes_per_token": ((long_run["weight_bytes"] - long_run.get("load_bytes", 0))
+                                            / long_run["tokens_counted"]
                                             if long_run.get("tokens_counted") else None),
         "token_cycles_at_context": ctx, "context_far": far,
         "context_ratio": (cfar / c16) if c16 and cfar and far > 16 else None,

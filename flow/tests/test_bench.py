@@ -98,8 +98,9 @@ def test_figures_at_fmax():
 
 
 def _long_run(tokens, per_token):
-    return {"simulator": "verilator", "tokens": tokens, "cycles_per_token": 1000.0, "weight_bytes": 3664 * tokens,
-            "tokens_counted": tokens, "run_s": 1.0,
+    # WEIGHT_BYTES as the chip counts it: the tokens' bytes and the run's one LOAD of the image
+    return {"simulator": "verilator", "tokens": tokens, "cycles_per_token": 1000.0,
+            "weight_bytes": 3664 * tokens + 70_000, "load_bytes": 70_000, "tokens_counted": tokens, "run_s": 1.0,
             "token_cycles_at": {str(p): (per_token[p] if p in per_token else None) for p in bench.CONTEXTS}}
 
 
@@ -110,6 +111,7 @@ def test_record_goals_and_markdown(tmp_path):
     long_run["cycles_per_token"] = tr.bound / 0.95
     rec = bench.assemble(cfg, tr, long_run, {}, None, "not synthesised")
     assert rec["utilisation"] == pytest.approx(0.95)
+    assert rec["measured_weight_bytes_per_token"] == 3664      # the LOAD's bytes are no token's
     assert rec["context_far"] == 4096 and rec["context_ratio"] == pytest.approx(1.015)
     assert rec["goals"] == {"utilisation >= 0.90 (small)": True, "cycles at context 4096 / at 16 <= 1.01": False}
     j, md = bench.write(rec, tmp_path)

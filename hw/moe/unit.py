@@ -66,13 +66,17 @@ routed expert e was chosen.  For tests and reports.
 Schedule of one token
 ---------------------
 Segments in this order: the router (E rows), the shared experts, then the k
-chosen experts in rank order.  The router and shared-expert weights are
-requested as soon as the token arrives; each chosen expert is one more
-request (its gate, up and down matrices are contiguous), issued as soon as
-the top-k selector has its indices - while the shared experts still stream,
-so the memory latency is hidden when n_shared >= 1.  A dense layer's token:
-the C chunks, segments 1..C, every request issued as soon as the port takes
-it (nothing to wait for), so its latency shows once per token.
+chosen experts in rank order.  Each segment's gate, up and down matrices are
+phases of their own, interleaved so that the engine never waits for an
+expert's hidden vector while another expert has rows to stream:
+
+    R, G1, U1, G2, D1, U2, G3, D2, U3, D3      (``next_phase``)
+
+One request a phase, each issued as soon as the port takes the previous one;
+a routed expert's requests wait for the top-k selector's indices (they come
+while the shared experts stream, so the memory latency is hidden when
+n_shared >= 1).  A dense layer's token: the C chunks, segments 1..C, in the
+same order, its latency showing once per token.
 
 Every projection (router, and gate, up, down of every shared and chosen
 expert) runs on ONE matrix-vector engine (hw/arith/matvec.py), shared in time:
@@ -85,12 +89,15 @@ hands back a tag (matrix, row, segment) with each result, and is built
 ``always_ready`` (no FIFO: the pipeline after it never stalls).  A beat
 waits only (a) before the first down-projection beat of an expert, until
 that expert's hidden vector is complete (engine and product pipelines drain,
-exponent, conversion: ~35 + d_ff/port_bytes cycles per expert), and (b) for
-a routed expert, until its weight is known.
+exponent, conversion: ~35 + d_ff/port_bytes cycles; behind the next expert's
+gate rows, so only the last expert's down rows of a token see it), and (b)
+for a routed expert, until its weight is known.  The SiLU values of the gate
+rows and the products SiLU * up have a buffer each (``sbuf``, ``pbuf``): the
+next expert's gate rows land while this expert's products are converted.
 
 Results go through a fixed pipeline that never stalls: clamp -> router code ->
-sigmoid table -> (+ bias) -> top-k; gate code -> SiLU table -> buffer; up ->
-SiLU * up (15 bits) -> buffer, OR of magnitudes; a cycle after the last up
+sigmoid table -> (+ bias) -> top-k; gate code -> SiLU table -> sbuf; up ->
+SiLU * up (15 bits) -> pbuf, OR of magnitudes; a cycle after the last up
 row the hidden exponent sh = max(0, bitlen(max|prod|) - 7), then the
 conversion hid = sat8(prod >> sh, rounded), port_bytes values per cycle; the
 down projection's shift is down_s - sh.  Down results: weight * output +
@@ -323,9 +330,12 @@ class MoEUnit(wiring.Component):
         # ---- token state ----
         x = Signal(data.ArrayLayout(signed(8), nb_d * pb))          # zero-padded to whole beats
         h = [Signal(signed(8), name=f"h{j}") for j in range(nb_f * pb)]   # hidden vector, padded
-        # per hidden unit: the SiLU value from the gate row, then the product SiLU * up
-        buf = [Signal(signed(PROD_BITS + 1), name=f"buf{j}") for j in range(f)]
-        buf_padded = buf + [Const(0, signed(PROD_BITS + 1))] * (nb_f * pb - f)
+        # per hidden unit: the SiLU value from the gate row (sbuf), and the product SiLU * up
+        # (pbuf): two buffers, since the next expert's gate rows run while this expert's
+        # products are converted (the schedule below)
+        sbuf = [Signal(self.silu_shape, name=f"sbuf{j}") for j in range(f)]
+        pbuf = [Signal(signed(PROD_BITS + 1), name=f"pbuf{j}") for j in range(f)]
+        pbuf_padded = pbuf + [Const(0, signed(PROD_BITS + 1))] * (nb_f * pb - f)
         orb = Signal(PROD_BITS)        # OR of |prod| so far in this expert
         hid_sh = Signal(range(PROD_BITS - 6))   # the hidden vector's exponent (int_expert's ``sh``), 0..8
         half_sh = Signal(PROD_BITS - 7)         # its rounding constant 2**(sh-1) (0 for sh = 0)
@@ -369,33 +379,62 @@ class MoEUnit(wiring.Component):
             m.d.sync += out_valid.eq(0)
         m.d.comb += self.tokens_done.eq(chunked_counter(m, plan, self.counter_bits, delivered, "tokens"))
 
-        # ---- requests: router, shared experts, then the chosen experts ----
+        # ---- the order of a token's matrices (phases), one function for the requests and
+        # the beats: the router, then for each segment s its gate rows, the previous
+        # segment's down rows, its up rows, and last the last segment's down rows:
+        #   R, G1, U1, G2, D1, U2, G3, D2, U3, D3
+        # so the engine streams the next expert's gate rows while this expert's products
+        # become its hidden vector (the down rows wait for it), and only the last expert's
+        # down rows wait (the conversion: ~35 + d_ff/port_bytes cycles).
+        def next_phase(seg, mat, name):
+            """(segment, matrix) of the phase after (seg, mat), and whether (seg, mat) is the last."""
+            n_seg = Signal(range(nseg + 1), name=f"{name}_next_seg")
+            n_mat = Signal(2, name=f"{name}_next_mat")
+            last = Signal(name=f"{name}_last")
+            with m.Switch(mat):
+                with m.Case(ROUTER):
+                    m.d.comb += [n_seg.eq(1), n_mat.eq(GATE)]
+                with m.Case(GATE):
+                    m.d.comb += [n_seg.eq(Mux(seg == 1, seg, seg - 1)), n_mat.eq(Mux(seg == 1, UP, DOWN))]
+                with m.Case(UP):
+                    m.d.comb += [n_seg.eq(Mux(seg == seg_last, seg, seg + 1)),
+                                 n_mat.eq(Mux(seg == seg_last, DOWN, GATE))]
+                with m.Case(DOWN):
+                    m.d.comb += [n_seg.eq(seg + 1), n_mat.eq(UP), last.eq(seg == seg_last)]
+            return n_seg, n_mat, last
+
+        # ---- requests: one a phase (a matrix of the router or of an expert) ----
         rq_seg = Signal(range(nseg + 1))
+        rq_mat = Signal(2)
         rq_busy = Signal()
-        addr_shape = range(max(max(b) for b in self.bank_addr) + 1)
+        mat_offset = {ROUTER: 0, GATE: 0, UP: f * nb_d * pb, DOWN: 2 * f * nb_d * pb}
+
+        def phase_addr(l, b, mat):
+            """The address of matrix ``mat`` of bank b of layer l (the router's for ROUTER)."""
+            if mat == ROUTER:
+                return self.router_addr[l]
+            return self.bank_addr[l][b] + mat_offset[mat] if b < self.nbanks else 0
+        addr_shape = range(max(max(self.router_addr), max(max(b) for b in self.bank_addr) + mat_offset[DOWN]) + 1)
         req = self.wport.req
+        rq_bank = Signal(range(self.nbanks), name="rq_bank")
+        m.d.comb += rq_bank.eq(bank_of(rq_seg))
+        nb = 1 << len(rq_bank)
+        # one constant per (layer, bank, matrix): a lookup of a few address bits, no adder (a
+        # dense layer's layout is not a MoE layer's)
         if L == 1:
-            bank_addr = Array(Const(a, addr_shape) for a in self.bank_addr[0])
-            router_addr = self.router_addr[0]
-            rq_addr = bank_addr[bank_of(rq_seg)]
+            phase_addrs = Array(Const(phase_addr(0, b, mat), addr_shape) for b in range(nb) for mat in range(4))
+            rq_addr = phase_addrs[Cat(rq_mat, rq_bank)]
         else:
-            # one constant per (layer, bank): a lookup of a few address bits by the registered
-            # layer and the bank, no adder (a dense layer's layout is not a MoE layer's)
-            rq_bank = Signal(range(self.nbanks), name="rq_bank")
-            m.d.comb += rq_bank.eq(bank_of(rq_seg))
-            nb = 1 << len(rq_bank)
-            bank_addr = Array(Const(self.bank_addr[l][b] if l < L and b < self.nbanks else 0, addr_shape)
-                              for l in range(1 << len(layer_r)) for b in range(nb))
-            router_addr = Array(Const(self.router_addr[min(l, L - 1)], addr_shape)
-                                for l in range(1 << len(layer_r)))[layer_r]
-            rq_addr = bank_addr[Cat(rq_bank, layer_r)]
+            phase_addrs = Array(Const(phase_addr(min(l, L - 1), b, mat), addr_shape)
+                                for l in range(1 << len(layer_r)) for b in range(nb) for mat in range(4))
+            rq_addr = phase_addrs[Cat(rq_mat, rq_bank, layer_r)]
         # rq_seg <= S as a register (the compare in front of the arbiter's grant and the
         # chip's request register was on small's worst path with run-time parameters);
         # a dense layer's segments never wait for the router
         rq_fixed = Signal()
         if L == 1:
             m.d.comb += [req.valid.eq(rq_busy & (rq_fixed | route.idx_valid)),
-                         req.payload.addr.eq(Mux(rq_seg == 0, router_addr, rq_addr))]
+                         req.payload.addr.eq(rq_addr)]
         else:
             # the (layer, bank) lookup after bank_of made the address path to the port
             # model-small's worst (-0.08 ns at 1 ns, before the arbiter): the address is a
@@ -408,17 +447,21 @@ class MoEUnit(wiring.Component):
             idx_valid_r = Signal(name="idx_valid_r")
             first_addr = Array(Const(self.router_addr[l] if self.mixers[l] == "moe" else
                                      self.bank_addr[l][E + S], addr_shape) for l in range(L))[self.layer]
-            m.d.sync += [rq_addr_r.eq(Mux(start, first_addr, Mux(rq_seg == 0, router_addr, rq_addr))),
+            m.d.sync += [rq_addr_r.eq(Mux(start, first_addr, rq_addr)),
                          rq_moved.eq(req.valid & req.ready), idx_valid_r.eq(route.idx_valid)]
             m.d.comb += [req.valid.eq(rq_busy & ~rq_moved & (rq_fixed | idx_valid_r)),
                          req.payload.addr.eq(rq_addr_r)]
-        m.d.comb += req.payload.beats.eq(Mux(rq_seg == 0, self.router_beats, self.expert_beats))
+        phase_beats = Array([self.router_beats, f * nb_d, f * nb_d, d * nb_f])
+        m.d.comb += req.payload.beats.eq(phase_beats[rq_mat])
+        rq_next_seg, rq_next_mat, rq_last = next_phase(rq_seg, rq_mat, "rq")
         with m.If(start):
-            # MoE: segment 0 (<= S); dense: segment 1, the first chunk
-            m.d.sync += [rq_seg.eq(mode(1, 0, dense_now)), rq_busy.eq(1), rq_fixed.eq(1)]
+            # MoE: the router (segment 0, <= S); dense: segment 1's gate, the first chunk
+            m.d.sync += [rq_seg.eq(mode(1, 0, dense_now)), rq_mat.eq(mode(GATE, ROUTER, dense_now)),
+                         rq_busy.eq(1), rq_fixed.eq(1)]
         with m.If(req.valid & req.ready):
-            m.d.sync += [rq_seg.eq(rq_seg + 1), rq_fixed.eq(mode(1, rq_seg < S))]   # (rq_seg + 1) <= S
-            with m.If(rq_seg == seg_last):
+            # a routed expert's matrices wait for its index (segments > S)
+            m.d.sync += [rq_seg.eq(rq_next_seg), rq_mat.eq(rq_next_mat), rq_fixed.eq(mode(1, rq_next_seg <= S))]
+            with m.If(rq_last):
                 m.d.sync += rq_busy.eq(0)
 
         # ---- beat sequencer: response beats -> engine beats ----
@@ -437,6 +480,8 @@ class MoEUnit(wiring.Component):
         bank = Signal(range(self.nbanks))
         if not C:
             m.d.comb += bank.eq(bank_of(c_seg))     # (with dense chunks: a register, below)
+        c_next_seg, c_next_mat, c_last = next_phase(c_seg, c_mat, "c")
+        phase_end = Signal()
         # (a) a down projection needs this expert's complete hidden vector,
         # (b) a routed expert's down results need its routing weight.
         hold = Signal()
@@ -445,20 +490,18 @@ class MoEUnit(wiring.Component):
         resp = self.wport.resp
         beat = Signal()
         # the engine is always ready (its results go into a pipeline that never stalls)
-        m.d.comb += [resp.ready.eq(c_busy & ~hold), beat.eq(resp.valid & resp.ready)]
+        m.d.comb += [resp.ready.eq(c_busy & ~hold), beat.eq(resp.valid & resp.ready),
+                     phase_end.eq(beat & (c_beat == row_beats - 1) & (c_row == rows - 1))]
         if C:
             # with the dense chunks' banks the bank selects among E + S + C values of every
             # (m, s): from c_seg through bank_of and that mux into the engine's input register
             # and down_shift was model-small's worst path (-0.04 ns at 1 ns).  So the bank is a
-            # register: the next segment's, computed a cycle ahead, taken when a segment ends,
-            # and otherwise the current one's (a routed segment's idx may come after its start;
-            # its first beat comes later still: requested once idx is valid, one latency on).
-            # A beat's bank is then right as long as no expert segment is one beat long (>= 3).
+            # register: the next phase's segment's, computed a cycle ahead, taken when a phase
+            # ends, and otherwise the current one's (a routed segment's idx may come after its
+            # start; its first beat comes later still: requested once idx is valid, one latency
+            # on).  A beat's bank is then right as long as no phase is one beat long (>= 2).
             bank_next = Signal.like(bank, name="bank_next")
-            seg_end = Signal()
-            m.d.comb += seg_end.eq(beat & (c_beat == row_beats - 1) & (c_row == rows - 1) &
-                                   ((c_mat == ROUTER) | is_down))
-            m.d.sync += [bank_next.eq(bank_of(c_seg + 1)), bank.eq(Mux(seg_end, bank_next, bank_of(c_seg)))]
+            m.d.sync += [bank_next.eq(bank_of(c_next_seg)), bank.eq(Mux(phase_end, bank_next, bank_of(c_seg)))]
         with m.If(beat & is_down & (c_row == 0) & (c_beat == 0)):
             m.d.sync += h_ok.eq(0)     # h now belongs to this segment's down rows only
 
@@ -469,11 +512,16 @@ class MoEUnit(wiring.Component):
         # the down projection's shift absorbs the hidden exponent of this expert
         # (down_s >= 1 + the largest exponent: hw/image/param_map.py's range)
         # down_s - hid_sh as a register (the subtraction before the engine's shift input was
-        # small's worst path): its inputs settle long before a down beat can go (the beat waits
-        # for h_ok, set after the conversion that follows hid_sh; the segment is the same since
-        # its gate projection)
+        # small's worst path), of the segment whose down rows come next (dn_seg: the one whose
+        # up rows ended last; its down rows follow the next segment's gate rows), its bank a
+        # register before: both settle long before a down beat can go (the beat waits for
+        # h_ok, set after the conversion that follows hid_sh, ~10 cycles after the up rows)
+        dn_seg = Signal(range(nseg), name="dn_seg")
+        dn_bank = Signal(range(self.nbanks), name="dn_bank")
+        with m.If(phase_end & (c_mat == UP)):
+            m.d.sync += dn_seg.eq(c_seg)
         down_shift = Signal.like(per_bank("down_s")[0], name="down_shift")
-        m.d.sync += down_shift.eq(per_bank("down_s")[bank] - hid_sh)
+        m.d.sync += [dn_bank.eq(bank_of(dn_seg)), down_shift.eq(per_bank("down_s")[dn_bank] - hid_sh)]
         kind_s = {ROUTER: prm.router.s, GATE: per_bank("gate_s")[bank],
                   UP: per_bank("up_s")[bank], DOWN: down_shift}
         ei = eng.i.payload
@@ -494,13 +542,9 @@ class MoEUnit(wiring.Component):
             with m.If(c_beat == row_beats - 1):
                 m.d.sync += [c_beat.eq(0), c_row.eq(c_row + 1)]
                 with m.If(c_row == rows - 1):
-                    m.d.sync += c_row.eq(0)
-                    with m.If((c_mat == ROUTER) | is_down):
-                        m.d.sync += [c_seg.eq(c_seg + 1), c_mat.eq(GATE)]
-                        with m.If(c_seg == seg_last):
-                            m.d.sync += c_busy.eq(0)
-                    with m.Else():
-                        m.d.sync += c_mat.eq(c_mat + 1)
+                    m.d.sync += [c_row.eq(0), c_seg.eq(c_next_seg), c_mat.eq(c_next_mat)]
+                    with m.If(c_last):
+                        m.d.sync += c_busy.eq(0)
 
         # ---- result pipeline (never stalls) ----
         def reg(name, shape, value, reset_less=True):
@@ -547,7 +591,7 @@ class MoEUnit(wiring.Component):
                      topk.inp.payload.tag.eq(k_tag)]
         for j in range(f):
             with m.If(t_valid & (t_kind == GATE) & (t_row == j)):
-                m.d.sync += buf[j].eq(mode(silu_luts[-1].data, silu_lut.data))
+                m.d.sync += sbuf[j].eq(mode(silu_luts[-1].data, silu_lut.data))
         rank = (t_seg - 1 - S)[:max(1, (k - 1).bit_length())]
         # down: routed experts weigh by wt, shared ones by 1.0 = 1 << wn_frac
         # (a dense layer's chunks all weigh 1.0)
@@ -557,7 +601,7 @@ class MoEUnit(wiring.Component):
         o_row = reg("o_row", t_row.shape(), t_row)
         o_seg = reg("o_seg", t_seg.shape(), t_seg)
         o_a = reg("o_a", signed(max(PROD_BITS + 1, self.widths["route_weight"] + 1)),
-                  Mux(t_kind == UP, Array(buf)[t_row[:max(1, (f - 1).bit_length())]], weight))
+                  Mux(t_kind == UP, Array(sbuf)[t_row[:max(1, (f - 1).bit_length())]], weight))
         o_b = reg("o_b", t_y.shape(), t_y)
 
         # stage O: the product, SiLU * up, or for the down rows weight * expert
@@ -578,14 +622,14 @@ class MoEUnit(wiring.Component):
         u_valid, u_kind, u_row, u_seg = (live[n] for n in ("valid", "kind", "row", "seg"))
         u_val = live["p"].as_signed()
 
-        # stage U, up: the product replaces the SiLU value in the buffer; the OR of
+        # stage U, up: the product goes into its buffer; the OR of
         # the magnitudes has the bit length of max|prod| (the hidden exponent)
         prod16 = u_val[:PROD_BITS + 1].as_signed()
         magnitude = Mux(prod16 < 0, -prod16, prod16)[:PROD_BITS]
         with m.If(u_valid & (u_kind == UP)):
             for j in range(f):
                 with m.If(u_row == j):
-                    m.d.sync += buf[j].eq(prod16)
+                    m.d.sync += pbuf[j].eq(prod16)
             m.d.sync += orb.eq(Mux(u_row == 0, 0, orb) | magnitude)
             with m.If(u_row == f - 1):
                 m.d.sync += [exp_go.eq(1), exp_seg.eq(u_seg)]
@@ -608,7 +652,7 @@ class MoEUnit(wiring.Component):
         cv = Pipe(m, plan, "cv")
         live = {"valid": conv_busy, "j": conv_j, "last": conv_j == nb_f - 1}
         live = cv.spend(delays.mux_level * max(1, (nb_f - 1).bit_length()), live)
-        lanes_in = [Array(buf_padded[j * pb + i] for j in range(nb_f))[live["j"]] for i in range(pb)]
+        lanes_in = [Array(pbuf_padded[j * pb + i] for j in range(nb_f))[live["j"]] for i in range(pb)]
         live = cv.spend(delays.adder(PROD_BITS + 2), {**live, "v": lanes_in})
         rounded = [prefix_add(m, sign_extend(v, PROD_BITS + 2), half_sh, PROD_BITS + 2, f"cv_round{i}")
                    for i, v in enumerate(live.pop("v"))]
