@@ -84,7 +84,7 @@ def utilisation(bound: float, measured: float) -> float:
 
 def traffic(cfg: Config) -> Traffic:
     from hw.chip.layer import macs_per_token
-    from hw.image.memory_map import memory_map
+    from hw.image.memory_map import memory_map, moe_token_regions
     from moekda.config import require_chip_model
     # the chip's bytes and MACs (kda layers): the memory map alone holds mla layers too
     require_chip_model(cfg)
@@ -93,11 +93,8 @@ def traffic(cfg: Config) -> Traffic:
     if not m.is_layer_chip:
         return model_traffic(cfg)
     kda = sum(r.nbytes for name, r in mm.regions.items() if name.startswith("kda."))
-    router = mm["moe.router"].nbytes
-    # every expert has the same shape; expert0 stands for one
-    expert = sum(mm[n].nbytes for n in ("moe.expert0.gate", "moe.expert0.up", "moe.expert0.down"))
-    moe = router + (m.n_shared + m.top_k) * expert
-    dense = router + (m.n_shared + m.n_experts) * expert
+    moe = sum(mm[n].nbytes for n in moe_token_regions(cfg))
+    dense = sum(mm[n].nbytes for n in moe_token_regions(cfg, routed=m.n_experts))
     return Traffic(macs=macs_per_token(cfg), weight_bytes=kda + moe, dense_bytes=kda + dense,
                    lanes=cfg.hw.lanes, port_bytes=cfg.hw.weight_port_bytes, state_cycles=state_cycles(cfg))
 
@@ -118,7 +115,7 @@ def model_traffic(cfg: Config) -> Traffic:
     halves' beats / sequences), the embedding row and the LM head.  ``dense_bytes``: the
     same with every routed expert."""
     from hw.chip.model import model_macs_per_token
-    from hw.image.memory_map import layer_count, layer_prefix, memory_map, sequence_slots
+    from hw.image.memory_map import layer_count, layer_prefix, memory_map, moe_token_regions, sequence_slots
     from hw.image.param_map import fetch_halves
     mm = memory_map(cfg)
     m = cfg.model
@@ -133,10 +130,8 @@ def model_traffic(cfg: Config) -> Traffic:
             mix = sum(r.nbytes for name, r in mm.regions.items() if name.startswith(p + "dense."))
             weight, dense = weight + kda + mix + block, dense + kda + mix + block
         else:
-            router = mm[p + "moe.router"].nbytes
-            expert = sum(mm[p + f"moe.expert0.{t}"].nbytes for t in ("gate", "up", "down"))
-            weight += kda + block + router + (m.n_shared + m.top_k) * expert
-            dense += kda + block + router + (m.n_shared + m.n_experts) * expert
+            weight += kda + block + sum(mm[n].nbytes for n in moe_token_regions(cfg, p))
+            dense += kda + block + sum(mm[n].nbytes for n in moe_token_regions(cfg, p, routed=m.n_experts))
     emb = mm["embedding"].row_bytes
     head = (mm["lm_head"] if "lm_head" in mm else mm["embedding"]).nbytes
     return Traffic(macs=model_macs_per_token(cfg), weight_bytes=weight + emb + head, dense_bytes=dense + emb + head,

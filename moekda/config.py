@@ -324,22 +324,22 @@ def hybrid_parts(m) -> list[str]:
 
 def require_image_model(cfg: Config) -> None:
     """ConfigError unless the memory image (hw/image/: memory map, parameter map, pack and
-    unpack) holds this model: kda and Gated MLA ("mla") layers; Attention Residuals and
-    LatentMoE have float and integer models (sim/models/) only so far."""
-    parts = [p for p in hybrid_parts(cfg.model) if not p.startswith("model.layers")]
-    if parts:
-        raise ConfigError(f"config {cfg.name}: {', '.join(parts)}: float and integer models only so far; the memory "
-                          f"image holds kda and mla layers, model.attn_res = \"none\" and model.moe_latent = 0")
+    unpack) holds this model: kda and Gated MLA ("mla") layers, MoE and LatentMoE channel
+    mixers; Attention Residuals have float and integer models (sim/models/) only so far."""
+    _require_built(cfg, "the memory image holds")
 
 
 def require_chip_model(cfg: Config) -> None:
     """ConfigError unless the chip (the RTL: hw/chip/model.py, hw/tops.py) builds this model:
-    kda and Gated MLA ("mla") layers; Attention Residuals and LatentMoE have float and
-    integer models (sim/models/) only so far."""
-    parts = [p for p in hybrid_parts(cfg.model) if not p.startswith("model.layers")]
-    if parts:
-        raise ConfigError(f"config {cfg.name}: {', '.join(parts)}: float and integer models only so far; the chip "
-                          f"builds kda and mla layers, model.attn_res = \"none\" and model.moe_latent = 0")
+    as ``require_image_model``."""
+    _require_built(cfg, "the chip builds")
+
+
+def _require_built(cfg: Config, what: str) -> None:
+    if cfg.model.attn_res != "none":
+        raise ConfigError(f"config {cfg.name}: model.attn_res = \"{cfg.model.attn_res}\": float and integer "
+                          f"models only so far; {what} kda and mla layers, MoE and LatentMoE mixers, and "
+                          f"model.attn_res = \"none\"")
 
 
 def _check_relations(cfg: Config):

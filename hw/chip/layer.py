@@ -41,7 +41,7 @@ from amaranth.lib.wiring import In, Out, connect
 
 from hw.chip.csr import LayerCsr, WishboneSignature
 from hw.chip.datapath import SEQ_BITS, LayerDatapath
-from hw.image.memory_map import memory_map
+from hw.image.memory_map import memory_map, moe_token_regions
 from hw.image.format import image_layout
 from hw.chip.loader import ImageLoader
 from hw.chip.skid import SkidBuffer
@@ -68,14 +68,11 @@ def token_out_layout(cfg) -> data.StructLayout:
 
 def macs_per_token(cfg) -> int:
     """Weight-matrix multiply-accumulates per token: one per weight element used (every
-    KDA matrix, the router, the shared experts and the top_k chosen experts).  The
+    KDA matrix and the MoE's matrices a token reads, ``moe_token_regions``).  The
     short convolution, the norms and the state update are not counted."""
     mm = memory_map(cfg)
-    m = cfg.model
     kda = sum(r.rows * r.cols for name, r in mm.regions.items() if name.startswith("kda."))
-    router = mm["moe.router"].rows * mm["moe.router"].cols
-    expert = sum(mm[f"moe.expert0.{t}"].rows * mm[f"moe.expert0.{t}"].cols for t in ("gate", "up", "down"))
-    return kda + router + (m.n_shared + m.top_k) * expert
+    return kda + sum(mm[n].rows * mm[n].cols for n in moe_token_regions(cfg))
 
 
 def engine_macs_per_token(cfg) -> int:
@@ -83,11 +80,9 @@ def engine_macs_per_token(cfg) -> int:
     engines take, i.e. every row of every matrix used, padded to whole beats (a row of C
     weights is ceil(C / lanes) beats).  Equals ``macs_per_token`` + ``padding_macs_per_token``."""
     mm = memory_map(cfg)
-    m, lanes = cfg.model, cfg.hw.lanes
+    lanes = cfg.hw.lanes
     kda = sum(r.beats for name, r in mm.regions.items() if name.startswith("kda."))
-    router = mm["moe.router"].beats
-    expert = sum(mm[f"moe.expert0.{t}"].beats for t in ("gate", "up", "down"))
-    return lanes * (kda + router + (m.n_shared + m.top_k) * expert)
+    return lanes * (kda + sum(mm[n].beats for n in moe_token_regions(cfg)))
 
 
 def padding_macs_per_token(cfg) -> int:
@@ -95,13 +90,12 @@ def padding_macs_per_token(cfg) -> int:
     difference between the MACS counter and the analytic MACs (tiny 0, small 1 024:
     f_up and g_up rows of gate_rank 8 on 16 lanes)."""
     mm = memory_map(cfg)
-    m, lanes = cfg.model, cfg.hw.lanes
+    lanes = cfg.hw.lanes
 
     def pad(r):
         return r.rows * (-r.cols % lanes)
     kda = sum(pad(r) for name, r in mm.regions.items() if name.startswith("kda."))
-    expert = sum(pad(mm[f"moe.expert0.{t}"]) for t in ("gate", "up", "down"))
-    return kda + pad(mm["moe.router"]) + (m.n_shared + m.top_k) * expert
+    return kda + sum(pad(mm[n]) for n in moe_token_regions(cfg))
 
 
 class LayerTop(wiring.Component):

@@ -54,7 +54,7 @@ from hw.chip.skid import SkidBuffer
 from hw.chip.weight_port import WeightPortSignature
 from hw.image.format import image_layout
 from hw.image.memory_map import (layer_bits, layer_count, layer_kind, layer_prefix, memory_map, mla_tensors,
-                                 sequence_slots, slot_bits)
+                                 moe_token_regions, sequence_slots, slot_bits)
 from hw.mla.cache import CachePortSignature, cache_write_layout, mla_layers, row_beats
 from moekda.config import ConfigError, require_chip_model
 from moekda.formats import formats_for
@@ -108,9 +108,7 @@ def _used_matrices(cfg) -> list[str]:
         if m.mixers[l] == "dense":
             out += [p + f"dense.chunk{c}.{t}" for c in range(m.dense_chunks) for t in ("gate", "up", "down")]
         else:
-            out.append(p + "moe.router")
-            out += [p + f"moe.shared{s}.{t}" for s in range(m.n_shared) for t in ("gate", "up", "down")]
-            out += [p + f"moe.expert0.{t}" for _ in range(m.top_k) for t in ("gate", "up", "down")]
+            out += moe_token_regions(cfg, p)
     out.append("lm_head" if "lm_head" in mm else "embedding")
     return out
 

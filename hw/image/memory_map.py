@@ -79,13 +79,38 @@ def moe_tensors(cfg) -> list[tuple[str, int, int]]:
     ``moe.expert{e}.gate|up`` d_ff x d_model
     ``moe.expert{e}.down``    d_model x d_ff
     ``moe.shared{s}.*``       the same shapes for each shared expert
+
+    LatentMoE (``model.moe_latent`` = l > 0): ``moe.lat_down`` l x d_model and ``moe.lat_up``
+    d_model x l after the router, and the routed experts at width l (gate, up d_ff x l, down
+    l x d_ff); the shared experts keep the full width.
     """
     m = cfg.model
-    out = [("moe.router", m.n_experts, m.d_model)]
-    for prefix in [f"moe.expert{e}" for e in range(m.n_experts)] + [f"moe.shared{s}" for s in range(m.n_shared)]:
-        out += [(f"{prefix}.gate", m.d_ff, m.d_model),
-                (f"{prefix}.up", m.d_ff, m.d_model),
-                (f"{prefix}.down", m.d_model, m.d_ff)]
+    d, lat = m.d_model, m.moe_latent
+    out = [("moe.router", m.n_experts, d)]
+    if lat:
+        out += [("moe.lat_down", lat, d), ("moe.lat_up", d, lat)]
+    for e in range(m.n_experts):
+        w = lat or d          # LatentMoE: the routed experts at the latent width
+        out += [(f"moe.expert{e}.gate", m.d_ff, w), (f"moe.expert{e}.up", m.d_ff, w),
+                (f"moe.expert{e}.down", w, m.d_ff)]
+    for s in range(m.n_shared):
+        out += [(f"moe.shared{s}.gate", m.d_ff, d), (f"moe.shared{s}.up", m.d_ff, d),
+                (f"moe.shared{s}.down", d, m.d_ff)]
+    return out
+
+
+def moe_token_regions(cfg, prefix: str = "", routed: int | None = None) -> list[str]:
+    """The MoE matrices one token reads, each once: the router, a LatentMoE's two projections,
+    the shared experts and ``routed`` routed experts (default top_k; all of one shape, so
+    expert 0 stands for each chosen one; n_experts gives the dense equivalent).  ``prefix``:
+    a model layer's (``layers.<l>.``).  The one list the analytic MAC and byte counts use."""
+    m = cfg.model
+    out = [prefix + "moe.router"]
+    if m.moe_latent:
+        out += [prefix + "moe.lat_down", prefix + "moe.lat_up"]
+    out += [prefix + f"moe.shared{s}.{t}" for s in range(m.n_shared) for t in ("gate", "up", "down")]
+    out += [prefix + f"moe.expert0.{t}" for _ in range(m.top_k if routed is None else routed)
+            for t in ("gate", "up", "down")]
     return out
 
 
@@ -256,9 +281,12 @@ def read_weights(mmap: MemoryMap, image: bytes) -> dict[str, np.ndarray]:
     return out
 
 
-def tensor_sources(n_experts: int, n_shared: int) -> dict[str, tuple[str, int | None]]:
-    """Region name -> (dotted QLayer.to_flat() name, index into a bank of experts or None)."""
+def tensor_sources(n_experts: int, n_shared: int, latent: bool = False) -> dict[str, tuple[str, int | None]]:
+    """Region name -> (dotted QLayer.to_flat() name, index into a bank of experts or None);
+    ``latent``: a LatentMoE's two projections too."""
     out = {"moe.router": ("moe.router.w", None)}
+    if latent:
+        out.update({"moe.lat_down": ("moe.lat_down.w", None), "moe.lat_up": ("moe.lat_up.w", None)})
     for bank, prefix, n in (("routed", "moe.expert", n_experts), ("shared", "moe.shared", n_shared)):
         for e in range(n):
             for mat in ("gate", "up", "down"):
@@ -274,13 +302,14 @@ def flat_tensors(flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every region's matrix from the flat integer parameters (QLayer.to_flat())."""
     n_routed, n_shared = (len(flat.get(f"moe.{b}.gate_w", ())) for b in ("routed", "shared"))
     return {region: (np.asarray(flat[name]) if e is None else np.asarray(flat[name])[e])
-            for region, (name, e) in tensor_sources(n_routed, n_shared).items()}
+            for region, (name, e) in tensor_sources(n_routed, n_shared, "moe.lat_down.w" in flat).items()}
 
 
 def tensors_flat(cfg, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The inverse of ``flat_tensors``: the matrices under their QLayer.to_flat() names."""
     out: dict[str, list | np.ndarray] = {}
-    for region, (name, e) in tensor_sources(cfg.model.n_experts, cfg.model.n_shared).items():
+    for region, (name, e) in tensor_sources(cfg.model.n_experts, cfg.model.n_shared,
+                                            bool(cfg.model.moe_latent)).items():
         if e is None:
             out[name] = np.asarray(tensors[region], dtype=np.int64)
         else:
@@ -310,10 +339,10 @@ def model_tensor_sources(cfg) -> dict[str, tuple[str, int | None]]:
     region of ``model_tensors`` (the layer chip: ``tensor_sources``, QLayer names)."""
     m = cfg.model
     if m.is_layer_chip:
-        return tensor_sources(m.n_experts, m.n_shared)
+        return tensor_sources(m.n_experts, m.n_shared, bool(m.moe_latent))
     out = {}
     for l, (kind, mx) in enumerate(zip(m.layers, m.mixers)):
-        src = tensor_sources(m.n_experts, m.n_shared)
+        src = tensor_sources(m.n_experts, m.n_shared, bool(m.moe_latent))
         if mx == "dense":
             src = {k: v for k, v in src.items() if k.startswith("kda.")}
             for c in range(m.dense_chunks):

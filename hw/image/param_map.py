@@ -180,6 +180,12 @@ def param_fields(cfg, mixer: str = "moe", kind: str = "kda") -> list[ParamField]
         # down_s above every sh the unit's 6-bit subtraction can neither wrap nor reach 0
         out[-1] = replace(out[-1], lo=dw["swiglu_prod"] - fm.hid_bits + 1)
     out.append(_f("moe.rs", (), dw["rs_int"], False, "routed_scaling as U.rs_frac"))
+    if m.moe_latent:
+        # LatentMoE (int_moe.py): z = lat_down(hn) int8; the routed sum requantised by
+        # (lat_m, lat_s) to int8; lat_up back to d_model at the experts' output scale
+        requant("moe.lat_down.m", "moe.lat_down.s", "LatentMoE down-projection")
+        requant("moe.lat_up.m", "moe.lat_up.s", "LatentMoE up-projection")
+        requant("moe.lat_m", "moe.lat_s", "LatentMoE routed sum -> int8")
     requant("moe.comb_m", "moe.comb_s", "MoE combine -> resid_bits")
     residual("res2", "MoE residual add")
     _check_tree_order([f.name for f in out])
@@ -300,6 +306,9 @@ def structural(cfg, mixer: str = "moe", kind: str = "kda") -> dict[str, int]:
             out[f"kda.{conv}.out_bits"] = lb
     if mixer == "moe":
         out["moe.router.out_bits"] = lb
+        if cfg.model.moe_latent:
+            out["moe.lat_down.out_bits"] = a
+            out["moe.lat_up.out_bits"] = fm.expert_out_bits
     for name, *_ in table_fields(cfg, mixer, kind):
         out[f"{name}.in_bits"] = lb
     return out

@@ -44,6 +44,20 @@ costs the same area (lut_size x 8 two-way muxes) but puts ``dense_r``'s
 2048-way fan-out in front of the read's eight levels.  The accumulators are
 ``dense_combine_bits`` wide when the chunks' sum needs more than the MoE's.
 
+LatentMoE (issue 15)
+--------------------
+With ``model.moe_latent`` = l > 0 a MoE layer's token is ``int_moe_step`` with
+``lat_down`` / ``lat_up``: two more phases, LD (``moe.lat_down``, l x d, after the
+router: its rows, clamped to int8, fill ``z``) and LU (``moe.lat_up``, d x l, last).  A
+routed expert's gate and up rows take z (l wide: ``c_routed``, a register set as its
+phases begin, picks the row length and the vector) and wait for it (``z_ok``); its down
+rows are l long and sum into ``racc``, l accumulators of their own, since the shared
+experts' sums sit in ``acc`` meanwhile.  The last routed expert's sums pass through the
+combine's requantiser with (lat_m, lat_s) (its (m, s) registers take them until zr is
+complete) into ``zr``, int8; LU's rows wait for it (``zr_ok``), stream on zr, and add
+into ``acc`` with weight 1.0 as a shared expert's down rows do; then the combine as ever.
+A dense layer's token on the same unit has no latent.
+
 Ports
 -----
 ``tokens``  stream, one beat per token: d_model int8 (the normalised hn).
@@ -130,7 +144,8 @@ from hw.chip.weight_port import MAX_BEATS, WeightPortSignature, beats_per_row
 from moekda.config import ConfigError
 from moekda.formats import derived_widths, formats_for
 
-ROUTER, GATE, UP, DOWN = range(4)
+# the matrices of a token (a phase each); LDOWN, LUP: a LatentMoE's projections
+ROUTER, GATE, UP, DOWN, LDOWN, LUP = range(6)
 PROD_BITS = 15   # |SiLU(gate) * up| of two int8 values < 2**15
 
 
@@ -153,6 +168,14 @@ class MoEUnit(wiring.Component):
         self.nb_f = beats_per_row(self.f, self.pb)
         self.router_beats = self.E * self.nb_d
         self.expert_beats = 2 * self.f * self.nb_d + self.d * self.nb_f
+        # LatentMoE (model.moe_latent = l > 0): the routed experts at width l, and the two
+        # projections lat_down (l x d) and lat_up (d x l) once a token
+        self.lat = m.moe_latent
+        self.nb_l = beats_per_row(self.lat, self.pb) if self.lat else 0
+        self.routed_beats = 2 * self.f * self.nb_l + self.lat * self.nb_f if self.lat else self.expert_beats
+        self.lat_beats = self.lat * self.nb_d + self.d * self.nb_l
+        self.nmat = 6 if self.lat else 4
+        self.mat_bits = (self.nmat - 1).bit_length()
         # the stack: L layers on this unit, each its mixer kind and its own addresses
         self.L = layer_count(cfg)
         self.mixers = [layer_mixer(cfg, l) for l in range(self.L)]
@@ -161,26 +184,34 @@ class MoEUnit(wiring.Component):
         # banks: 0..E-1 routed experts, E..E+S-1 shared, E+S..E+S+C-1 dense chunks; per layer
         # the address of each bank that layer has (0 for the others: never requested)
         self.nbanks = self.E + self.S + self.C
-        self.router_addr, self.bank_addr = [], []
+        # per layer: the router's address, each bank's matrices' addresses (none for a bank
+        # the layer lacks: never requested) and a LatentMoE's two projections'
+        self.router_addr, self.bank_addr, self.lat_addr = [], [], []
         for l in range(self.L):
             pre = layer_prefix(cfg, l)
-            banks = [0] * self.nbanks
+            banks: list[dict] = [{}] * self.nbanks
+            lat = {}
             if self.mixers[l] == "moe":
                 router = self.mmap[f"{pre}moe.router"]
                 assert router.beats == self.router_beats
                 self.router_addr.append(router.addr)
                 names = [(b, f"{pre}moe.expert{b}") for b in range(self.E)] + \
                         [(self.E + j, f"{pre}moe.shared{j}") for j in range(self.S)]
+                if self.lat:
+                    lat = {LDOWN: self.mmap[f"{pre}moe.lat_down"].addr, LUP: self.mmap[f"{pre}moe.lat_up"].addr}
             else:
                 self.router_addr.append(0)
                 names = [(self.E + self.S + c, f"{pre}dense.chunk{c}") for c in range(self.C)]
             for b, p in names:
-                addr, nbytes = self.mmap.span([f"{p}.gate", f"{p}.up", f"{p}.down"])
-                assert nbytes == self.expert_beats * self.pb
-                banks[b] = addr
+                _, nbytes = self.mmap.span([f"{p}.gate", f"{p}.up", f"{p}.down"])   # an expert is one block
+                assert nbytes == (self.routed_beats if b < self.E else self.expert_beats) * self.pb
+                banks[b] = {GATE: self.mmap[f"{p}.gate"].addr, UP: self.mmap[f"{p}.up"].addr,
+                            DOWN: self.mmap[f"{p}.down"].addr}
             self.bank_addr.append(banks)
-        if max(self.router_beats, self.expert_beats) > MAX_BEATS:
-            raise ConfigError(f"model.d_ff = {self.f}: an expert needs {self.expert_beats} beats, more than one "
+            self.lat_addr.append(lat)
+        longest = max(self.router_beats, self.expert_beats, self.routed_beats, self.f * self.nb_d, self.d * self.nb_f)
+        if longest > MAX_BEATS:
+            raise ConfigError(f"model.d_ff = {self.f}: a matrix needs {longest} beats, more than one "
                               f"weight request carries ({MAX_BEATS}); use a smaller d_ff/d_model")
         # segments of a token: MoE 0 (router), 1..S shared, S+1..S+k chosen; dense 1..C
         self.nseg_moe = 1 + self.S + self.k
@@ -200,20 +231,22 @@ class MoEUnit(wiring.Component):
         # a <= b): a 16-bit clamp there is cheaper than a per-row pick between two
         # wide clamps after the engine's run-time barrel shift.  The tag routes each result.
         self.kind_bits = {ROUTER: fm.lut_in_bits, GATE: fm.lut_in_bits, UP: fm.act_bits, DOWN: fm.expert_out_bits}
+        if self.lat:      # z = lat_down(hn) is int8; lat_up's rows join the combine as a down row's
+            self.kind_bits.update({LDOWN: fm.act_bits, LUP: fm.expert_out_bits})
         out_widths = (max(self.kind_bits.values()),)
-        tag = data.StructLayout({"kind": unsigned(2), "row": range(max(self.E, self.d, self.f)),
+        tag = data.StructLayout({"kind": unsigned(self.mat_bits), "row": range(max(self.E, self.d, self.f)),
                                  "seg": range(self.nseg)})
         self.engine = MatVecEngine(MatVecFormats.from_config(cfg, out_widths=out_widths, tag_shape=tag),
                                    always_ready=True)
         ef = self.engine.fmt
         engine_fields = ["moe.router"] + [f"moe.{b}.{mat}" for b in ("routed", "shared")[:1 + (self.S > 0)]
-                                          for mat in EXPERT_MATS]
+                                          for mat in EXPERT_MATS] + ["moe.lat_down", "moe.lat_up"][:2 * bool(self.lat)]
         engine_fields = [(pm, name) for name in engine_fields]
         if self.has_dense:
             self.dmap = param_map(cfg, "dense")
             engine_fields += [(self.dmap, f"dense.chunks.{mat}") for mat in EXPERT_MATS]
         for fmap, name in engine_fields:
-            mf, sf = (fmap[name + ".m"], fmap[name + ".s"]) if name == "moe.router" else \
+            mf, sf = (fmap[name + ".m"], fmap[name + ".s"]) if name in ("moe.router", "moe.lat_down", "moe.lat_up") else \
                 (fmap[name + "_m"], fmap[name + "_s"])
             if mf.bits > ef.mult_bits or sf.bits > ef.shift_bits:
                 raise ConfigError(f"parameter {mf.name}/{sf.name}: {mf.bits}/{sf.bits} bits do not fit the "
@@ -250,17 +283,20 @@ class MoEUnit(wiring.Component):
         """Weight bytes a token of a layer with channel mixer ``mixer`` fetches."""
         if mixer == "dense":
             return self.C * self.expert_beats * self.pb
-        return (self.router_beats + (self.S + self.k) * self.expert_beats) * self.pb
+        return (self.router_beats + self.S * self.expert_beats + self.k * self.routed_beats +
+                self.lat_beats) * self.pb
 
     def dense_bytes_per_token(self) -> int:
         """What a dense layer running all E routed experts (+ shared) would fetch."""
-        return (self.router_beats + (self.S + self.E) * self.expert_beats) * self.pb
+        return (self.router_beats + self.S * self.expert_beats + self.E * self.routed_beats +
+                self.lat_beats) * self.pb
 
     def elaborate(self, platform):
         m = Module()
         cfg, fm, plan = self.cfg, self.fm, self.plan
         E, k, S, d, f, pb = self.E, self.k, self.S, self.d, self.f, self.pb
         nseg, nb_d, nb_f = self.nseg, self.nb_d, self.nb_f
+        lat, nb_l, mat_bits = self.lat, self.nb_l, self.mat_bits
         L, C = self.L, self.C
         delays = plan.delays
         prm = self.params
@@ -301,6 +337,9 @@ class MoEUnit(wiring.Component):
             return Mux(sel, dense, moe)
         # the token's last segment (S + k, or C for a dense layer's token)
         seg_last = mode(C, self.nseg_moe - 1)
+        # a LatentMoE token: every MoE layer's (model.moe_latent is the model's); a dense
+        # layer's token has no latent
+        lat_tok = Value.cast(mode(0, 1)) if lat else Const(0, 1)
 
         # ---- submodules ----
         score_bits = self.score_shape.width          # U0.score_frac, 0..2**score_frac
@@ -350,6 +389,18 @@ class MoEUnit(wiring.Component):
         out_valid = Signal()
         h_ok = Signal()                # h holds the complete hidden vector of segment h_seg
         h_seg = Signal(range(nseg))
+        if lat:
+            # LatentMoE: z = lat_down(hn), the routed experts' input; their weighted sum in
+            # racc (its own accumulators: the shared experts' sums are in acc meanwhile),
+            # requantised into zr, lat_up's input.  Padded to whole beats with zeros.
+            z = [Signal(signed(8), name=f"z{j}") for j in range(lat)]
+            zr = [Signal(signed(8), name=f"zr{j}") for j in range(lat)]
+            pad_l = [Const(0, signed(8))] * (nb_l * pb - lat)
+            z_slices = Array(Cat(*(z + pad_l)[pb * j: pb * (j + 1)]) for j in range(nb_l))
+            zr_slices = Array(Cat(*(zr + pad_l)[pb * j: pb * (j + 1)]) for j in range(nb_l))
+            racc = Array(Signal(signed(self.acc_bits), name=f"racc{i}") for i in range(lat))
+            z_ok = Signal()            # z is complete (the routed gate rows wait for it)
+            zr_ok = Signal()           # zr is complete (lat_up's rows wait for it)
 
         idx = Array(route.idx)
         wt = Array(route.wt)
@@ -373,6 +424,8 @@ class MoEUnit(wiring.Component):
         m.d.comb += start.eq(self.tokens.valid & self.tokens.ready)
         with m.If(start):
             m.d.sync += [busy.eq(1), h_ok.eq(0), x.as_value().eq(self.tokens.payload.as_value())]
+            if lat:
+                m.d.sync += [z_ok.eq(0), zr_ok.eq(0)]
         delivered = Signal()
         m.d.comb += delivered.eq(self.out.valid & self.out.ready)
         with m.If(delivered):
@@ -385,36 +438,50 @@ class MoEUnit(wiring.Component):
         #   R, G1, U1, G2, D1, U2, G3, D2, U3, D3
         # so the engine streams the next expert's gate rows while this expert's products
         # become its hidden vector (the down rows wait for it), and only the last expert's
-        # down rows wait (the conversion: ~35 + d_ff/port_bytes cycles).
+        # down rows wait (the conversion: ~35 + d_ff/port_bytes cycles).  A LatentMoE token
+        # has lat_down after the router (segment 0: z before any routed expert needs it) and
+        # lat_up last (its rows wait for zr, the requantised routed sum):
+        #   R, LD, G1, U1, G2, D1, ..., U3, D3, LU
         def next_phase(seg, mat, name):
             """(segment, matrix) of the phase after (seg, mat), and whether (seg, mat) is the last."""
             n_seg = Signal(range(nseg + 1), name=f"{name}_next_seg")
-            n_mat = Signal(2, name=f"{name}_next_mat")
+            n_mat = Signal(mat_bits, name=f"{name}_next_mat")
             last = Signal(name=f"{name}_last")
             with m.Switch(mat):
                 with m.Case(ROUTER):
-                    m.d.comb += [n_seg.eq(1), n_mat.eq(GATE)]
+                    m.d.comb += [n_seg.eq(Mux(lat_tok, 0, 1)), n_mat.eq(Mux(lat_tok, LDOWN, GATE))]
                 with m.Case(GATE):
                     m.d.comb += [n_seg.eq(Mux(seg == 1, seg, seg - 1)), n_mat.eq(Mux(seg == 1, UP, DOWN))]
                 with m.Case(UP):
                     m.d.comb += [n_seg.eq(Mux(seg == seg_last, seg, seg + 1)),
                                  n_mat.eq(Mux(seg == seg_last, DOWN, GATE))]
                 with m.Case(DOWN):
-                    m.d.comb += [n_seg.eq(seg + 1), n_mat.eq(UP), last.eq(seg == seg_last)]
+                    m.d.comb += [n_seg.eq(Mux(lat_tok & (seg == seg_last), 0, seg + 1)),
+                                 n_mat.eq(Mux(lat_tok & (seg == seg_last), LUP, UP)),
+                                 last.eq(~lat_tok & (seg == seg_last))]
+                if lat:
+                    with m.Case(LDOWN):
+                        m.d.comb += [n_seg.eq(1), n_mat.eq(GATE)]
+                    with m.Case(LUP):
+                        m.d.comb += last.eq(1)
             return n_seg, n_mat, last
 
         # ---- requests: one a phase (a matrix of the router or of an expert) ----
         rq_seg = Signal(range(nseg + 1))
-        rq_mat = Signal(2)
+        rq_mat = Signal(mat_bits)
         rq_busy = Signal()
-        mat_offset = {ROUTER: 0, GATE: 0, UP: f * nb_d * pb, DOWN: 2 * f * nb_d * pb}
 
         def phase_addr(l, b, mat):
-            """The address of matrix ``mat`` of bank b of layer l (the router's for ROUTER)."""
+            """The address of matrix ``mat`` of bank b of layer l (the router's for ROUTER, the
+            layer's LatentMoE projection for LDOWN / LUP, whatever the bank)."""
             if mat == ROUTER:
                 return self.router_addr[l]
-            return self.bank_addr[l][b] + mat_offset[mat] if b < self.nbanks else 0
-        addr_shape = range(max(max(self.router_addr), max(max(b) for b in self.bank_addr) + mat_offset[DOWN]) + 1)
+            if mat in (LDOWN, LUP):
+                return self.lat_addr[l].get(mat, 0)
+            return self.bank_addr[l][b].get(mat, 0) if b < self.nbanks else 0
+        nmat_idx = 1 << mat_bits
+        addr_shape = range(max(phase_addr(l, b, mat) for l in range(L) for b in range(self.nbanks)
+                               for mat in range(self.nmat)) + 1)
         req = self.wport.req
         rq_bank = Signal(range(self.nbanks), name="rq_bank")
         m.d.comb += rq_bank.eq(bank_of(rq_seg))
@@ -422,11 +489,11 @@ class MoEUnit(wiring.Component):
         # one constant per (layer, bank, matrix): a lookup of a few address bits, no adder (a
         # dense layer's layout is not a MoE layer's)
         if L == 1:
-            phase_addrs = Array(Const(phase_addr(0, b, mat), addr_shape) for b in range(nb) for mat in range(4))
+            phase_addrs = Array(Const(phase_addr(0, b, mat), addr_shape) for b in range(nb) for mat in range(nmat_idx))
             rq_addr = phase_addrs[Cat(rq_mat, rq_bank)]
         else:
             phase_addrs = Array(Const(phase_addr(min(l, L - 1), b, mat), addr_shape)
-                                for l in range(1 << len(layer_r)) for b in range(nb) for mat in range(4))
+                                for l in range(1 << len(layer_r)) for b in range(nb) for mat in range(nmat_idx))
             rq_addr = phase_addrs[Cat(rq_mat, rq_bank, layer_r)]
         # rq_seg <= S as a register (the compare in front of the arbiter's grant and the
         # chip's request register was on small's worst path with run-time parameters);
@@ -446,13 +513,23 @@ class MoEUnit(wiring.Component):
             rq_moved = Signal(name="rq_moved")
             idx_valid_r = Signal(name="idx_valid_r")
             first_addr = Array(Const(self.router_addr[l] if self.mixers[l] == "moe" else
-                                     self.bank_addr[l][E + S], addr_shape) for l in range(L))[self.layer]
+                                     self.bank_addr[l][E + S][GATE], addr_shape) for l in range(L))[self.layer]
             m.d.sync += [rq_addr_r.eq(Mux(start, first_addr, rq_addr)),
                          rq_moved.eq(req.valid & req.ready), idx_valid_r.eq(route.idx_valid)]
             m.d.comb += [req.valid.eq(rq_busy & ~rq_moved & (rq_fixed | idx_valid_r)),
                          req.payload.addr.eq(rq_addr_r)]
-        phase_beats = Array([self.router_beats, f * nb_d, f * nb_d, d * nb_f])
-        m.d.comb += req.payload.beats.eq(phase_beats[rq_mat])
+        if lat:
+            # a routed expert's matrices are at the latent width: (matrix, routed) -> beats; a
+            # MoE token's requests past the shared experts are routed ones (rq_fixed low)
+            beats_of = {ROUTER: self.router_beats, LDOWN: lat * nb_d, LUP: d * nb_l}
+            for mat, (shared, routed) in {GATE: (f * nb_d, f * nb_l), UP: (f * nb_d, f * nb_l),
+                                          DOWN: (d * nb_f, lat * nb_f)}.items():
+                beats_of[mat], beats_of[mat + 8] = shared, routed
+            phase_beats = Array(beats_of.get(i, 0) for i in range(16))
+            m.d.comb += req.payload.beats.eq(phase_beats[Cat(rq_mat, ~rq_fixed)])
+        else:
+            phase_beats = Array([self.router_beats, f * nb_d, f * nb_d, d * nb_f])
+            m.d.comb += req.payload.beats.eq(phase_beats[rq_mat])
         rq_next_seg, rq_next_mat, rq_last = next_phase(rq_seg, rq_mat, "rq")
         with m.If(start):
             # MoE: the router (segment 0, <= S); dense: segment 1's gate, the first chunk
@@ -466,7 +543,7 @@ class MoEUnit(wiring.Component):
 
         # ---- beat sequencer: response beats -> engine beats ----
         c_seg = Signal(range(nseg))
-        c_mat = Signal(2)              # GATE, UP, DOWN within an expert; ROUTER in segment 0
+        c_mat = Signal(mat_bits)       # GATE, UP, DOWN within an expert; ROUTER (LDOWN, LUP) in segment 0
         c_row = Signal(range(max(E, d, f)))
         c_beat = Signal(range(max(nb_d, nb_f)))
         c_busy = Signal()
@@ -475,8 +552,22 @@ class MoEUnit(wiring.Component):
                          c_row.eq(0), c_beat.eq(0), c_busy.eq(1)]
         is_down = Signal()
         m.d.comb += is_down.eq(c_mat == DOWN)
-        row_beats = Mux(is_down, nb_f, nb_d)
-        rows = Mux(c_mat == ROUTER, E, Mux(is_down, d, f))
+        if lat:
+            # a LatentMoE token's routed experts (segments > S) work at the latent width: a
+            # register, set as their phases begin (c_next_seg is known a phase ahead)
+            c_routed = Signal(name="c_routed")
+            row_beats, rows = Signal(range(max(nb_d, nb_f) + 1)), Signal(range(max(E, d, f) + 1))
+            with m.Switch(c_mat):
+                for mat, (n_rows, n_beats) in {ROUTER: (E, nb_d), LDOWN: (lat, nb_d), LUP: (d, nb_l)}.items():
+                    with m.Case(mat):
+                        m.d.comb += [rows.eq(n_rows), row_beats.eq(n_beats)]
+                with m.Case(GATE, UP):
+                    m.d.comb += [rows.eq(f), row_beats.eq(Mux(c_routed, nb_l, nb_d))]
+                with m.Case(DOWN):
+                    m.d.comb += [rows.eq(Mux(c_routed, lat, d)), row_beats.eq(nb_f)]
+        else:
+            row_beats = Mux(is_down, nb_f, nb_d)
+            rows = Mux(c_mat == ROUTER, E, Mux(is_down, d, f))
         bank = Signal(range(self.nbanks))
         if not C:
             m.d.comb += bank.eq(bank_of(c_seg))     # (with dense chunks: a register, below)
@@ -484,9 +575,14 @@ class MoEUnit(wiring.Component):
         phase_end = Signal()
         # (a) a down projection needs this expert's complete hidden vector,
         # (b) a routed expert's down results need its routing weight.
+        # LatentMoE: (c) a routed expert's gate rows need z, (d) lat_up's rows need zr.
         hold = Signal()
-        m.d.comb += hold.eq(is_down & ((c_row == 0) & (c_beat == 0)) &
+        first_beat = (c_row == 0) & (c_beat == 0)
+        m.d.comb += hold.eq(is_down & first_beat &
                             ~(h_ok & (h_seg == c_seg) & mode(1, (c_seg <= S) | route.wt_valid)))
+        if lat:
+            with m.If(first_beat & (((c_mat == GATE) & c_routed & ~z_ok) | ((c_mat == LUP) & ~zr_ok))):
+                m.d.comb += hold.eq(1)
         resp = self.wport.resp
         beat = Signal()
         # the engine is always ready (its results go into a pipeline that never stalls)
@@ -504,11 +600,18 @@ class MoEUnit(wiring.Component):
             m.d.sync += [bank_next.eq(bank_of(c_next_seg)), bank.eq(Mux(phase_end, bank_next, bank_of(c_seg)))]
         with m.If(beat & is_down & (c_row == 0) & (c_beat == 0)):
             m.d.sync += h_ok.eq(0)     # h now belongs to this segment's down rows only
+        if lat:
+            with m.If(start):
+                m.d.sync += c_routed.eq(0)
+            with m.If(phase_end):
+                m.d.sync += c_routed.eq(lat_tok & (c_next_seg > S))   # (lat_up: segment 0)
 
         x_slices = Array(x.as_value()[8 * pb * j: 8 * pb * (j + 1)] for j in range(nb_d))
         h_slices = Array(Cat(*h[pb * j: pb * (j + 1)]) for j in range(nb_f))
         kind_m = {ROUTER: prm.router.m, GATE: per_bank("gate_m")[bank],
                   UP: per_bank("up_m")[bank], DOWN: per_bank("down_m")[bank]}
+        if lat:
+            kind_m.update({LDOWN: prm.lat_down.m, LUP: prm.lat_up.m})
         # the down projection's shift absorbs the hidden exponent of this expert
         # (down_s >= 1 + the largest exponent: hw/image/param_map.py's range)
         # down_s - hid_sh as a register (the subtraction before the engine's shift input was
@@ -524,15 +627,26 @@ class MoEUnit(wiring.Component):
         m.d.sync += [dn_bank.eq(bank_of(dn_seg)), down_shift.eq(per_bank("down_s")[dn_bank] - hid_sh)]
         kind_s = {ROUTER: prm.router.s, GATE: per_bank("gate_s")[bank],
                   UP: per_bank("up_s")[bank], DOWN: down_shift}
+        if lat:
+            kind_s.update({LDOWN: prm.lat_down.s, LUP: prm.lat_up.s})
+        # the engine's vector: hn, the hidden vector (down rows), or a LatentMoE's z (routed
+        # gate and up rows) or zr (lat_up's rows)
+        x_in = Signal(8 * pb, name="x_in")
+        m.d.comb += x_in.eq(Mux(is_down, h_slices[c_beat], x_slices[c_beat]))
+        if lat:
+            with m.If(c_mat == LUP):
+                m.d.comb += x_in.eq(zr_slices[c_beat])
+            with m.Elif(c_routed & ~is_down):
+                m.d.comb += x_in.eq(z_slices[c_beat])
         ei = eng.i.payload
         with m.Switch(c_mat):
-            for kind in (ROUTER, GATE, UP, DOWN):
+            for kind in kind_m:
                 with m.Case(kind):
                     m.d.comb += [ei.mult.eq(kind_m[kind]), ei.shift.eq(kind_s[kind])]
         m.d.comb += [
             eng.i.valid.eq(beat),
             ei.w.as_value().eq(resp.payload.data),
-            ei.x.as_value().eq(Mux(is_down, h_slices[c_beat], x_slices[c_beat])),
+            ei.x.as_value().eq(x_in),
             ei.first.eq(c_beat == 0),
             ei.last.eq(c_beat == row_beats - 1),
             ei.tag.kind.eq(c_mat), ei.tag.row.eq(c_row), ei.tag.seg.eq(c_seg),
@@ -561,7 +675,7 @@ class MoEUnit(wiring.Component):
                 with m.Case(kind):
                     m.d.comb += y_kind.eq(saturate(eo.y, bits) if bits < len(eo.y) else eo.y)
         c_valid = reg("c_valid", 1, eng.o.valid, reset_less=False)
-        c_kind = reg("c_kind", 2, eo.tag.kind)
+        c_kind = reg("c_kind", mat_bits, eo.tag.kind)
         c_row_r = reg("c_row_r", eo.tag.row.shape(), eo.tag.row)
         c_seg_r = reg("c_seg_r", eo.tag.seg.shape(), eo.tag.seg)
         c_y = reg("c_y", eo.y.shape(), y_kind)
@@ -573,7 +687,7 @@ class MoEUnit(wiring.Component):
             m.d.comb += [lut.addr.eq(c_y), lut.en.eq(c_valid & (c_kind == GATE))]
 
         t_valid = reg("t_valid", 1, c_valid, reset_less=False)
-        t_kind = reg("t_kind", 2, c_kind)
+        t_kind = reg("t_kind", mat_bits, c_kind)
         t_row = reg("t_row", c_row_r.shape(), c_row_r)
         t_seg = reg("t_seg", c_seg_r.shape(), c_seg_r)
         t_y = reg("t_y", c_y.shape(), c_y)
@@ -592,17 +706,39 @@ class MoEUnit(wiring.Component):
         for j in range(f):
             with m.If(t_valid & (t_kind == GATE) & (t_row == j)):
                 m.d.sync += sbuf[j].eq(mode(silu_luts[-1].data, silu_lut.data))
+        if lat:
+            # lat_down's rows: z, int8 (clamped at stage S)
+            with m.If(t_valid & (t_kind == LDOWN)):
+                for j in range(lat):
+                    with m.If(t_row == j):
+                        m.d.sync += z[j].eq(t_y[:8])
+                with m.If(t_row == lat - 1):
+                    m.d.sync += z_ok.eq(1)
         rank = (t_seg - 1 - S)[:max(1, (k - 1).bit_length())]
         # down: routed experts weigh by wt, shared ones by 1.0 = 1 << wn_frac
         # (a dense layer's chunks all weigh 1.0)
         weight = mode(1 << fm.wn_frac, Mux(t_seg <= S, 1 << fm.wn_frac, wt[rank]))
-        o_valid = reg("o_valid", 1, t_valid & ((t_kind == UP) | (t_kind == DOWN)), reset_less=False)
-        o_kind = reg("o_kind", 2, t_kind)
+        # lat_up's rows join the combine as a shared expert's down rows do (weight 1.0: its
+        # segment is 0)
+        summed = (t_kind == DOWN) | (t_kind == LUP) if lat else t_kind == DOWN
+        o_valid = reg("o_valid", 1, t_valid & ((t_kind == UP) | summed), reset_less=False)
+        o_kind = reg("o_kind", mat_bits, t_kind)
         o_row = reg("o_row", t_row.shape(), t_row)
         o_seg = reg("o_seg", t_seg.shape(), t_seg)
         o_a = reg("o_a", signed(max(PROD_BITS + 1, self.widths["route_weight"] + 1)),
                   Mux(t_kind == UP, Array(sbuf)[t_row[:max(1, (f - 1).bit_length())]], weight))
         o_b = reg("o_b", t_y.shape(), t_y)
+        # the running sum this row adds to, chosen here (a register into stage O's read mux):
+        # the first contributing segment starts from zero; a LatentMoE token's routed experts
+        # sum in racc (the first routed segment from zero), lat_up's rows in acc
+        if lat:
+            routed_sum = (t_kind == DOWN) & lat_tok & (t_seg > S)
+            o_racc = reg("o_racc", 1, routed_sum)
+            o_from_racc = reg("o_from_racc", 1, routed_sum & (t_seg != S + 1))
+            o_from_acc = reg("o_from_acc", 1, ((t_kind == DOWN) & ~routed_sum & (t_seg != 1)) |
+                             ((t_kind == LUP) & (S > 0)))
+        else:
+            o_from_acc = reg("o_from_acc", 1, (t_kind == DOWN) & (t_seg != 1))
 
         # stage O: the product, SiLU * up, or for the down rows weight * expert
         # output + the row's running sum (one more word of the same carry-save
@@ -611,15 +747,21 @@ class MoEUnit(wiring.Component):
         acc_bits = self.acc_bits
         prod_bits = acc_bits + 1
         mul = Pipe(m, plan, "mul")
-        live = {"valid": o_valid, "kind": o_kind, "row": o_row, "seg": o_seg, "a": o_a, "b": o_b}
+        live = {"valid": o_valid, "kind": o_kind, "row": o_row, "seg": o_seg, "a": o_a, "b": o_b,
+                "from_acc": o_from_acc}
+        if lat:
+            live.update(racc=o_racc, from_racc=o_from_racc)
         live = mul.spend(delays.mux_level * max(1, (d - 1).bit_length()), live)
         prev = Signal(signed(acc_bits), name="mul_prev")
-        m.d.comb += prev.eq(Mux((live["kind"] == DOWN) & (live["seg"] != 1),
-                                acc[live["row"][:max(1, (d - 1).bit_length())]], 0))
+        m.d.comb += prev.eq(Mux(live.pop("from_acc"), acc[live["row"][:max(1, (d - 1).bit_length())]], 0))
+        if lat:
+            with m.If(live.pop("from_racc")):
+                m.d.comb += prev.eq(racc[live["row"][:max(1, (lat - 1).bit_length())]])
         live = booth_multiply(mul, live, live.pop("a"), live.pop("b"), prod_bits, "p",
                               extra_words=[sign_extend(prev, prod_bits)])
         live = mul.register(live)
         u_valid, u_kind, u_row, u_seg = (live[n] for n in ("valid", "kind", "row", "seg"))
+        u_racc = live["racc"] if lat else Const(0, 1)
         u_val = live["p"].as_signed()
 
         # stage U, up: the product goes into its buffer; the OR of
@@ -673,18 +815,30 @@ class MoEUnit(wiring.Component):
         # stage U, down: the running sum goes back into the accumulators (a
         # registered value into a decoded write; the same row is read again
         # at least d_model results later)
-        with m.If(u_valid & (u_kind == DOWN)):
+        u_summed = (u_kind == DOWN) | (u_kind == LUP) if lat else u_kind == DOWN
+        with m.If(u_valid & u_summed & ~u_racc):
             for i in range(d):
                 with m.If(u_row == i):
                     m.d.sync += acc[i].eq(u_val[:acc_bits])
+        if lat:
+            with m.If(u_valid & u_racc):
+                for i in range(lat):
+                    with m.If(u_row == i):
+                        m.d.sync += racc[i].eq(u_val[:acc_bits])
 
         # stage V, the last segment's sums: requantised by (comb_m, comb_s): Booth
         # tree with the rounding word, one split add, the barrel shift by comb_s
         # (clamped to the product's width: a larger shift gives 0 as well),
         # saturation in its own stage, then into the output
+        # A LatentMoE token passes twice: its last (routed) segment's sums, in racc, become zr
+        # by (lat_m, lat_s) (int8: the resid_bits result saturated once more, as
+        # sat8(sat16(v)) == sat8(v)); then lat_up's rows, in acc, the output by (comb_m, comb_s).
         comb = Pipe(m, plan, "comb")
         last_seg = u_seg == seg_last
-        live = {"valid": u_valid & (u_kind == DOWN) & last_seg, "row": u_row}
+        live = {"valid": u_valid & (((u_kind == DOWN) & last_seg) | ((u_kind == LUP) if lat else 0)),
+                "row": u_row}
+        if lat:
+            live["zr"] = u_racc
         comb_m_bits = self.pmap["moe.comb_m"].bits
         prod_signed = acc_bits + comb_m_bits          # |acc * comb_m| < 2**(prod_signed - 1)
         rq_bits = prod_signed + 1                     # + the rounding of a shift by prod_signed
@@ -697,6 +851,12 @@ class MoEUnit(wiring.Component):
         # (and behind dense_r: a dense layer's token takes dense_params' pair)
         prm_comb_m = mode(dprm.comb_m, prm.comb_m) if dprm is not None else prm.comb_m
         prm_comb_s = mode(dprm.comb_s, prm.comb_s) if dprm is not None else prm.comb_s
+        if lat:
+            # (and the LatentMoE's pair until zr is complete: set long before lat_up's rows come)
+            if self.pmap["moe.lat_m"].bits != comb_m_bits:
+                raise ConfigError("parameters moe.lat_m and moe.comb_m: the combine needs one width")
+            prm_comb_m = Mux(lat_tok & ~zr_ok, prm.lat_m, prm_comb_m)
+            prm_comb_s = Mux(lat_tok & ~zr_ok, prm.lat_s, prm_comb_s)
         m.d.sync += [comb_m.eq(prm_comb_m), comb_s.eq(clamp_shift(prm_comb_s, prod_signed)),
                      comb_rnd.eq(rounding_word(clamp_shift(prm_comb_s, prod_signed), rq_bits))]
         live = booth_multiply(comb, live, u_val[:acc_bits].as_signed(), comb_m, rq_bits, "p",
@@ -708,11 +868,17 @@ class MoEUnit(wiring.Component):
                                      out_widths=[self.out_bits])
         live.pop("comb_s")
         live = comb.register(live)
-        # rows arrive in order: the output is a shift register, no row decode
-        with m.If(live["valid"]):
+        # rows arrive in order: the output (and zr) is a shift register, no row decode
+        out_row = live["valid"] & ~live["zr"] if lat else live["valid"]
+        with m.If(out_row):
             m.d.sync += y_out.as_value().eq(Cat(y_out.as_value()[self.out_bits:], live["y"]))
             with m.If(live["row"] == d - 1):
                 m.d.sync += [out_valid.eq(1), busy.eq(0)]
-        m.d.comb += route.release.eq(live["valid"] & (live["row"] == d - 1))
+        if lat:
+            with m.If(live["valid"] & live["zr"]):
+                m.d.sync += Cat(*zr).eq(Cat(*zr[1:], saturate(live["y"], fm.act_bits)))
+                with m.If(live["row"] == lat - 1):
+                    m.d.sync += zr_ok.eq(1)
+        m.d.comb += route.release.eq(out_row & (live["row"] == d - 1))
         return m
 

@@ -273,7 +273,7 @@ def test_bad_hybrid_values_name_field_and_range(model, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
-def test_hybrid_fields_keep_old_hashes_and_are_refused_by_the_chip():
+def test_hybrid_fields_keep_old_hashes_and_attn_res_is_refused_by_the_chip():
     from moekda.config import hybrid_parts, layer_weight_bytes, require_chip_model
     plain = config_from_dict(base())
     assert not any(k in plain.to_dict()["model"] for k in ("kv_rank", "attn_res", "attn_res_block", "moe_latent"))
@@ -282,7 +282,7 @@ def test_hybrid_fields_keep_old_hashes_and_are_refused_by_the_chip():
                                       "attn_res": "block", "moe_latent": 8}))
     assert hy.to_dict()["model"]["kv_rank"] == 8 and hy.hash() != plain.hash()
     assert len(hybrid_parts(hy.model)) == 3
-    with pytest.raises(ConfigError, match='model.attn_res = "block", model.moe_latent = 8: '
+    with pytest.raises(ConfigError, match='model.attn_res = "block": '
                                           'float and integer models only so far; the chip builds kda and mla'):
         require_chip_model(hy)
     # an MLA layer has no KDA state; LatentMoE's routed experts shrink by moe_latent / d_model
@@ -292,7 +292,7 @@ def test_hybrid_fields_keep_old_hashes_and_are_refused_by_the_chip():
     assert lat_moe == m.n_experts * 3 * m.d_ff * (8 - 16) + 2 * 8 * 16
 
 
-def test_the_image_and_chip_hold_mla_layers_and_refuse_the_other_hybrid_parts():
+def test_the_image_and_chip_hold_mla_layers_and_latent_moe_and_refuse_attn_res():
     from moekda.config import require_chip_model, require_image_model
     require_image_model(config_from_dict(base()))
     mla = config_from_dict(base(model={"n_layers": 4, "layers": ["kda", "kda", "kda", "mla"], "kv_rank": 8}))
@@ -303,13 +303,14 @@ def test_the_image_and_chip_hold_mla_layers_and_refuse_the_other_hybrid_parts():
     with pytest.raises(ConfigError) as e:
         require_image_model(hy)
     msg = str(e.value)
-    assert msg.startswith('config t: model.attn_res = "block", model.moe_latent = 8: float and integer models '
-                          'only so far; the memory image holds kda and mla layers')
+    assert msg.startswith('config t: model.attn_res = "block": float and integer models only so far; the memory '
+                          'image holds kda and mla layers, MoE and LatentMoE mixers')
     assert "\n" not in msg and 'model.layers "mla"' not in msg
-    for model, needle in (({"attn_res": "full"}, 'model.attn_res = "full"'),
-                          ({"moe_latent": 8}, "model.moe_latent = 8")):
-        with pytest.raises(ConfigError, match=needle):
-            require_image_model(config_from_dict(base(model=model)))
+    with pytest.raises(ConfigError, match='model.attn_res = "full"'):
+        require_image_model(config_from_dict(base(model={"attn_res": "full"})))
+    lat = config_from_dict(base(model={"moe_latent": 8}))
+    require_image_model(lat)
+    require_chip_model(lat)
 
 
 def test_with_settings_replaces_fields_and_checks_them():

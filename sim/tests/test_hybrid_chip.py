@@ -10,6 +10,10 @@ model chip (sim/driver.py ModelDriver, sim/cocotb/tb_layer.py): stalls everywher
 clears, stream-marked sequence starts, a reset with tokens inside, both sequence slots,
 the logits stream, the MACS counter with the MLA's score beats at each token's position,
 and the cache memory's error flags.  Verilator: one build (about a minute) for the file.
+
+With LatentMoE (model.moe_latent = 8 on the same model: the three MoE layers' routed experts
+at width 8, lat_down and lat_up at full width; hw/moe/unit.py) a second build runs a short
+sequence the same way.
 """
 from __future__ import annotations
 
@@ -30,6 +34,18 @@ def driver():
     cfg = load_config("model-tiny-kda-mla")
     assert cfg.model == hybrid_model_config("model-tiny").model and cfg.model.layers == ("kda", "kda", "kda", "mla") and cfg.hw.sequences == 2
     return ModelDriver(cfg, quantize_random_model(cfg, 0), label="seed0", model_seed=0)
+
+
+def test_latent_moe_chip_short():
+    """model-tiny-kda-mla with LatentMoE (moe_latent 8): 6 tokens, two slots, stalls on both
+    ports, a CSR clear, every logit compared; the dense first layer stays dense."""
+    cfg = hybrid_model_config("model-tiny", moe_latent=8)
+    assert cfg.model.mixers[0] == "dense" and "moe" in cfg.model.mixers
+    drv = ModelDriver(cfg, quantize_random_model(cfg, 0), label="seed0", model_seed=0)
+    plan = RunPlan(tokens=6, first=(0,), clears=(3,), seed=3)
+    res = drv.run(plan, simulator="verilator", name="latent_short", logits=True)
+    assert res.match, res.summary()
+    assert res.counters["TOKENS"] == 6
 
 
 def test_hybrid_chip_short(driver):

@@ -4,7 +4,7 @@ quantised by sim/models/quantize.py _quantize_latent_moe; formats in docs/numeri
 import numpy as np
 import pytest
 
-from moekda.config import ConfigError, config_from_dict, load_config, require_chip_model
+from moekda.config import config_from_dict, load_config
 from sim.models import float_layer as fl
 from sim.models.int_layer import int_run_layer, quantize_input
 from sim.models.int_model import int_run_model
@@ -92,9 +92,3 @@ def test_a_wrong_latent_multiplier_breaks_the_match():
     bad = dataclasses.replace(q, moe=dataclasses.replace(q.moe, lat_s=q.moe.lat_s - 1))
     xs = quantize_input(random_inputs(cfg, 16, seed=324, model_seed=23), q, cfg)
     assert trace_moves(q, bad, cfg, xs, "moe_out") > 0.3
-
-
-def test_the_chip_refuses_in_one_line():
-    cfg = latent(moe_latent=8)
-    with pytest.raises(ConfigError, match="model.moe_latent = 8: float and integer models only so far; the chip builds"):
-        require_chip_model(cfg)

@@ -161,8 +161,9 @@ def test_a_hybrid_model_batch_is_each_sequence_alone():
         assert np.array_equal(got, int_run_model(back, cfg, s))
 
 
-def test_the_chip_takes_mla_layers_and_refuses_latent_moe_in_one_line():
+def test_the_chip_takes_mla_layers_and_latent_moe_and_refuses_attn_res_in_one_line():
     require_chip_model(hybrid(layers=["kda", "kda", "kda", "mla"], kv_rank=8))
     cfg = hybrid(layers=["kda", "kda", "kda", "mla"], kv_rank=8, moe_latent=8)
-    with pytest.raises(ConfigError, match='model.moe_latent = 8: float and integer models only so far; the chip'):
-        require_chip_model(cfg)
+    require_chip_model(cfg)
+    with pytest.raises(ConfigError, match='model.attn_res = "full": float and integer models only so far; the chip'):
+        require_chip_model(hybrid(layers=["kda", "kda", "kda", "mla"], kv_rank=8, attn_res="full"))

@@ -1,6 +1,6 @@
 """The memory image of a model (issue 14): per-layer parameter blocks and matrices, the head's
 parameters, the embedding and an untied LM head; one-layer images unchanged.  Gated MLA layers
-(issue 15) too; Attention Residuals and LatentMoE refused in one line."""
+(issue 15) and LatentMoE mixers too; Attention Residuals refused in one line."""
 import subprocess
 import sys
 
@@ -114,10 +114,13 @@ def test_cli_model_image(tmp_path):
     assert r.returncode == 2 and "made for config hash" in r.stderr and "\n" not in r.stderr.strip()
 
 
-def test_hybrid_model_image_round_trip():
-    """A model whose last layer is a Gated MLA one (layers kda, kda, kda, mla): its image
+@pytest.mark.parametrize("latent", [0, 8], ids=["moe", "latent_moe"])
+def test_hybrid_model_image_round_trip(latent):
+    """A model whose last layer is a Gated MLA one (layers kda, kda, kda, mla), its MoE layers
+    plain or LatentMoE ones (model.moe_latent 8: lat_down, lat_up and the routed experts at
+    width 8 in the map, lat_m/lat_s and the projections' (m, s) in each MoE block): its image
     holds every integer, and the integer model on the image's model runs the same tokens."""
-    cfg = hybrid_model_config(n_heads=2, head_dim=8)
+    cfg = hybrid_model_config(n_heads=2, head_dim=8, moe_latent=latent)
     qm = quick_model(cfg, 2)[1]
     assert [q.kind for q in qm.layers] == ["kda", "kda", "kda", "mla"]
     img = qmodel_image(cfg, qm)
@@ -150,8 +153,8 @@ def test_bad_hybrid_values_refused_naming_the_field():
 
 
 @pytest.mark.parametrize("model, needle", [({"attn_res": "full"}, 'model.attn_res = "full"'),
-                                           ({"moe_latent": 8}, "model.moe_latent = 8")])
-def test_attn_res_and_latent_moe_have_no_image(model, needle):
+                                           ({"attn_res": "block", "moe_latent": 8}, 'model.attn_res = "block"')])
+def test_attn_res_has_no_image(model, needle):
     from hw.image.format import pack_image
     cfg = hybrid_model_config(**model)
     for build in (lambda: memory_map(cfg), lambda: image_layout(cfg), lambda: pack_image(cfg, {}, {}),
@@ -160,4 +163,5 @@ def test_attn_res_and_latent_moe_have_no_image(model, needle):
             build()
         msg = str(e.value)
         assert msg.startswith(f"config {cfg.name}: {needle}: float and integer models only so far; "
-                              f"the memory image holds kda and mla layers") and "\n" not in msg
+                              f"the memory image holds kda and mla layers, MoE and LatentMoE mixers") \
+            and "\n" not in msg

@@ -135,12 +135,16 @@ def check_counters(case, res):
     want_hits = np.bincount(case.idx.reshape(-1), minlength=E)
     assert res["hits"] == [int(v) for v in want_hits]
     m = case.cfg.model
-    # analytic: router + (k + shared) experts of 3 padded matrices each, independent of the RTL
+    # analytic: router + (k + shared) experts of 3 padded matrices each, independent of the RTL;
+    # a LatentMoE's routed experts at width l and its two projections l x d, d x l
     pb = case.cfg.hw.weight_port_bytes
     pad = lambda c: -(-c // pb) * pb  # noqa: E731
     expert = 2 * m.d_ff * pad(m.d_model) + m.d_model * pad(m.d_ff)
-    assert per_token == m.n_experts * pad(m.d_model) + (m.top_k + m.n_shared) * expert
-    dense = m.n_experts * pad(m.d_model) + (m.n_experts + m.n_shared) * expert
+    lat = m.moe_latent
+    routed = 2 * m.d_ff * pad(lat) + lat * pad(m.d_ff) if lat else expert
+    fixed = m.n_experts * pad(m.d_model) + m.n_shared * expert + (lat * pad(m.d_model) + m.d_model * pad(lat))
+    assert per_token == fixed + m.top_k * routed
+    dense = fixed + m.n_experts * routed
     print(f"\n{case.cfg.name}: {per_token} weight bytes/token measured = analytic "
           f"(k={m.top_k} + shared={m.n_shared}); dense E={m.n_experts}: {dense} "
           f"({per_token / dense:.2f}x); {res['cycles'] / n:.1f} cycles/token with stalls")
@@ -151,7 +155,7 @@ def expected_requests(case) -> list[tuple[int, int]]:
     map alone: a MoE layer's token its router, then its experts' matrices (shared experts,
     then the chosen ones in rank order; a dense layer's token: its chunks), each matrix a
     request, each expert's down matrix after the next expert's gate matrix:
-    G1 U1 G2 D1 U2 G3 D2 U3 D3."""
+    G1 U1 G2 D1 U2 G3 D2 U3 D3; a LatentMoE's lat_down after the router, lat_up last."""
     cfg, m = case.cfg, case.cfg.model
     mmap = memory_map(cfg)
     out = []
@@ -177,8 +181,12 @@ def expected_requests(case) -> list[tuple[int, int]]:
         else:
             router = mmap[f"{pre}moe.router"]
             out.append((router.addr, router.beats))
+            if m.moe_latent:
+                out.append(mat(f"{pre}moe.lat_down"))
             out += interleaved([f"{pre}moe.shared{j}" for j in range(m.n_shared)] +
                                [f"{pre}moe.expert{int(e)}" for e in sel])
+            if m.moe_latent:
+                out.append(mat(f"{pre}moe.lat_up"))
     return out
 
 
@@ -215,6 +223,10 @@ CASES = {
     "k1_zero_bias": ({"top_k": 1}, 16, True),
     "kE_no_shared": ({"top_k": 4, "n_shared": 0}, 16, True),
     "padded_rows": ({"d_model": 12, "d_ff": 20, "n_experts": 5, "top_k": 2, "n_shared": 2}, 16, False),
+    # LatentMoE (issue 15): routed experts at width 8 of 16; and at width 6 (z, zr padded to
+    # two beats) with every expert chosen and no shared expert (lat_up's sum starts from zero)
+    "latent": ({"moe_latent": 8}, 16, False),
+    "latent6_kE_no_shared": ({"moe_latent": 6, "top_k": 4, "n_shared": 0}, 16, True),
 }
 
 
@@ -297,24 +309,28 @@ def test_moe_256_tokens_verilator_k_extremes(k, tmp_path):
     _long_run(make_config(base, **over), 256, tmp_path, zero_bias=True)
 
 
-@pytest.mark.parametrize("config", sim_configs("tiny", "small", slow=("small",)))
+@pytest.mark.parametrize("config", sim_configs("tiny", "small", slow=("small",)) + ["latent"])
 def test_moe_cycles_per_token_without_stalls(config, tmp_path):
     """The port is the roofline: with no stalls a token takes its weight beats plus a
     bounded overhead: the memory latency, and the MAC drain and hidden conversion of its
     LAST expert only (every other expert's hide behind the next one's gate rows,
     hw/moe/unit.py next_phase; with one wait per expert, as before that order, small's
     three experts are over this bound).  On a model config each token against its own
-    layer's kind (a dense layer: C chunks)."""
-    cfg = make_config(config)
+    layer's kind (a dense layer: C chunks).  A LatentMoE ("latent": tiny with
+    moe_latent 8) waits once more, for zr: the last routed expert's down rows drain through
+    the engine, the running sum and the combine pipeline before lat_up's rows can go
+    (measured 73 cycles over 464 beats against plain tiny's 52 over 592)."""
+    cfg = make_config("tiny", moe_latent=8) if config == "latent" else make_config(config)
     case = config_case(cfg, 12, seed=9)
     res = run_moe_bench(case, tmp_path, "icarus", stalls=0.0, reset_after=0)
     unit = res["unit"]
     # the last expert: MAC + product pipelines drain, exponent, conversion (nb_f beats + 3)
     last_expert = 32 + unit.nb_f
+    zr_wait = 24 if cfg.model.moe_latent else 0
 
     def beats_and_bound(kind):
         beats = unit.bytes_per_token(kind) // cfg.hw.weight_port_bytes
-        return beats, beats + cfg.hw.weight_port_latency + 24 + last_expert
+        return beats, beats + cfg.hw.weight_port_latency + 24 + last_expert + zr_wait
     outs = res["out_cycles"]
     if case.layers is None:
         beats, bound = beats_and_bound("moe")

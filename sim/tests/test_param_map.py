@@ -10,9 +10,13 @@ from moekda.formats import formats_for
 from sim.models.quantize import quantize_random_layer
 
 
-@pytest.fixture(scope="module", params=["tiny", "small"])
+@pytest.fixture(scope="module", params=["tiny", "small", "tiny_latent"])
 def case(request):
-    cfg = load_config(request.param)
+    if request.param == "tiny_latent":      # LatentMoE: lat_down, lat_up, lat_m, lat_s too
+        from moekda.config import with_settings
+        cfg = with_settings(load_config("tiny"), ["model.moe_latent=8"])
+    else:
+        cfg = load_config(request.param)
     return cfg, quantize_random_layer(cfg, 3).to_flat()
 
 
