@@ -324,22 +324,19 @@ def hybrid_parts(m) -> list[str]:
 
 def require_image_model(cfg: Config) -> None:
     """ConfigError unless the memory image (hw/image/: memory map, parameter map, pack and
-    unpack) holds this model: kda and Gated MLA ("mla") layers, MoE and LatentMoE channel
-    mixers; Attention Residuals have float and integer models (sim/models/) only so far."""
-    _require_built(cfg, "the memory image holds")
+    unpack) holds this model: every model the config schema allows (kda and Gated MLA layers,
+    MoE and LatentMoE mixers, Attention Residuals) so far; the one place to refuse a part the
+    image does not hold yet."""
 
 
 def require_chip_model(cfg: Config) -> None:
     """ConfigError unless the chip (the RTL: hw/chip/model.py, hw/tops.py) builds this model:
-    as ``require_image_model``."""
-    _require_built(cfg, "the chip builds")
-
-
-def _require_built(cfg: Config, what: str) -> None:
+    kda and mla layers, MoE and LatentMoE mixers; Attention Residuals have their memory image
+    but no place in the model chip yet."""
+    require_image_model(cfg)
     if cfg.model.attn_res != "none":
-        raise ConfigError(f"config {cfg.name}: model.attn_res = \"{cfg.model.attn_res}\": float and integer "
-                          f"models only so far; {what} kda and mla layers, MoE and LatentMoE mixers, and "
-                          f"model.attn_res = \"none\"")
+        raise ConfigError(f"config {cfg.name}: model.attn_res = \"{cfg.model.attn_res}\": the chip builds "
+                          f"model.attn_res = \"none\" only so far (the memory image holds it)")
 
 
 def _check_relations(cfg: Config):

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw.image.param_map import model_param_maps, model_structural, params_bytes
+from hw.image.param_map import (attn_res_outputs, attn_res_residuals, model_param_maps, model_structural,
+                                params_bytes)
 
 MAGIC = int.from_bytes(b"MKDI", "little")
 VERSION = 2              # 2: a model's layer parameter blocks are padded to one size
@@ -127,14 +128,21 @@ def pack_image(cfg, flat: Mapping[str, np.ndarray], tensors: Mapping[str, np.nda
     """The whole image from the integer parameters ``flat`` (QLayer.to_flat() names) and the
     weight matrices ``tensors`` (memory-map region names, hw.image.memory_map.qlayer_tensors).
     ValueError naming the field when a value does not fit its field, or when a value the
-    config fixes (hw.image.param_map.structural) differs.  ConfigError (one line) for a model
-    the image does not hold (Attention Residuals, LatentMoE: ``require_image_model``)."""
+    config fixes (hw.image.param_map.structural) differs.  With Attention Residuals the layers'
+    residual adds are written from ``attn_res.out_m|out_s`` (hw.image.param_map.attn_res_residuals:
+    the adds are the outputs' requantisers; the integer model uses nothing else of them).
+    ConfigError (one line) for a model the image does not hold (``require_image_model``)."""
     from hw.image.memory_map import build_weights, memory_map
     from moekda.config import require_image_model
     require_image_model(cfg)
     for name, want in model_structural(cfg).items():
         if name in flat and int(np.asarray(flat[name])) != want:
             raise ValueError(f"parameter {name} = {int(np.asarray(flat[name]))}: this config fixes it to {want}")
+    if cfg.model.attn_res != "none":
+        for name in ("attn_res.out_m", "attn_res.out_s"):
+            if name not in flat:
+                raise ValueError(f"parameter {name}: missing (model.attn_res = \"{cfg.model.attn_res}\")")
+        flat = {**flat, **attn_res_residuals(cfg, flat)}
     mm = memory_map(cfg)
     lay = image_layout(cfg)
     img = bytearray(lay.length)
@@ -186,6 +194,8 @@ def read_image(cfg, image: bytes, what: str = "image") -> tuple[dict, dict]:
         params.update({prefix + k: v for k, v in pm.unpack(image[addr:addr + pm.nbytes]).items()})
     for name, v in model_structural(cfg).items():
         params[name] = np.int64(v)
+    if cfg.model.attn_res != "none":
+        params.update(attn_res_outputs(cfg, params))
     for word, name in host_scales(cfg).items():
         at = 4 * HEADER_WORDS.index(word)
         value = float(np.frombuffer(image[at:at + 4], dtype="<f4")[0])

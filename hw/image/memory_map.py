@@ -169,8 +169,11 @@ def model_tensors(cfg) -> list[tuple[str, int, int]]:
     """(name, rows, cols) of every matrix of the config, in memory order.  The layer chip:
     TENSOR_GROUPS (today's map).  A model: layer 0 .. L-1, each its channel mixer's tensors
     (moe_tensors or dense_tensors) then its token mixer's (kda_tensors, or mla_tensors for an
-    "mla" layer of model.layers), named ``layers.<l>.<name>``; then, with a vocabulary,
-    ``embedding`` (V x d_model: row t is token t's x_0) and, untied, ``lm_head`` (V x d_model)."""
+    "mla" layer of model.layers), named ``layers.<l>.<name>``; then, with Attention Residuals,
+    ``attn_res.queries`` ((2 L + 1) x d_model: row n - 1 is sub-layer n's pseudo-query, the
+    last row the output's; the depth unit, hw/attnres/, reads one row per mix); then, with a
+    vocabulary, ``embedding`` (V x d_model: row t is token t's x_0) and, untied, ``lm_head``
+    (V x d_model)."""
     m = cfg.model
     if m.is_layer_chip:
         return [t for group in TENSOR_GROUPS for t in group(cfg)]
@@ -178,6 +181,8 @@ def model_tensors(cfg) -> list[tuple[str, int, int]]:
     for l, (kind, mx) in enumerate(zip(m.layers, m.mixers)):
         mix = moe_tensors(cfg) if mx == "moe" else dense_tensors(cfg)
         out += [(f"layers.{l}.{n}", r, c) for n, r, c in mix + token_mixer_tensors(cfg, kind)]
+    if m.attn_res != "none":
+        out.append(("attn_res.queries", 2 * m.n_layers + 1, m.d_model))
     if m.vocab:
         out.append(("embedding", m.vocab, m.d_model))
         if not m.tie_embedding:
@@ -351,6 +356,8 @@ def model_tensor_sources(cfg) -> dict[str, tuple[str, int | None]]:
         if kind == "mla":
             src = {k: v for k, v in src.items() if not k.startswith("kda.")} | mla_tensor_sources()
         out.update({f"layers.{l}.{k}": (f"layers.{l}.{n}", e) for k, (n, e) in src.items()})
+    if m.attn_res != "none":
+        out["attn_res.queries"] = ("attn_res.queries", None)
     if m.vocab:
         out["embedding"] = ("head.emb", None)
         if not m.tie_embedding:

@@ -331,6 +331,60 @@ def head_param_fields(cfg) -> list[ParamField]:
             _f("head.head_s", (), SHIFT_BITS, False, "LM head requantisation: shift")]
 
 
+def attn_res_param_fields(cfg) -> list[ParamField]:
+    """Attention Residuals' run-time parameters (QAttnRes, sim/models/int_attn_res.py; model.attn_res
+    "full" or "block"), read by the depth unit (hw/attnres/): each mix's logit requantiser (one
+    per query: sub-layers 1 .. N, then the output), the keys' normaliser and x_0's requantiser.
+    The queries are a matrix (hw/image/memory_map.py ``attn_res.queries``); the sub-layers'
+    output requantisers (out_m, out_s) are the layers' residual adds (``attn_res_residuals``)."""
+    fm = formats_for(cfg)
+    mb, n = fm.mult_bits, 2 * cfg.model.n_layers + 1
+    return [_f("attn_res.u_m", (n,), mb, False, "logit w_n . key_i -> u (base 2): multiplier"),
+            _f("attn_res.u_s", (n,), SHIFT_BITS, False, "logit w_n . key_i -> u (base 2): shift"),
+            _f("attn_res.key_norm.eps_int", (), derived_widths(cfg)["ss_rmsnorm"], False,
+               "key normaliser: eps in sum-of-squares units"),
+            _f("attn_res.key_norm.m", (), mb, False, "key normaliser: output multiplier"),
+            _f("attn_res.key_norm.s", (), 5, False, "key normaliser: output shift"),
+            _f("attn_res.emb_m", (), mb, False, "x_0 -> the depth scale: multiplier"),
+            _f("attn_res.emb_s", (), SHIFT_BITS, False, "x_0 -> the depth scale: shift")]
+
+
+def model_block_fields(cfg) -> list[ParamField]:
+    """The fields of a model's block after the layers' (prefix "", LOADed into the head's bank):
+    the head's (with a vocabulary), then Attention Residuals' (model.attn_res != "none")."""
+    out = head_param_fields(cfg) if cfg.model.vocab else []
+    if cfg.model.attn_res != "none":
+        out += attn_res_param_fields(cfg)
+    return out
+
+
+def _sublayer_residual(n: int) -> str:
+    """Sub-layer n's (0-based) residual add: layer n // 2's res1 (token mixer) or res2."""
+    return f"layers.{n // 2}.res{n % 2 + 1}"
+
+
+def attn_res_residuals(cfg, flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """With Attention Residuals the layers' residual adds are not used as adds: sub-layer n's
+    output v_n = requantize(out, out_m[n], out_s[n], resid_bits) is exactly what the chip's
+    residual add (hw/chip/residual.py, sat(rs(a m_a + b m_b, s))) gives with m_a = 0, so the
+    image keeps out_m, out_s once, as layer l's ``res1`` (sub-layer 2l + 1) and ``res2``
+    (2l + 2) with m_a = 0.  Returns those residual-add values from ``flat``'s
+    ``attn_res.out_m|out_s``."""
+    out_m, out_s = (np.asarray(flat[f"attn_res.{k}"]) for k in ("out_m", "out_s"))
+    out = {}
+    for n in range(2 * cfg.model.n_layers):
+        res = _sublayer_residual(n)
+        out.update({f"{res}.m_a": np.int64(0), f"{res}.m_b": np.int64(out_m[n]), f"{res}.s": np.int64(out_s[n])})
+    return out
+
+
+def attn_res_outputs(cfg, params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The inverse of ``attn_res_residuals``: ``attn_res.out_m|out_s`` from the residual adds."""
+    res = [_sublayer_residual(n) for n in range(2 * cfg.model.n_layers)]
+    return {f"attn_res.out_{k}": np.array([int(params[f"{r}.{f}"]) for r in res], dtype=np.int64)
+            for k, f in (("m", "m_b"), ("s", "s"))}
+
+
 def layer_pairs(cfg) -> list[tuple[str, str]]:
     """The (token mixer kind, channel mixer) pairs the config's layers use, sorted."""
     return sorted(set(zip(cfg.model.layers, cfg.model.mixers)))
@@ -340,8 +394,9 @@ def model_param_maps(cfg) -> list[tuple[str, "ParamMap"]]:
     """The parameter region of an image, as (name prefix, map) blocks in address order, each
     block padded to whole port beats: the layer chip has one block (prefix "", today's map,
     byte for byte); a model has layer 0 .. L-1 (prefix ``layers.<l>.``, the map of the layer's
-    kind and mixer, ``model.layers[l]`` and ``model.mixers[l]``) and, with a vocabulary, the
-    head (prefix "", names ``head.*``)."""
+    kind and mixer, ``model.layers[l]`` and ``model.mixers[l]``) and, with a vocabulary or
+    Attention Residuals, the model's block (prefix "", ``model_block_fields``: ``head.*``, then
+    ``attn_res.*``)."""
     if cfg.model.is_layer_chip:
         return [("", param_map(cfg))]
     pb = cfg.hw.weight_port_bytes
@@ -351,8 +406,9 @@ def model_param_maps(cfg) -> list[tuple[str, "ParamMap"]]:
     size = layer_block_bytes(cfg)
     out = [(f"layers.{l}.", ParamMap(tuple(param_fields(cfg, mx, kind)), pb, size))
            for l, (kind, mx) in enumerate(zip(cfg.model.layers, cfg.model.mixers))]
-    if cfg.model.vocab:
-        out.append(("", ParamMap(tuple(head_param_fields(cfg)), pb)))
+    fields = model_block_fields(cfg)
+    if fields:
+        out.append(("", ParamMap(tuple(fields), pb)))
     return out
 
 
@@ -494,7 +550,7 @@ def param_map(cfg, mixer: str = "moe", kind: str = "kda") -> ParamMap:
 
 
 def _fields_for(cfg, mixer: str, kind: str = "kda") -> list[ParamField]:
-    return head_param_fields(cfg) if mixer == "head" else param_fields(cfg, mixer, kind)
+    return model_block_fields(cfg) if mixer == "head" else param_fields(cfg, mixer, kind)
 
 
 def param_layout(cfg, prefix: str = "", mixer: str = "moe", kind: str = "kda"):
@@ -502,8 +558,9 @@ def param_layout(cfg, prefix: str = "", mixer: str = "moe", kind: str = "kda"):
     ``"res1"``, ...): nested StructLayouts following the dotted names, arrays as
     ArrayLayouts, in region order, so ``Cat`` of the whole bank is the region's bits.
     A block's ``params`` port has ``param_layout(cfg, "<block>")``.  ``mixer``: the fields
-    of a layer with that channel mixer ("moe", "dense"), or "head" for the model's head
-    block (``param_layout(cfg, "head", mixer="head")``).  ``kind``: the token mixer, "kda" or
+    of a layer with that channel mixer ("moe", "dense"), or "head" for the model's
+    block (``param_layout(cfg, "head", mixer="head")``; Attention Residuals' fields are in
+    that block too: ``param_layout(cfg, "attn_res", mixer="head")``).  ``kind``: the token mixer, "kda" or
     "mla" (an MLA layer's block: ``param_layout(cfg, "mla", kind="mla")``)."""
     from amaranth import signed, unsigned
     from amaranth.lib import data

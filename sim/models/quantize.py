@@ -102,6 +102,15 @@ def _linear(w, s_in: float, s_out: float, fm: Formats, out_bits: int, bias_real=
     return QLinear(w=wq, m=m, s=s, out_bits=out_bits, bias=bias), sw
 
 
+def _residual(s_a: float, s_b: float, s_out: float, fm: Formats, branch_only: bool) -> QResidual:
+    """The residual add a + b into s_out, or (``branch_only``, Attention Residuals) the branch
+    b alone requantised into s_out: m_a = 0, (m_b, s) normalised for b."""
+    if branch_only:
+        return QResidual(0, *_mult(s_b / s_out, fm))
+    (ma, mb), s = shared_shift_multipliers([s_a / s_out, s_b / s_out], fm.mult_bits)
+    return QResidual(ma, mb, s)
+
+
 def _norm(eps_int: float, k_real: float, fm: Formats) -> QNorm:
     m, s = _mult(k_real, fm)
     return QNorm(eps_int=int(round(eps_int)), m=m, s=s)
@@ -151,8 +160,10 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None, model_seed: int 
     gets a QDense in place of the QMoE.  ``traces``: the float traces of the layer's tensors,
     stacked per name, in place of running the layer on ``seqs`` (a layer inside Attention
     Residuals: its inputs come from the stack).  ``depth_scale``: Attention Residuals' s_v,
-    the scale of both of the layer's inputs (x and h); its residual adds are not used, and
-    are kept at that scale."""
+    the scale of both of the layer's inputs (x and h); its residual adds are not used as
+    adds: each is its branch's requantiser to s_v (m_a = 0, m_b / 2**s = the branch's scale
+    / s_v), QAttnRes's out_m, out_s, which is what the chip's residual add computes with
+    those values (hw/image/param_map.py attn_res_residuals)."""
     fm = formats_for(cfg)
     m = cfg.model
     d = m.d_model
@@ -175,8 +186,7 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None, model_seed: int 
         qkda, qmla, mix_out = _quantize_kda(params, cfg, fm, tr, sc), None, "kda_out"
 
     sc["h"] = act_scale(tr["h"], fm.resid_bits, headroom=RESID_HEADROOM) if depth_scale is None else depth_scale
-    (ma, mb), rs_ = shared_shift_multipliers([sc["x"] / sc["h"], sc[mix_out] / sc["h"]], fm.mult_bits)
-    res1 = QResidual(ma, mb, rs_)
+    res1 = _residual(sc["x"], sc[mix_out], sc["h"], fm, depth_scale is not None)
     sc["hn_unit"] = act_scale(tr["hn_unit"])
     mlp_norm = _norm(m.norm_eps * d / sc["h"] ** 2, math.sqrt(d) / sc["hn_unit"], fm)
 
@@ -188,8 +198,7 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None, model_seed: int 
         (qmoe, sc_moe), qdense = _quantize_moe(params, cfg, fm, tr, sc["hn_unit"]), None
     sc.update(sc_moe)
     sc["y"] = act_scale(tr["y"], fm.resid_bits, headroom=RESID_HEADROOM) if depth_scale is None else depth_scale
-    (ma, mb), rs_ = shared_shift_multipliers([sc["h"] / sc["y"], sc["moe_out"] / sc["y"]], fm.mult_bits)
-    res2 = QResidual(ma, mb, rs_)
+    res2 = _residual(sc["h"], sc["moe_out"], sc["y"], fm, depth_scale is not None)
     return QLayer(attn_norm=attn_norm, kda=qkda, res1=res1, mlp_norm=mlp_norm, moe=qmoe, res2=res2, scales=sc,
                   dense=qdense, mla=qmla)
 
@@ -554,8 +563,8 @@ def _quantize_depth(mp: ModelParams, cfg: Config, fm: Formats, xs, x_scale, scal
         mm, ss = _mult(s_w * s_key * math.log2(math.e) * (1 << fm.mla_exp_frac), fm)
         u_m.append(mm)
         u_s.append(ss)
-    out_scales = [q.scales[k] for q in layers for k in (q.mix_out, "moe_out")]
-    out_ms = [_mult(s / s_v, fm) for s in out_scales]
+    # the sub-layers' output requantisers are the layers' residual adds (``_residual``)
+    out_ms = [(r.m_b, r.s) for q in layers for r in (q.res1, q.res2)]
     emb_m, emb_s = _mult(x_scale / s_v, fm) if x_scale is not None else _mult(1.0, fm)
     scales["depth"], scales["depth_key"] = s_v, s_key
     ar = QAttnRes(queries=np.stack(qs), u_m=np.array(u_m, np.int64), u_s=np.array(u_s, np.int64), key_norm=key_norm,

@@ -102,5 +102,5 @@ def test_hybrid_parameters_round_trip_and_are_checked():
 def test_the_chip_refuses_the_hybrid_in_one_line():
     from moekda.config import require_chip_model
     cfg = hybrid(layers=["kda", "kda", "kda", "mla"], kv_rank=8, attn_res="full")
-    with pytest.raises(ConfigError, match='model.attn_res = "full": float and integer models only so far'):
+    with pytest.raises(ConfigError, match='model.attn_res = "full": the chip builds model.attn_res = "none" only'):
         require_chip_model(cfg)

@@ -165,5 +165,5 @@ def test_the_chip_takes_mla_layers_and_latent_moe_and_refuses_attn_res_in_one_li
     require_chip_model(hybrid(layers=["kda", "kda", "kda", "mla"], kv_rank=8))
     cfg = hybrid(layers=["kda", "kda", "kda", "mla"], kv_rank=8, moe_latent=8)
     require_chip_model(cfg)
-    with pytest.raises(ConfigError, match='model.attn_res = "full": float and integer models only so far; the chip'):
+    with pytest.raises(ConfigError, match='model.attn_res = "full": the chip builds model.attn_res = "none" only'):
         require_chip_model(hybrid(layers=["kda", "kda", "kda", "mla"], kv_rank=8, attn_res="full"))
