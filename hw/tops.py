@@ -65,6 +65,12 @@ def _mla(cfg):
     return unit, [Value.cast(v) for v in _flat_ports(unit)]
 
 
+def _attnres(cfg):
+    from hw.attnres.unit import default_attnres
+    unit = default_attnres(cfg)   # ConfigError (one line) for a config without Attention Residuals
+    return unit, [Value.cast(v) for v in _flat_ports(unit)]
+
+
 def _head(cfg):
     from hw.chip.head import Head
     block = Head(cfg)           # ConfigError (one line) for a config without a vocabulary
@@ -80,11 +86,12 @@ TOPS: dict[str, Callable] = {
     "head": _head,
     "mla_softmax": _mla_softmax,   # a block of the hybrid's MLA layer (issue 15), before its chip
     "mla": _mla,                   # the hybrid's MLA token mixer (issue 15), before its chip
+    "attnres": _attnres,           # the hybrid's Attention Residuals depth unit (issue 15), before its chip
 }
 
-# the MLA blocks alone: built for any config with an "mla" layer, also one the chip refuses
-# (AttnRes, LatentMoE), so the MLA unit can be synthesised on its own
-LATER_KIND_BLOCKS = {"mla_softmax", "mla"}
+# the hybrid's blocks alone: built for any config with an "mla" layer (or AttnRes), also one
+# the chip refuses (AttnRes), so each can be synthesised on its own
+LATER_KIND_BLOCKS = {"mla_softmax", "mla", "attnres"}
 
 
 def build_top(name: str, cfg):

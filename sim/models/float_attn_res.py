@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hw.attnres.kept import kept_vectors  # noqa: F401 (the buffer count, one copy: the hardware's)
 from sim.models.float_layer import rms_unit
 
 MODES = ("none", "full", "block")
@@ -103,17 +104,6 @@ class DepthResidual:
         if self.mode == "none":
             return 1
         return len(self.values) + (self.partial is not None)
-
-
-def kept_vectors(mode: str, n_sublayers: int, block: int = 2) -> int:
-    """The most vectors of d_model a token holds on its way down the stack (the on-chip
-    buffer per sequence): the plain residual one, full AttnRes N + 1 (the output's mix sees
-    all of them), block AttnRes v_0, the finished summaries and one partial sum."""
-    if mode == "none":
-        return 1
-    if mode == "full":
-        return n_sublayers + 1
-    return 1 + -(-n_sublayers // block)
 
 
 def run_stack(mode: str, x0, sublayers, queries, eps: float, block: int = 2, trace=None) -> np.ndarray:

@@ -114,6 +114,20 @@ def test_cli_model_image(tmp_path):
     assert r.returncode == 2 and "made for config hash" in r.stderr and "\n" not in r.stderr.strip()
 
 
+def assert_image_round_trip(cfg, qm, img):
+    """Every integer of ``qm`` (not its scales: only the header's are kept) comes back from its
+    image, and the integer model on the image's model runs the same tokens.  Returns it."""
+    back = qmodel_from_image(cfg, img)
+    a, b = qm.to_flat(), back.to_flat()
+    assert {k for k in a if "scales." not in k} == {k for k in b if "scales." not in k}
+    for k, v in a.items():
+        if "scales." not in k:
+            assert np.array_equal(np.asarray(b[k]), np.asarray(v)), k
+    toks = random_tokens(cfg, 12, seed=5, model_seed=2)
+    assert np.array_equal(int_run_model(back, cfg, toks), int_run_model(qm, cfg, toks))
+    return back
+
+
 @pytest.mark.parametrize("latent", [0, 8], ids=["moe", "latent_moe"])
 def test_hybrid_model_image_round_trip(latent):
     """A model whose last layer is a Gated MLA one (layers kda, kda, kda, mla), its MoE layers
@@ -126,15 +140,9 @@ def test_hybrid_model_image_round_trip(latent):
     img = qmodel_image(cfg, qm)
     check_image(cfg, img)
     assert len(img) == image_layout(cfg).length
-    back = qmodel_from_image(cfg, img)
+    back = assert_image_round_trip(cfg, qm, img)
     assert [q.kind for q in back.layers] == ["kda", "kda", "kda", "mla"]
-    a, b = qm.to_flat(), back.to_flat()
-    assert {k for k in a if "scales." not in k} == {k for k in b if "scales." not in k}
-    for k, v in a.items():
-        if "scales." not in k:
-            assert np.array_equal(np.asarray(b[k]), np.asarray(v)), k
-    toks = random_tokens(cfg, 12, seed=5, model_seed=2)
-    assert np.array_equal(int_run_model(back, cfg, toks), int_run_model(qm, cfg, toks))
+    a = qm.to_flat()
     # the MLA layer's block: its values, its padding zeros, then res1 as a KDA layer's
     _, pm, addr = param_blocks(cfg)[3]
     assert pm.unpack(img[addr:addr + pm.nbytes])["mla.u_m"] == a["layers.3.mla.u_m"]
@@ -179,14 +187,7 @@ def test_attn_res_model_image_round_trip(mode):
         _, lpm, laddr = param_blocks(cfg)[n // 2]
         res = {k: int(v) for k, v in lpm.unpack(img[laddr:laddr + lpm.nbytes]).items() if k.startswith(f"res{n % 2 + 1}.")}
         assert res == {f"res{n % 2 + 1}.m_a": 0, f"res{n % 2 + 1}.m_b": ar.out_m[n], f"res{n % 2 + 1}.s": ar.out_s[n]}
-    back = qmodel_from_image(cfg, img)
-    a, b = qm.to_flat(), back.to_flat()
-    assert {k for k in a if "scales." not in k} == {k for k in b if "scales." not in k}
-    for k, v in a.items():
-        if "scales." not in k:
-            assert np.array_equal(np.asarray(b[k]), np.asarray(v)), k
-    toks = random_tokens(cfg, 12, seed=5, model_seed=2)
-    assert np.array_equal(int_run_model(back, cfg, toks), int_run_model(qm, cfg, toks))
+    assert_image_round_trip(cfg, qm, img)
 
 
 def test_a_residual_add_with_m_a_0_is_the_depth_requantiser():
