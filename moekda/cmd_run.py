@@ -152,7 +152,9 @@ def prompt_ids(args, vocab: int) -> list[int] | None:
 
 
 def _run_model(args, cfg, netlist) -> int:
+    from moekda.config import require_chip_model
     from sim.driver import ModelDriver, RunPlan
+    require_chip_model(cfg)     # a model the chip does not build: its one line before any progress line
     if args.vectors:
         raise UserError(f"--vectors: a layer chip's export; config {cfg.name} is a model (use --image or --seed)")
     if args.image:

@@ -331,12 +331,12 @@ def require_image_model(cfg: Config) -> None:
 
 def require_chip_model(cfg: Config) -> None:
     """ConfigError unless the chip (the RTL: hw/chip/model.py, hw/tops.py) builds this model:
-    kda and mla layers, MoE and LatentMoE mixers; Attention Residuals have their memory image
-    but no place in the model chip yet."""
+    kda and mla layers, MoE and LatentMoE mixers, Attention Residuals on the model chip (the
+    depth unit sits between the model chip's stages; the layer chip has no place for it)."""
     require_image_model(cfg)
-    if cfg.model.attn_res != "none":
-        raise ConfigError(f"config {cfg.name}: model.attn_res = \"{cfg.model.attn_res}\": the chip builds "
-                          f"model.attn_res = \"none\" only so far (the memory image holds it)")
+    if cfg.model.attn_res != "none" and cfg.model.vocab == 0:
+        raise ConfigError(f"config {cfg.name}: model.attn_res = \"{cfg.model.attn_res}\" runs on the model chip "
+                          f"only, which needs model.vocab (16 to 65536)")
 
 
 def _check_relations(cfg: Config):

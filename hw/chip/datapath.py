@@ -50,6 +50,11 @@ Ports
            layers also ``mla_wport`` and the MLA unit's cache port ``cport``
            (hw/mla/cache.py), which the top passes out.  A model of MLA layers only has
            no KDA unit and no ``kda_wport``.
+``ha``, ``hq``  with Attention Residuals (model.attn_res != "none") only: stage A's sum (the
+           residual add with m_a = 0: the sub-layer's output at the depth scale) leaves on
+           ``ha`` (v, slot) instead of going to HQ, and stage B's input, the depth unit's mix,
+           comes back on ``hq`` into HQ (reserved meanwhile: ``q_wait``).  Stage B's output
+           ``o`` is likewise the sub-layer's output, not a residual sum (hw/attnres/chip.py).
 ``idle``   no token inside and no early RMSNorm running: the bank may change.
 ``b_go``   stage B may take the token stage A holds (default high; the model chip lowers it
            until the bank's channel-mixer half holds that token's layer).
@@ -76,6 +81,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.arith.counter import ChunkedCounter
+from hw.attnres.chip import vec_layout
 from hw.chip.residual import ResidualAdd
 from hw.chip.weight_port import WeightPortSignature
 from hw.image.memory_map import layer_bits, layer_count, layer_mixer, mixer_layers, slot_bits
@@ -117,6 +123,12 @@ class LayerDatapath(wiring.Component):
         if self.mla_layers:
             units.update(mla_wport=Out(WeightPortSignature(pb)), cport=Out(CachePortSignature(pb)))
         self.engines = bool(self.kda_layers) + bool(self.mla_layers) + 1
+        # Attention Residuals: stage A's sum leaves on ``ha`` (the depth unit keeps it) and
+        # stage B's input comes back on ``hq`` (the unit's mix), not from stage A's sum
+        self.attn_res = cfg.model.attn_res != "none"
+        if self.attn_res:
+            vec = vec_layout(cfg)
+            units.update(ha=Out(stream.Signature(vec)), hq=In(stream.Signature(vec["v"].shape)))
         super().__init__({
             "i": In(stream.Signature(datapath_in_layout(cfg))),
             "o": Out(stream.Signature(datapath_out_layout(cfg))),
@@ -244,6 +256,7 @@ class LayerDatapath(wiring.Component):
         # HQ: the hand-over register between the stages, with what travels with h
         HQ = Signal(rb * d, name="hq")
         q_full = Signal()
+        q_wait = Signal()                       # AttnRes: HQ reserved, the depth unit's mix to come
         layer_q, tag_q, slot_q = Signal(layer_bits(cfg)), Signal(SEQ_BITS), Signal(slot_bits(cfg))
         lat_q = ChunkedCounter(32, name="lat_q")
 
@@ -270,9 +283,18 @@ class LayerDatapath(wiring.Component):
         with m.If(res2.wr_en):
             m.d.sync += Array(HB)[res2.wr_idx].eq(res2.wr_y)
         with m.If(enq):
-            m.d.sync += [HQ.eq(Cat(*XA)), tag_q.eq(tag_a), layer_q.eq(layer_a), slot_q.eq(slot_a), q_full.eq(1)]
+            m.d.sync += [tag_q.eq(tag_a), layer_q.eq(layer_a), slot_q.eq(slot_a)]
+            if self.attn_res:
+                m.d.sync += q_wait.eq(1)
+            else:
+                m.d.sync += [HQ.eq(Cat(*XA)), q_full.eq(1)]
         with m.Elif(handoff):
             m.d.sync += q_full.eq(0)
+        if self.attn_res:
+            m.d.comb += [self.ha.payload.v.eq(Cat(*XA)), self.ha.payload.slot.eq(slot_a),
+                         self.hq.ready.eq(q_wait)]
+            with m.If(self.hq.valid & q_wait):
+                m.d.sync += [HQ.eq(self.hq.payload), q_full.eq(1), q_wait.eq(0)]
         with m.If(handoff):
             m.d.sync += [Cat(*HB).eq(HQ), tag_b.eq(tag_q), layer_b.eq(layer_q), slot_b.eq(slot_q)]
             if D is not None:
@@ -302,7 +324,10 @@ class LayerDatapath(wiring.Component):
                         m.next = "NORM_START"
             norm_unit_residual(m, d, norm1, mix_in, mix_out, res1, then="HOLD", name="stage_a")
             with m.State("HOLD"):                         # h waits for HQ (full only while
-                m.d.comb += enq.eq(~q_full)               # stage B is busy)
+                if self.attn_res:                         # stage B is busy)
+                    m.d.comb += [self.ha.valid.eq(~q_full & ~q_wait), enq.eq(self.ha.valid & self.ha.ready)]
+                else:
+                    m.d.comb += enq.eq(~q_full)
                 with m.If(enq):
                     m.next = "IDLE"
         m.d.comb += handoff.eq(q_full & stage_b_idle & self.b_go)
@@ -336,16 +361,17 @@ class LayerDatapath(wiring.Component):
             m.d.sync += [pre_done.eq(0), pre_ok.eq(0)]
 
         busy_a, busy_b = ~stage_a.ongoing("IDLE"), ~stage_b.ongoing("IDLE")
-        m.d.comb += [self.busy.eq(busy_a | q_full | busy_b), self.idle.eq(~busy_a & ~q_full & ~busy_b & ~pre_run),
+        q_used = q_full | q_wait
+        m.d.comb += [self.busy.eq(busy_a | q_used | busy_b), self.idle.eq(~busy_a & ~q_used & ~busy_b & ~pre_run),
                      stage_b_idle.eq(stage_b.ongoing("IDLE")),
                      self.a_free.eq((stage_a.ongoing("IDLE") | stage_a.ongoing("HOLD")) & ~pre_run),
-                     self.a_busy.eq(busy_a | q_full), self.a_layer.eq(Mux(q_full, layer_q, layer_a)),
+                     self.a_busy.eq(busy_a | q_used), self.a_layer.eq(Mux(q_used, layer_q, layer_a)),
                      self.b_idle.eq(stage_b_idle),
                      self.b_layer.eq(layer_b),
                      self.mac_beat.eq(Cat(*(u.mac_beat for u, _ in units), moe.mac_beat))]
         # a stage counts every cycle it is not idle, the cycle of its last step included,
         # so "lat + 1" at the handoff and at the end is the counter's own next value
-        m.d.comb += [lat_a.inc.eq(busy_a), lat_q.inc.eq(q_full), lat_b.inc.eq(busy_b)]
+        m.d.comb += [lat_a.inc.eq(busy_a), lat_q.inc.eq(q_used), lat_b.inc.eq(busy_b)]
         lat_a.load(accept, 1)
         lat_q.load(enq, lat_a.next)
         lat_b.load(handoff, lat_q.next)

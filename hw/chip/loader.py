@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
+from amaranth.lib.data import View
 from amaranth.lib.wiring import In, Out
 
 from hw.arith.carry_save import compress_3_2, pipelined_add, reduce_to_two
@@ -84,8 +85,11 @@ class ImageLoader(wiring.Component):
             ports.update({"bank": Out(layer_bank_bits(cfg)),
                           "fetch": In(1), "fetch_layer": In(layer_bits(cfg)), "fetch_half": In(1),
                           "fetching": Out(1)})
-            if self.head_block:
+            if self.head_block and cfg.model.vocab:
                 ports["head_params"] = Out(param_layout(cfg, "head", mixer="head"))
+            if self.head_block and cfg.model.attn_res != "none":
+                # the depth unit's fields, after the head's in the same block
+                ports["attn_res_params"] = Out(param_layout(cfg, "attn_res", mixer="head"))
         else:
             ports["bank"] = Out(param_layout(cfg))
         super().__init__(ports)
@@ -201,7 +205,11 @@ class ImageLoader(wiring.Component):
                 head = Signal(8 * h_pm.nbytes, name="head_bank", reset_less=True)
                 self._shift_in(m, head, beat_go & ~fetching & (beat.value >= h_addr // W) &
                                (beat.value < (h_addr + h_pm.nbytes) // W), data, W)
-                m.d.comb += self.head_params.as_value().eq(head[:h_pm.bits])
+                block = View(param_layout(self.cfg, mixer="head"), head[:h_pm.bits])
+                if self.cfg.model.vocab:
+                    m.d.comb += self.head_params.eq(block.head)
+                if self.cfg.model.attn_res != "none":
+                    m.d.comb += self.attn_res_params.eq(block.attn_res)
 
         # ---- checksum: the beat's words to two (clock-derived stages), then a 4:2
         # into the carry-save accumulator; resolved by a pipelined add after the last beat

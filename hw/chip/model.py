@@ -32,6 +32,11 @@ and short-convolution history: context slot * K + k for the k-th of the K KDA la
 MLA layer's latent cache, in the memory behind ``cport``: context slot * n_mla + k) and
 take the layer's index and the slot with the token; the head runs one token at a time.
 
+With Attention Residuals (model.attn_res != "none") every stage's input is a mix of the
+depth unit (hw/attnres/chip.py DepthSequencer): the embedding row, stage A's sum (the
+datapath's ``ha``) and stage B's output go to it, its mixes come back as X (stage A's
+input, the head's after the last layer) and as stage B's input (``hq``); docs/chip.md.
+
 Sequence rules per slot, as on the layer chip: a token starts a new sequence in its slot
 when its ``first`` bit is set; a CLEAR write, a LOAD or a reset starts a new one in
 every slot.  ``seq`` on ``o`` is the token's position in its slot's sequence.
@@ -43,6 +48,7 @@ from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
 from hw.arith.counter import ChunkedCounter
+from hw.attnres.chip import DepthSequencer, Src
 from hw.chip.csr import LayerCsr, WishboneSignature
 from hw.chip.datapath import SEQ_BITS, LayerDatapath
 from hw.chip.embed import Embedding, token_bits, token_id_layout
@@ -172,6 +178,13 @@ class ModelTop(wiring.Component):
         # fetches: its layers are one in four and its first read is the one that waits)
         clients = ([dp.kda_wport] if dp.kda_layers else []) + [loader.wport, embed.wport] + \
             ([dp.mla_wport] if dp.mla_layers else []) + [dp.moe_wport, head.wport]
+        depth = None
+        if dp.attn_res:
+            # Attention Residuals: every stage input is a mix of the depth unit (hw/attnres/chip.py);
+            # its query reads gate a stage, so they rank after the fetches, before the MoE's
+            m.submodules.depth = depth = DepthSequencer(cfg)
+            m.d.comb += depth.params.eq(loader.attn_res_params)
+            clients.insert(clients.index(dp.moe_wport), depth.wport)
         m.submodules.arbiter = arb = WeightArbiter(cfg.hw.weight_port_bytes, len(clients), priority=True,
                                                    chunk=ARB_CHUNK, ahead=ARB_AHEAD)
         for n, port in enumerate(clients):
@@ -243,16 +256,33 @@ class ModelTop(wiring.Component):
                      self.i.ready.eq(embed.i.ready & allowed & ~embed_busy & in_free),
                      embed.i.payload.token.eq(self.i.payload.token),
                      embed.i.payload.first.eq(Array(q.starts for q in seqs)[in_slot]),
-                     embed.o.ready.eq(embed_busy)]
+                     embed.o.ready.eq(embed_busy & (depth.x0.ready if depth else 1))]
+        embedded = embed_busy & embed.o.valid & embed.o.ready
+        # with AttnRes the row goes to the depth unit (START), and its mix comes back to X
+        mixed = Signal()
+        if depth:
+            m.d.comb += [depth.x0.valid.eq(embed_busy & embed.o.valid), depth.x0.payload.v.eq(embed.o.payload.x),
+                         depth.x0.payload.slot.eq(embed_slot),
+                         mixed.eq(depth.mix.valid & depth.mix.ready & (depth.mix.payload.src != Src.A))]
         for s in range(S):
             with m.If(accept & (in_slot == s)):
                 m.d.sync += [st[s].eq(Slot.EMBED), tags[s].eq(seqs[s].tag), first[s].eq(seqs[s].starts),
                              lay[s].eq(0)]
-            with m.If(embed_busy & embed.o.valid & (embed_slot == s)):
-                m.d.sync += [X[s].eq(embed.o.payload.x), st[s].eq(Slot.READY)]
+            if depth is None:
+                with m.If(embedded & (embed_slot == s)):
+                    m.d.sync += [X[s].eq(embed.o.payload.x), st[s].eq(Slot.READY)]
+            else:
+                with m.If(mixed & (depth.mix.payload.slot == s)):
+                    m.d.sync += X[s].eq(depth.mix.payload.v)
+                    with m.If(depth.mix.payload.src == Src.X0):
+                        m.d.sync += st[s].eq(Slot.READY)
+                    with m.Elif(lay[s] == L - 1):
+                        m.d.sync += st[s].eq(Slot.HEADQ)
+                    with m.Else():
+                        m.d.sync += [lay[s].eq(lay[s] + 1), st[s].eq(Slot.READY)]
         with m.If(accept):
             m.d.sync += [embed_busy.eq(1), embed_slot.eq(in_slot)]
-        with m.Elif(embed.o.valid):
+        with m.Elif(embedded):
             m.d.sync += embed_busy.eq(0)
 
         # ---- the datapath: a ready slot whose layer the token half holds is offered to stage A
@@ -268,16 +298,29 @@ class ModelTop(wiring.Component):
         m.d.comb += [dp.i.valid.eq(offering),
                      dp.i.payload.x.eq(Array(X)[offer_slot]), dp.i.payload.first.eq(Array(first)[offer_slot]),
                      dp.i.payload.layer.eq(Array(lay)[offer_slot]), dp.i.payload.tag.eq(Array(tags)[offer_slot]),
-                     dp.i.payload.slot.eq(offer_slot), dp.o.ready.eq(1)]
+                     dp.i.payload.slot.eq(offer_slot)]
+        if depth:
+            # stage A's sum and stage B's output to the depth unit (ADD); the mix after stage
+            # A's is stage B's input, the one after stage B's the slot's next X (above)
+            m.d.comb += [depth.ya.valid.eq(dp.ha.valid), depth.ya.payload.eq(dp.ha.payload),
+                         dp.ha.ready.eq(depth.ya.ready),
+                         depth.yb.valid.eq(dp.o.valid), depth.yb.payload.v.eq(dp.o.payload.y),
+                         depth.yb.payload.slot.eq(dp.o.payload.slot), dp.o.ready.eq(depth.yb.ready),
+                         dp.hq.valid.eq(depth.mix.valid & (depth.mix.payload.src == Src.A)),
+                         dp.hq.payload.eq(depth.mix.payload.v),
+                         depth.mix.ready.eq(Mux(depth.mix.payload.src == Src.A, dp.hq.ready, 1))]
+        else:
+            m.d.comb += dp.o.ready.eq(1)
         for s in range(S):
             with m.If(dp.i.valid & dp.i.ready & (offer_slot == s)):
                 m.d.sync += [offering.eq(0), st[s].eq(Slot.INSIDE)]
-            with m.If(dp.o.valid & (dp.o.payload.slot == s)):
-                m.d.sync += X[s].eq(dp.o.payload.y)
-                with m.If(lay[s] == L - 1):
-                    m.d.sync += st[s].eq(Slot.HEADQ)
-                with m.Else():
-                    m.d.sync += [lay[s].eq(lay[s] + 1), st[s].eq(Slot.READY)]
+            if depth is None:
+                with m.If(dp.o.valid & (dp.o.payload.slot == s)):
+                    m.d.sync += X[s].eq(dp.o.payload.y)
+                    with m.If(lay[s] == L - 1):
+                        m.d.sync += st[s].eq(Slot.HEADQ)
+                    with m.Else():
+                        m.d.sync += [lay[s].eq(lay[s] + 1), st[s].eq(Slot.READY)]
 
         # ---- FETCH, one half at a time: the channel half for the token in stage A (so the
         # hand-over to stage B need not wait), else the token half for a ready slot, else
