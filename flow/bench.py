@@ -24,9 +24,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
+from flow.paths import RESULTS_DIR
 from moekda.config import REPO_ROOT, Config
-
-RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
 # the goals of issue 9, stated in every summary
 GOAL_UTILISATION = 0.90          # of the roofline bound, for small
@@ -183,6 +182,38 @@ def synth_metrics(cfg: Config, build_root: Path | None = None) -> tuple[dict | N
     return m, ""
 
 
+# ---- place and route -------------------------------------------------------------
+
+def pnr_figures(cfg: Config, results_dir: Path = RESULTS_DIR) -> tuple[dict | None, str]:
+    """The chip top's post-route figures from its committed record (``pnr-<config>.json``,
+    written by `moekda pnr --record` after a real run): Fmax with extracted parasitics and
+    the propagated clock, cell area, power at activity 0.1 and from a simulated VCD, the
+    DRC counts and the commit the run was made at.  A record is of one netlist: it is used
+    when its config hash is today's and named with its commit (the RTL may have moved on
+    since; the bench says so rather than guess)."""
+    path = results_dir / f"pnr-{cfg.name}.json"
+    if not path.is_file():
+        return None, f"no {path.name} (no place-and-route run recorded)"
+    rec = json.loads(path.read_text())
+    if rec.get("config_hash") != cfg.hash():
+        return None, f"{path.name} is of config hash {rec.get('config_hash')}, not today's {cfg.hash()}"
+    m = rec.get("metrics", {})
+    if m.get("finish__timing__fmax") is None:
+        return None, f"{path.name} holds no post-route Fmax"
+    energy = m.get("finish__power__vcd__energy_per_token__j")
+    return {"record": path.name, "run_commit": rec.get("run_commit"), "openroad": rec.get("openroad_version"),
+            "fmax_mhz": m["finish__timing__fmax"] / 1e6,
+            "wns_ns": m.get("finish__timing__setup__ws"), "hold_ws_ns": m.get("finish__timing__hold__ws"),
+            "area_um2": m.get("finish__design__instance__area"),
+            "core_area_um2": m.get("finish__design__core__area"),
+            "utilisation": m.get("finish__design__instance__utilization"),
+            "power_w": m.get("finish__power__total"),
+            "power_vcd_w": m.get("finish__power__vcd__total"),
+            "energy_per_token_vcd_nj": None if energy is None else energy * 1e9,
+            "route_drc_errors": m.get("route__drc_errors"),
+            "klayout_drc_violations": m.get("drc__klayout__violations")}, ""
+
+
 @lru_cache(maxsize=4)
 def chip_verilog(cfg: Config) -> str:
     """Today's Verilog of the chip top for ``cfg``, as `moekda synth` writes it (once per process:
@@ -253,7 +284,7 @@ def simulate(cfg_name: str, tokens: int, simulator: str, seed: int = 0) -> dict:
 # ---- the record ------------------------------------------------------------------
 
 def assemble(cfg: Config, tr: Traffic, long_run: dict, speed: dict, synth: dict | None,
-             synth_note: str) -> dict:
+             synth_note: str, pnr: dict | None = None, pnr_note: str = "") -> dict:
     cpt = long_run["cycles_per_token"]
     ctx = long_run["token_cycles_at"]
     reached = [p for p in CONTEXTS if ctx.get(str(p)) is not None]
@@ -301,6 +332,12 @@ def assemble(cfg: Config, tr: Traffic, long_run: dict, speed: dict, synth: dict 
                         "other_cycles_per_token": None if S > 1 else
                         cpt - (long_run["layer_cycles"] + long_run["fetch_cycles"] + long_run["head_cycles"]) / n}
     rec.update(at_fmax(tr.macs, cpt, fmax, area, power, cfg.hw.clock_period_ns))
+    rec["pnr_note"] = pnr_note
+    if pnr:
+        # after routing: the same cycles at the routed Fmax (energy from the VCD is measured
+        # per token by `moekda power` itself, over its own run)
+        rec["post_route"] = {**pnr, **{k + "_post_route": v for k, v in at_fmax(
+            tr.macs, cpt, pnr["fmax_mhz"], pnr["area_um2"], pnr["power_w"], cfg.hw.clock_period_ns).items()}}
     rec["wall_sim_s"] = long_run["run_s"]
     rec["goals"] = goals(rec)
     return rec
@@ -356,6 +393,25 @@ def markdown(rec: dict) -> str:
         ("GOPS/mm2 at Fmax", _fmt(rec.get("gops_per_mm2"), ",.2f")),
         ("energy per token", _fmt(rec.get("energy_per_token_nj"), ",.2f") + " nJ"),
     ]
+    pr = rec.get("post_route")
+    if pr:
+        at = f" ([{pr['record']}]({pr['record'].replace('.json', '.md')}), run at commit {str(pr['run_commit'])[:12]})"
+        rows += [
+            ("Fmax after routing (extracted parasitics, propagated clock)" + at,
+             f"{_fmt(pr['fmax_mhz'], ',.0f')} MHz (setup WNS {_fmt(pr['wns_ns'], '+.3f')} ns, "
+             f"hold {_fmt(pr['hold_ws_ns'], '+.3f')} ns)"),
+            ("cell area after routing", f"{_fmt(pr['area_um2'], ',.0f')} um2 in a core of "
+             f"{_fmt(pr['core_area_um2'], ',.0f')} um2 ({_fmt(100 * (pr['utilisation'] or 0), '.1f')} %)"),
+            ("power after routing, activity 0.1 / from simulated activity (VCD)",
+             f"{_fmt(None if pr['power_w'] is None else pr['power_w'] * 1e3, ',.1f')} mW / "
+             f"{_fmt(None if pr['power_vcd_w'] is None else pr['power_vcd_w'] * 1e3, ',.1f')} mW"),
+            ("energy per token from simulated activity", _fmt(pr["energy_per_token_vcd_nj"], ",.1f") + " nJ"),
+            ("tokens/s at the routed Fmax", _fmt(pr["tokens_per_s_post_route"], ",.0f")),
+            ("DRC after routing: router / KLayout deck",
+             f"{_fmt(pr['route_drc_errors'], ',d')} / {_fmt(pr['klayout_drc_violations'], ',d')}"),
+        ]
+    elif rec.get("pnr_note"):
+        rows.append(("after routing", rec["pnr_note"]))
     if "model" in rec:
         mo = rec["model"]
         S = mo.get("sequences", 1)

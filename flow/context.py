@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from flow.bench import _fmt
-from moekda.config import REPO_ROOT, Config, with_settings
+from flow.paths import RESULTS_DIR
+from moekda.config import Config, with_settings
 from moekda.formats import formats_for
 
-RESULTS_DIR = REPO_ROOT / "bench" / "results"
 CONTEXTS = (16, 256, 1024, 4096)
 WINDOW = 8              # tokens before each context position whose logits are compared
 REPORTED_SAVING = 0.75  # K3's report: the 3:1 hybrid keeps about a quarter of all-MLA's cache

@@ -18,6 +18,8 @@ from pathlib import Path
 from moekda.config import REPO_ROOT, Config
 
 BUILD_ROOT = REPO_ROOT / "build"
+# committed measurements (bench, sweeps, context sweeps, place-and-route records)
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
 
 @dataclass(frozen=True)

@@ -370,11 +370,15 @@ SUMMARY_ROWS = (   # metric, label, unit, scale
     ("finish__timing__setup__ws", "worst setup slack", "ns", 1),
     ("finish__timing__setup__tns", "total negative setup slack", "ns", 1),
     ("finish__timing__hold__ws", "worst hold slack", "ns", 1),
-    ("finish__power__total", "total power", "mW", 1000),
+    ("finish__power__total", "total power (activity 0.1 on the inputs)", "mW", 1000),
+    ("finish__power__vcd__total", "total power from simulated activity (`moekda power`)", "mW", 1000),
+    ("finish__power__vcd__energy_per_token__j", "energy per token from simulated activity", "nJ", 1e9),
     ("route__drc_errors", "routing DRC violations", "", 1),
     ("finish__timing__fmax", "Fmax (worst setup path, propagated clock)", "MHz", 1e-6),
     ("finish__parasitics__extracted__nets", "nets with OpenRCX-extracted parasitics", "", 1),
     ("detailedroute__antenna__violating__nets", "antenna violations after routing", "", 1),
+    ("drc__klayout__violations", "KLayout DRC violations (`make drc`)", "", 1),
+    ("drc__klayout__groups", "KLayout DRC rule groups checked", "", 1),
 )
 
 

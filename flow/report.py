@@ -112,7 +112,31 @@ def _summary(m: dict) -> list[str]:
         ["Fmax allowed by IO paths", _fmt(m["fmax__io_limited"], 1, " MHz")],
         [f"power (activity {m['power__activity']:g})", _fmt(power_mw, 3, " mW")],
     ]
-    return ["## Summary", ""] + _table(["quantity", "value"], rows)
+    return ["## Summary", ""] + _table(["quantity", "value"], rows + _post_route_rows(m))
+
+
+def _post_route_rows(m: dict) -> list[list[str]]:
+    """After `moekda pnr` (and `moekda power`, `moekda drc`) the same quantities after routing:
+    they beat the synthesis figures above, which have no wires and an ideal clock."""
+    if m.get("finish__timing__fmax") is None:
+        return []
+    mw = lambda k: None if m.get(k) is None else m[k] * 1e3      # noqa: E731
+    rows = [["**after routing**: Fmax (extracted parasitics, propagated clock)",
+             _fmt(m["finish__timing__fmax"] / 1e6, 1, " MHz")],
+            ["after routing: setup WNS / hold worst slack",
+             f"{_fmt(m.get('finish__timing__setup__ws'))} ns / {_fmt(m.get('finish__timing__hold__ws'))} ns"],
+            ["after routing: cell area (with buffers, taps, fill excluded) / utilisation",
+             _fmt(m.get("finish__design__instance__area"), 1, " um²")
+             + f" / {_fmt(100 * m.get('finish__design__instance__utilization', 0), 1, ' %')}"],
+            ["after routing: power (activity 0.1)", _fmt(mw("finish__power__total"), 3, " mW")]]
+    if m.get("finish__power__vcd__total") is not None:
+        e = m.get("finish__power__vcd__energy_per_token__j")
+        rows.append(["after routing: power from simulated activity (VCD)",
+                     _fmt(mw("finish__power__vcd__total"), 3, " mW")
+                     + ("" if e is None else f", {_fmt(e * 1e9, 1)} nJ per token")])
+    rows.append(["after routing: DRC (router / KLayout deck)",
+                 f"{_fmt(m.get('route__drc_errors'))} / {_fmt(m.get('drc__klayout__violations'))}"])
+    return rows
 
 
 def _area_section(stats: SynthStats, m: dict, reports: Path) -> list[str]:

@@ -39,10 +39,10 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from flow.paths import RESULTS_DIR
 from moekda.config import REPO_ROOT, SECTIONS, Config, ConfigError, config_from_dict, load_config
 
 SWEEP_ROOT = REPO_ROOT / "build" / "sweep"
-RESULTS_DIR = REPO_ROOT / "bench" / "results"
 RESULT_FILE = "result.json"
 
 # the default grid: 6 points around tiny (the machine has 2 cores); the one copy of it

@@ -65,7 +65,8 @@ def run(args) -> int:
     print(f"  speed run: {args.speed_tokens} tokens on {other}", flush=True)
     speed[other] = bench.simulate(args.config, args.speed_tokens, other)
     synth, note = bench.synth_metrics(cfg)     # read again: a synthesis may have finished meanwhile
-    rec = bench.assemble(cfg, tr, long_run, speed, synth, note)
+    pnr, pnr_note = bench.pnr_figures(cfg)
+    rec = bench.assemble(cfg, tr, long_run, speed, synth, note, pnr, pnr_note)
     from flow.provenance import provenance
     # every option that changes the record (--out only moves it)
     rec.update(provenance(f"moekda bench -c {args.config} --tokens {args.tokens} --speed-tokens "

@@ -44,7 +44,7 @@ def run(args) -> int:
     top, block = resolve_top(args.top)   # the same top and build layout as `moekda synth`
     build = BuildPaths.for_config(cfg, top=top, block=block)
     if args.record:
-        from flow.bench import RESULTS_DIR
+        from flow.paths import RESULTS_DIR
         from flow.pnr import openroad_version, record
         for path in record(cfg, build, RESULTS_DIR, openroad_version(openroad)):
             print(f"wrote {path}")

@@ -225,3 +225,17 @@ def test_summary_of_old_and_new_opensta():
     new = "wns max -0.012\ntns max -0.340\nworst slack max -0.012\n"
     want = {"wns": -0.012, "tns": -0.34, "worst slack": -0.012}
     assert parse_summary(old) == parse_summary(new) == want
+
+
+def test_summary_shows_the_routed_figures_once_a_run_exists():
+    """No rows after routing until `moekda pnr` merged its finish__ metrics; then Fmax, slacks,
+    area, both powers and both DRC counts, read from the ORFS-named keys."""
+    assert report_mod._post_route_rows({}) == []
+    m = {"finish__timing__fmax": 874.9e6, "finish__timing__setup__ws": 0.107, "finish__timing__hold__ws": 0.043,
+         "finish__design__instance__area": 505114.8, "finish__design__instance__utilization": 0.514,
+         "finish__power__total": 0.6275, "finish__power__vcd__total": 0.4914,
+         "finish__power__vcd__energy_per_token__j": 8.6e-7, "route__drc_errors": 0, "drc__klayout__violations": 1}
+    text = "\n".join(" | ".join(r) for r in report_mod._post_route_rows(m))
+    for want in ("874.9 MHz", "0.107 ns / 0.043 ns", "505,114.8 um²", "51.4 %", "627.500 mW",
+                 "491.400 mW, 860.0 nJ per token", "0 / 1"):
+        assert want in text, want
