@@ -291,7 +291,7 @@ def test_hybrid_fields_keep_old_hashes_and_attn_res_is_refused_by_the_chip():
     assert lat_moe == m.n_experts * 3 * m.d_ff * (8 - 16) + 2 * 8 * 16
 
 
-def test_the_image_holds_the_hybrid_and_the_chip_refuses_only_attn_res():
+def test_the_image_holds_the_hybrid_and_the_chip_refuses_attn_res_without_a_vocabulary():
     from moekda.config import require_chip_model, require_image_model
     require_image_model(config_from_dict(base()))
     mla = config_from_dict(base(model={"n_layers": 4, "layers": ["kda", "kda", "kda", "mla"], "kv_rank": 8}))
