@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flow.drc import GROUPS, count_violations, deck_for_group, find_klayout
+from flow.drc import DEEP_GROUPS, FLAT_TILE_UM, GROUPS, count_violations, deck_for_group, find_klayout
 from moekda import cli
 from moekda.errors import UserError
 from pdk.kit import find_kit
@@ -29,8 +29,14 @@ def test_the_platform_deck_has_every_group_switch():
             state = "true" if other == group else "false"
             assert f"{other}" in variant and any(
                 line.split("#")[0].replace(" ", "") == f"{other}={state}" for line in variant.splitlines()), other
-        # nothing but the four switches changes (and, for ANTENNA, the gate layer it needs)
+        # nothing but the four switches and the engine mode changes (and, for ANTENNA, the
+        # gate layer it needs)
         assert len(variant.splitlines()) == len(deck.splitlines()) + (group == "ANTENNA")
+        modes = [line.strip() for line in variant.splitlines() if line.strip().startswith(("deep", "tiles("))]
+        if group in DEEP_GROUPS:
+            assert "deep" in modes
+        else:   # FEOL deep did not finish a 4 % clip in 17 min; flat in 100 um tiles took 63 s
+            assert "deep" not in modes and f"tiles({FLAT_TILE_UM}.um)" in modes
     antenna = deck_for_group(deck, "ANTENNA")
     assert antenna.index("gate = poly") < antenna.index("if ANTENNA") < antenna.index("connect(gate, poly)")
 
