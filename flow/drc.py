@@ -108,6 +108,84 @@ def count_violations(lyrdb: Path) -> Counter:
     return counts
 
 
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE]-?\d+)?")
+
+
+def markers(lyrdb: Path) -> list[tuple[str, float, float]]:
+    """Each violation's rule and the centre (um) of its marker's coordinates: edge pairs,
+    polygons, boxes and edges alike are lists of points in a report database's values."""
+    root = ET.parse(lyrdb).getroot()
+    found = []
+    for item in (root.find("items") or []):
+        rule = (item.findtext("category") or "?").strip().strip("'")
+        nums = [float(x) for v in item.iter("value") for x in _NUMBER.findall((v.text or "").split(":", 1)[-1])]
+        xs, ys = nums[0::2], nums[1::2]
+        if xs and len(xs) == len(ys):
+            found.append((rule, (min(xs) + max(xs)) / 2, (min(ys) + max(ys)) / 2))
+    return found
+
+
+def masters_at(gds: Path, points: list[tuple[float, float]]) -> list[str]:
+    """For each point, the library cell (master) of the top cell's instance over it: the
+    smallest one where abutting cells share an edge; `(routing)` where no cell is."""
+    from flow.gds import klayout_db
+    db = klayout_db()
+    layout = db.Layout()
+    layout.read(str(gds))
+    top = layout.top_cell()
+    names = []
+    for x, y in points:
+        probe = db.DBox(x - 0.001, y - 0.001, x + 0.001, y + 0.001)
+        insts = list(top.each_overlapping_inst(probe))
+        if not insts:
+            names.append("(routing)")
+            continue
+        best = min(insts, key=lambda i: i.dbbox().area())
+        names.append(best.cell.name.split("$")[0])     # KLayout names a cell's variants NAME$n
+    return names
+
+
+def library_layout(lib_gds: tuple[Path, ...], out: Path, pitch_um: float = 5.0, row_um: float = 200.0) -> Path:
+    """Every cell of the library GDS once, `pitch_um` apart: the cells' own layouts, to tell a
+    chip's violations that come with the library from the ones placement and routing make."""
+    from flow.gds import klayout_db
+    db = klayout_db()
+    src = db.Layout()
+    for path in lib_gds:
+        src.read(str(path))
+    lay = db.Layout()
+    lay.dbu = src.dbu
+    top = lay.create_cell("LIBRARY")
+    gap, width = round(pitch_um / src.dbu), round(row_um / src.dbu)
+    x = y = row_h = 0
+    for cell in sorted((c for c in src.each_cell() if c.is_top()), key=lambda c: c.name):
+        box = cell.bbox()
+        copy = lay.create_cell(cell.name)
+        copy.copy_tree(cell)
+        if x and x + box.width() > width:
+            x, y, row_h = 0, y + row_h + gap, 0
+        top.insert(db.CellInstArray(copy.cell_index(), db.Trans(x - box.left, y - box.bottom)))
+        x, row_h = x + box.width() + gap, max(row_h, box.height())
+    options = db.SaveLayoutOptions()
+    options.add_cell(top.cell_index())
+    lay.write(str(out), options)
+    return out
+
+
+def attribute(chip: GroupResult, gds: Path, library: GroupResult | None, library_chip: Path | None
+              ) -> list[tuple[str, str, int, bool]]:
+    """(rule, master, count, the master violates the rule on its own) for the chip's
+    violations, most first.  `library` is the same group run on library_layout's GDS."""
+    found = markers(chip.report)
+    where = masters_at(gds, [(x, y) for _, x, y in found])
+    own: set[tuple[str, str]] = set()
+    if library is not None and library_chip is not None:
+        lib_found = markers(library.report)
+        own = {(rule, m) for (rule, _, _), m in zip(lib_found, masters_at(library_chip, [(x, y) for _, x, y in lib_found]))}
+    counts = Counter((rule, m) for (rule, _, _), m in zip(found, where))
+    return [(rule, m, n, (rule, m) in own) for (rule, m), n in counts.most_common()]
+
+
 def run_group(klayout: str, deck: Path, gds: Path, workdir: Path, group: str, log: Path) -> GroupResult:
     variant = workdir / f"drc_{group.lower()}.lydrc"
     variant.write_text(deck_for_group(deck.read_text(), group))
@@ -125,7 +203,8 @@ def run_group(klayout: str, deck: Path, gds: Path, workdir: Path, group: str, lo
     return GroupResult(group, sum(counts.values()), dict(counts), seconds, report)
 
 
-def drc_markdown(gds: Path, deck: Path, results: list[GroupResult]) -> str:
+def drc_markdown(gds: Path, deck: Path, results: list[GroupResult],
+                 where: dict[str, list[tuple[str, str, int, bool]]] | None = None) -> str:
     lines = ["## KLayout DRC", "", f"`{gds.name}` against the platform's deck `{deck.name}`, one rule group "
              "at a time (`moekda drc`).", "", "| group | violations | wall time s |", "|---|---|---|"]
     lines += [f"| {r.group} | {r.violations} | {r.seconds:.0f} |" for r in results]
@@ -133,12 +212,24 @@ def drc_markdown(gds: Path, deck: Path, results: list[GroupResult]) -> str:
     if rules:
         lines += ["", "| rule | group | count |", "|---|---|---|"]
         lines += [f"| {rule} | {group} | {n} |" for rule, n, group in rules[:30]]
+    rows = [(group, *row) for group, found in (where or {}).items() for row in found]
+    if rows:
+        lines += ["", "Where they are: the library cell under each marker (`(routing)`: none), and whether "
+                  "that cell's own layout, placed alone (every cell of the library GDS once, 5 um apart), "
+                  "breaks the same rule.", "",
+                  "| group | rule | cell | count | in the cell's own layout |", "|---|---|---|---|---|"]
+        rows.sort(key=lambda r: -r[3])
+        lines += [f"| {g} | {rule} | {cell} | {n} | {'yes' if own else 'no'} |" for g, rule, cell, n, own in rows[:40]]
     return "\n".join(lines) + "\n"
 
 
 def run_drc(gds: Path, deck: Path, workdir: Path, logs: Path, metrics_json: Path, report_md: Path,
             groups: tuple[str, ...] = GROUPS, klayout: str | None = None,
-            progress: Callable[[str], None] = print) -> dict[str, object]:
+            progress: Callable[[str], None] = print, library_gds: tuple[Path, ...] = ()) -> dict[str, object]:
+    """Runs `groups` one at a time; with `library_gds` (the kit's cell layouts) each group
+    with violations is also run on library_layout's GDS and its violations attributed
+    (attribute): the counts of the ones the cells bring with them go into the metrics as
+    ``drc__klayout__<group>__in_cell_layouts``."""
     if not gds.is_file():
         raise UserError(f"drc: no GDS at {gds}; run `make pnr` first")
     if not deck.is_file():
@@ -147,20 +238,32 @@ def run_drc(gds: Path, deck: Path, workdir: Path, logs: Path, metrics_json: Path
     workdir.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
     from flow.pnr import merge_metrics
-    results, metrics = [], {}
+    results, metrics, where = [], {}, {}
+    library = None
     for i, group in enumerate(groups, 1):
         progress(f"drc [{i}/{len(groups)}] {group} ...")
         r = run_group(klayout, deck, gds, workdir, group, logs / f"drc_{group.lower()}.log")
         results.append(r)
         progress(f"drc [{i}/{len(groups)}] {group}: {r.violations} violations in {r.seconds:.0f} s")
+        found = {f"drc__klayout__{group.lower()}__violations": r.violations,
+                 f"drc__klayout__{group.lower()}__runtime__s": round(r.seconds, 1)}
+        if library_gds and r.violations:
+            lib_dir = workdir / "library"
+            lib_dir.mkdir(exist_ok=True)
+            library = library or library_layout(library_gds, lib_dir / "library.gds")
+            lib_r = run_group(klayout, deck, library, lib_dir, group, logs / f"drc_{group.lower()}_library.log")
+            where[group] = attribute(r, gds, lib_r, library)
+            own = sum(n for _, _, n, mine in where[group] if mine)
+            found[f"drc__klayout__{group.lower()}__in_cell_layouts"] = own
+            progress(f"drc [{i}/{len(groups)}] {group}: {own} of them where the cell's own layout has them "
+                     f"({lib_r.violations} in the library's cells alone)")
         # each group's result is kept as soon as it is known: FEOL can take hours, and a
         # later group that fails must not lose the earlier ones
-        merged = merge_metrics(metrics_json, {f"drc__klayout__{group.lower()}__violations": r.violations,
-                                              f"drc__klayout__{group.lower()}__runtime__s": round(r.seconds, 1)})
+        merged = merge_metrics(metrics_json, found)
         # the total over every group checked so far on this GDS (a run may check some groups only)
         checked = [g for g in GROUPS if f"drc__klayout__{g.lower()}__violations" in merged]
         metrics = {"drc__klayout__violations": sum(merged[f"drc__klayout__{g.lower()}__violations"] for g in checked),
                    "drc__klayout__groups": ",".join(checked)}
         metrics = {k: v for k, v in merge_metrics(metrics_json, metrics).items() if k.startswith("drc__")}
-        report_md.write_text(drc_markdown(gds, deck, results))
+        report_md.write_text(drc_markdown(gds, deck, results, where))
     return metrics

@@ -17,7 +17,7 @@ from pdk.kit import PLATFORM, Kit, Platform
 _DEF_SUFFIXES = ("", ".PIN", ".LABEL")
 
 
-def _klayout_db():
+def klayout_db():
     try:
         import klayout.db as db
     except ImportError:
@@ -51,7 +51,7 @@ def layer_map(db, kit: Kit, platform: Platform = PLATFORM):
 
 def read_def(def_path: Path, kit: Kit, platform: Platform = PLATFORM):
     """The DEF as a KLayout layout with the kit's cell GDS merged in; raises UserError on a missing cell."""
-    db = _klayout_db()
+    db = klayout_db()
     options = db.LoadLayoutOptions()
     lefdef = options.lefdef_config
     lefdef.lef_files = [str(kit.tech_lef.resolve()), str(kit.cell_lef.resolve())]
@@ -95,7 +95,7 @@ def def_to_gds(def_path: Path, kit: Kit, gds_path: Path, platform: Platform = PL
 def gds_to_png(gds_path: Path, png_path: Path, kit: Kit, width: int = 1600,
                platform: Platform = PLATFORM) -> Path:
     """A picture of the die, all hierarchy levels, with the kit's layer colours."""
-    _klayout_db()
+    klayout_db()
     import klayout.lay as lay
     view = lay.LayoutView()
     view.set_config("background-color", "#ffffff")

@@ -27,13 +27,13 @@ def run(args) -> int:
     if bad or not groups:
         raise UserError(f"--groups {args.groups}: allowed are {', '.join(GROUPS)} (comma-separated)")
     try:
-        kit = find_kit(("drc_deck",))
+        kit = find_kit(("drc_deck", "gds"))
     except KitError as e:
         raise UserError(str(e)) from None
     top, block = resolve_top(args.top)
     build = BuildPaths.for_config(cfg, top=top, block=block)
     paths = PnrPaths(build)
     metrics = run_drc(paths.gds, kit.drc_deck, paths.root / "drc", build.logs, build.metrics,
-                      build.reports / "drc.md", groups=groups)
+                      build.reports / "drc.md", groups=groups, library_gds=kit.gds)
     print(f"drc: {metrics['drc__klayout__violations']} violations; table in {build.reports / 'drc.md'}")
     return 0

@@ -101,3 +101,60 @@ open(args["report_file"], "w").write('''{LYRDB.replace("'METAL1.1'", "METAL2.1")
     assert kept["drc__klayout__beol__violations"] == 3 and kept["drc__klayout__violations"] == 3
     assert kept["drc__klayout__groups"] == "BEOL" and kept["synth__x"] == 1
     assert "| BEOL | 3 |" in (tmp_path / "drc.md").read_text()
+
+
+def _item(rule: str, value: str) -> str:
+    return f"<item><category>'{rule}'</category><cell>top</cell><values><value>{value}</value></values></item>"
+
+
+def test_violations_are_placed_in_the_cells_under_them(tmp_path):
+    """A chip of two cells (NAND at x 0..2 twice, INV at x 10..11) and a library run in which
+    only NAND breaks POLY.1 on its own: the chip's POLY.1 in a NAND is the library's, its
+    POLY.1 in the INV and the CONTACT.1 between the cells are not."""
+    db = pytest.importorskip("klayout.db", reason="KLayout Python module not installed (pip install klayout==0.30.12)")
+    from pathlib import Path
+
+    from flow.drc import GroupResult, attribute, markers
+
+    def chip(path: Path, placements: list[tuple[str, int]]) -> Path:
+        lay = db.Layout()
+        top = lay.create_cell("TOP")
+        for name, x in placements:
+            cell = lay.cell(name) or lay.create_cell(name)
+            if cell.bbox().empty():
+                cell.shapes(lay.layer(1, 0)).insert(db.Box(0, 0, 2000 if name == "NAND" else 1000, 1400))
+            top.insert(db.CellInstArray(cell.cell_index(), db.Trans(x * 1000, 0)))
+        lay.write(str(path))
+        return path
+
+    def report(path: Path, items: list[str]) -> GroupResult:
+        path.write_text(LYRDB.split("<items>")[0] + "<items>" + "".join(items) + "</items></report-database>")
+        return GroupResult("FEOL", len(items), {}, 0.0, path)
+
+    gds = chip(tmp_path / "chip.gds", [("NAND", 0), ("NAND", 3), ("INV", 10)])
+    found = report(tmp_path / "chip.lyrdb", [_item("POLY.1", "edge-pair: (0.5,0.2;0.5,0.6)/(0.55,0.2;0.55,0.6)"),
+                                             _item("POLY.1", "polygon: (3.9,1;3.9,1.1;4.1,1.1;4.1,1)"),
+                                             _item("POLY.1", "box: (10.2,0.1;10.4,0.3)"),
+                                             _item("CONTACT.1", "edge-pair: (7,5;7.1,5)|(7,5.2;7.1,5.2)")])
+    assert [rule for rule, _, _ in markers(found.report)] == ["POLY.1"] * 3 + ["CONTACT.1"]
+    assert markers(found.report)[1][1:] == pytest.approx((4.0, 1.05))
+    lib_gds = chip(tmp_path / "lib.gds", [("INV", 0), ("NAND", 5)])
+    lib = report(tmp_path / "lib.lyrdb", [_item("POLY.1", "box: (5.2,0.1;5.4,0.3)")])
+    rows = attribute(found, gds, lib, lib_gds)
+    assert sorted(rows) == [("CONTACT.1", "(routing)", 1, False), ("POLY.1", "INV", 1, False),
+                            ("POLY.1", "NAND", 2, True)]
+
+
+def test_the_library_layout_holds_every_cell_once(tmp_path):
+    db = pytest.importorskip("klayout.db", reason="KLayout Python module not installed (pip install klayout==0.30.12)")
+    from flow.drc import library_layout
+    kit = find_kit(("gds",))
+    out = library_layout(kit.gds, tmp_path / "library.gds")
+    lay = db.Layout()
+    lay.read(str(out))
+    src = db.Layout()
+    src.read(str(kit.gds[0]))
+    placed = sorted(i.cell.name for i in lay.top_cell().each_inst())
+    assert placed == sorted(c.name for c in src.each_cell() if c.is_top()) and len(placed) > 100
+    boxes = [i.bbox() for i in lay.top_cell().each_inst()]
+    assert not any(a.overlaps(b) for n, a in enumerate(boxes) for b in boxes[n + 1:])  # 5 um apart
