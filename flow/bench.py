@@ -47,10 +47,14 @@ class Traffic:
     port_bytes: int
     state_cycles: float = 0.0   # the KDA state update and read: every layer's H d_k d_v entries,
                                 # read and written in two passes, hw.state_lanes a cycle
+    depth_macs: int = 0         # of ``macs``, the Attention Residuals depth unit's (its own engine
+                                # and softmax lanes, not the shared ones)
+    depth_cycles: float = 0.0   # the depth unit's bound (hw/attnres/kept.py depth_cycles_per_token)
 
     @property
     def mac_cycles(self) -> float:
-        return self.macs / self.lanes
+        """The shared MAC lanes' cycles: every MAC but the depth unit's."""
+        return (self.macs - self.depth_macs) / self.lanes
 
     @property
     def port_cycles(self) -> float:
@@ -58,14 +62,17 @@ class Traffic:
 
     @property
     def bound(self) -> float:
-        """Roofline cycles per token: the slowest resource (MAC lanes, weight port, state lanes)."""
-        return max(roofline_cycles(self.macs, self.weight_bytes, self.lanes, self.port_bytes), self.state_cycles)
+        """Roofline cycles per token: the slowest resource (MAC lanes, weight port, state lanes,
+        the depth unit, which does one job at a time for every slot)."""
+        return max(roofline_cycles(self.macs - self.depth_macs, self.weight_bytes, self.lanes, self.port_bytes),
+                   self.state_cycles, self.depth_cycles)
 
     @property
     def bound_by(self) -> str:
-        worst = max(self.port_cycles, self.mac_cycles, self.state_cycles)
+        worst = max(self.port_cycles, self.mac_cycles, self.state_cycles, self.depth_cycles)
         return ("weight port" if worst == self.port_cycles else
-                "MAC lanes" if worst == self.mac_cycles else "KDA state lanes")
+                "MAC lanes" if worst == self.mac_cycles else
+                "KDA state lanes" if worst == self.state_cycles else "depth unit")
 
 
 def roofline_cycles(macs: float, weight_bytes: float, lanes: int, port_bytes: int) -> float:
@@ -99,22 +106,28 @@ def traffic(cfg: Config) -> Traffic:
 
 
 def state_cycles(cfg: Config) -> float:
-    """The KDA state's bound per token: per layer, H x d_k x d_v entries read and written in
-    the delta rule's two passes (hw/kda/delta.py), ``hw.state_lanes`` entries a cycle."""
-    from hw.image.memory_map import layer_count
+    """The KDA state's bound per token: per KDA layer (an MLA layer has no state), H x d_k x
+    d_v entries read and written in the delta rule's two passes (hw/kda/delta.py),
+    ``hw.state_lanes`` entries a cycle."""
+    from hw.image.memory_map import layer_count, layer_kind
     m = cfg.model
-    return layer_count(cfg) * 2 * m.n_heads * m.head_dim * m.head_dim / cfg.hw.state_lanes
+    kda = sum(layer_kind(cfg, l) == "kda" for l in range(layer_count(cfg)))
+    return kda * 2 * m.n_heads * m.head_dim * m.head_dim / cfg.hw.state_lanes
 
 
 def model_traffic(cfg: Config) -> Traffic:
-    """A model chip's bytes per token: every layer's KDA matrices and channel mixer (router,
-    shared and top_k experts; a dense layer's chunks), its parameter block when the layers
-    share the bank (L > 1: hw/chip/model.py fetches each half of a layer's block once for
-    the hw.sequences tokens that go through the layer together, so a token's share is the
-    halves' beats / sequences), the embedding row and the LM head.  ``dense_bytes``: the
-    same with every routed expert."""
+    """A model chip's bytes per token: every layer's KDA (or MLA) matrices and channel mixer
+    (router, shared and top_k experts; a dense layer's chunks), its parameter block when the
+    layers share the bank (L > 1: hw/chip/model.py fetches each half of a layer's block once
+    for the hw.sequences tokens that go through the layer together, so a token's share is
+    the halves' beats / sequences), the embedding row and the LM head; with Attention
+    Residuals the depth unit's query rows (one a mix, on the weight port), its MACs and its
+    bound.  (An MLA layer's cache reads are on their own port, not in these bytes.)
+    ``dense_bytes``: the same with every routed expert."""
+    from hw.attnres.kept import depth_cycles_per_token, depth_macs_per_token, sublayers
     from hw.chip.model import model_macs_per_token
-    from hw.image.memory_map import layer_count, layer_prefix, memory_map, moe_token_regions, sequence_slots
+    from hw.image.memory_map import (layer_count, layer_kind, layer_prefix, memory_map, moe_token_regions,
+                                     sequence_slots)
     from hw.image.param_map import fetch_halves
     mm = memory_map(cfg)
     m = cfg.model
@@ -122,7 +135,8 @@ def model_traffic(cfg: Config) -> Traffic:
     weight = dense = 0
     for l in range(L):
         p = layer_prefix(cfg, l)
-        kda = sum(r.nbytes for name, r in mm.regions.items() if name.startswith(p + "kda."))
+        mixer = p + ("mla." if layer_kind(cfg, l) == "mla" else "kda.")
+        kda = sum(r.nbytes for name, r in mm.regions.items() if name.startswith(mixer))
         block = (sum(n for _, n in fetch_halves(cfg)) * cfg.hw.weight_port_bytes / sequence_slots(cfg)
                  if L > 1 else 0)
         if m.mixers[l] == "dense":
@@ -133,8 +147,12 @@ def model_traffic(cfg: Config) -> Traffic:
             dense += kda + block + sum(mm[n].nbytes for n in moe_token_regions(cfg, p, routed=m.n_experts))
     emb = mm["embedding"].row_bytes
     head = (mm["lm_head"] if "lm_head" in mm else mm["embedding"]).nbytes
+    if m.attn_res != "none":
+        # a query row per mix: the N sub-layers' inputs and the stack's output
+        head += (sublayers(cfg) + 1) * mm["attn_res.queries"].row_beats * cfg.hw.weight_port_bytes
     return Traffic(macs=model_macs_per_token(cfg), weight_bytes=weight + emb + head, dense_bytes=dense + emb + head,
-                   lanes=cfg.hw.lanes, port_bytes=cfg.hw.weight_port_bytes, state_cycles=state_cycles(cfg))
+                   lanes=cfg.hw.lanes, port_bytes=cfg.hw.weight_port_bytes, state_cycles=state_cycles(cfg),
+                   depth_macs=depth_macs_per_token(cfg), depth_cycles=depth_cycles_per_token(cfg))
 
 
 # ---- derived figures at Fmax -------------------------------------------------------
@@ -298,7 +316,7 @@ def assemble(cfg: Config, tr: Traffic, long_run: dict, speed: dict, synth: dict 
         "dense_weight_bytes_per_token": tr.dense_bytes,
         "moe_bytes_saving": 1 - tr.weight_bytes / tr.dense_bytes,
         "roofline_mac_cycles": tr.mac_cycles, "roofline_port_cycles": tr.port_cycles,
-        "roofline_state_cycles": tr.state_cycles,
+        "roofline_state_cycles": tr.state_cycles, "roofline_depth_cycles": tr.depth_cycles,
         "roofline_bound": tr.bound, "bound_by": tr.bound_by,
         "cycles_per_token": cpt, "utilisation": utilisation(tr.bound, cpt),
         "measured_weight_bytes_per_token": ((long_run["weight_bytes"] - long_run.get("load_bytes", 0))
@@ -377,7 +395,8 @@ def markdown(rec: dict) -> str:
         ("weight bytes per token, measured on the port", _fmt(rec["measured_weight_bytes_per_token"])),
         ("roofline bound, cycles/token", f"{rec['roofline_bound']:,.1f} (bound by {rec['bound_by']}: "
          f"MACs/lanes {rec['roofline_mac_cycles']:,.1f}, bytes/port {rec['roofline_port_cycles']:,.1f}, "
-         f"KDA state/state lanes {rec.get('roofline_state_cycles', 0):,.1f})"),
+         f"KDA state/state lanes {rec.get('roofline_state_cycles', 0):,.1f}"
+         + (f", depth unit {rec['roofline_depth_cycles']:,.1f}" if rec.get("roofline_depth_cycles") else "") + ")"),
         (f"cycles/token measured ({s['long']['simulator']}, {s['long']['tokens']} tokens)",
          f"{rec['cycles_per_token']:,.1f}"),
         ("utilisation of the roofline", f"{100 * rec['utilisation']:.1f}%"),

@@ -109,8 +109,8 @@ def kind_cost(cfg: Config, kind: str, context: int) -> dict:
 
 
 def model_cost(cfg: Config, context: int) -> dict:
-    """Every layer of the model (token mixer and channel mixer) and the LM head, one token at
-    ``context``: MACs, port bytes and the sum of the layers' bounds (the layers run one after
+    """Every layer of the model (token mixer and channel mixer), the LM head and, with
+    Attention Residuals, the depth unit's mixes, one token at ``context``: MACs, port bytes and the sum of the layers' bounds (the layers run one after
     another on the one datapath; a layer's engine and weight port are shared by its two
     mixers, its cache port and softmax are the MLA's own)."""
     m, hw = cfg.model, cfg.hw
@@ -126,6 +126,13 @@ def model_cost(cfg: Config, context: int) -> dict:
     head = m.vocab * m.d_model
     macs, port = macs + head, port + head * cfg.formats.weight_bits // 8
     cycles += max(head / hw.lanes, head * cfg.formats.weight_bits / 8 / hw.weight_port_bytes)
+    if m.attn_res != "none":
+        # Attention Residuals: the depth unit's mixes (their MACs, a query row each on the
+        # weight port), one job after another between the layers (hw/attnres/kept.py)
+        from hw.attnres.kept import depth_cycles_per_token, depth_macs_per_token, sublayers
+        macs += depth_macs_per_token(cfg)
+        port += (sublayers(cfg) + 1) * -(-m.d_model // hw.weight_port_bytes) * hw.weight_port_bytes
+        cycles += depth_cycles_per_token(cfg)
     return {"context": context, "macs": int(macs), "port_bytes": int(port), "bound_cycles": cycles,
             "kept_bytes": int(kept)}
 

@@ -166,6 +166,60 @@ def test_the_kda_state_lanes_are_a_roofline_limit():
     assert state_cycles(mt) == 4 * 2 * 1 * 16 * 16 / 4 == 4 * state_cycles(load_config("tiny"))
 
 
+def test_the_depth_unit_counts_in_macs_bytes_and_the_bound():
+    """Attention Residuals (model-tiny-hybrid: block, one layer a block, N = 8 sub-layers):
+    the N + 1 mixes see 1, 2, 2, 3, 3, 4, 4, 5, 5 kept values (29); each is scored (d MACs
+    against the query, ceil(d / lanes) beats of the depth unit's engine) and weighted into
+    the mix (d MACs), and each mix reads its query row on the weight port.  Those MACs are
+    the depth unit's own, not the shared lanes'; its bound (one job at a time: N + 1 kept
+    values through the residual add and the normaliser's two passes, 3 d a value, and the
+    engine's beats) is one of the roofline's resources and the bound when it is slowest.
+    The chip's MACS counter checks the engine beats (sim/tests/test_attnres_chip.py)."""
+    from flow.bench import Traffic, traffic
+    from hw.attnres.kept import depth_cycles_per_token, depth_engine_beats_per_token, depth_macs_per_token
+    from hw.chip.model import model_engine_macs_per_token, model_macs_per_token
+    from moekda.config import config_from_dict
+    hy = load_config("model-tiny-hybrid")
+    raw = hy.to_dict()
+    raw["model"]["attn_res"] = "none"
+    plain = config_from_dict({**raw, "name": "plain"})
+    d, lanes, pb, N = hy.model.d_model, hy.hw.lanes, hy.hw.weight_port_bytes, 2 * hy.model.n_layers
+    kept = [1, 2, 2, 3, 3, 4, 4, 5, 5]
+    assert depth_macs_per_token(hy) == 2 * d * sum(kept) == 928 and depth_macs_per_token(plain) == 0
+    assert depth_engine_beats_per_token(hy) == sum(kept) * -(-d // lanes) == 116
+    assert depth_cycles_per_token(hy) == (N + 1) * 3 * d + 116 == 548
+    assert model_macs_per_token(hy) == model_macs_per_token(plain) + 928
+    assert model_engine_macs_per_token(hy) == model_engine_macs_per_token(plain) + lanes * 116
+    t, p = traffic(hy), traffic(plain)
+    assert t.macs == p.macs + 928 and t.depth_macs == 928 and t.mac_cycles == p.mac_cycles
+    assert t.weight_bytes == p.weight_bytes + (N + 1) * -(-d // pb) * pb
+    assert t.depth_cycles == 548 and t.bound == t.port_cycles and t.bound_by == "weight port"
+    slow = Traffic(macs=1000, weight_bytes=400, dense_bytes=800, lanes=10, port_bytes=8, depth_macs=600,
+                   depth_cycles=90)
+    assert slow.mac_cycles == 40 and slow.bound == 90 and slow.bound_by == "depth unit"
+
+
+def test_model_traffic_counts_an_mla_layers_matrices():
+    """A hybrid's MLA layer reads its six matrices (hw/image/memory_map.py mla_tensors) in
+    place of a KDA layer's nine, and has no KDA state."""
+    from flow.bench import state_cycles, traffic
+    from hw.image.memory_map import memory_map, mla_tensors
+    from hw.image.param_map import fetch_halves
+    from moekda.config import config_from_dict
+    mix = load_config("model-tiny-kda-mla")
+    raw = mix.to_dict()
+    raw["model"]["layers"] = ["kda"] * 4
+    kda = config_from_dict({**raw, "name": "kda4"})
+    mm, mk = memory_map(mix), memory_map(kda)
+    mla_bytes = sum(mm[f"layers.3.{n}"].nbytes for n, _, _ in mla_tensors(mix))
+    kda_bytes = sum(r.nbytes for n, r in mk.regions.items() if n.startswith("layers.3.kda."))
+    # a layer's share of its parameter halves: the MLA kind pads the token half (token_pad)
+    halves = [4 * sum(n for _, n in fetch_halves(c)) * c.hw.weight_port_bytes / c.hw.sequences for c in (mix, kda)]
+    assert traffic(mix).weight_bytes - traffic(kda).weight_bytes == pytest.approx(
+        mla_bytes - kda_bytes + halves[0] - halves[1])
+    assert state_cycles(mix) == 3 / 4 * state_cycles(kda)
+
+
 def _pnr_record(cfg, **metrics):
     return {"config": cfg.name, "config_hash": cfg.hash(), "run_commit": "abc123", "openroad_version": "26Q3",
             "metrics": {"finish__timing__fmax": 875e6, "finish__timing__setup__ws": 0.107,

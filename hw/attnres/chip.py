@@ -51,13 +51,14 @@ class DepthSequencer(wiring.Component):
             "mix": Out(stream.Signature(data.StructLayout({**dict(lay.members), "src": Src}))),
             "wport": Out(WeightPortSignature(cfg.hw.weight_port_bytes)),
             "params": In(param_layout(cfg, "attn_res", mixer="head")),
+            "mac_beat": Out(1),         # the unit's engine took a beat (the chip's MACS counter)
         })
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.unit = unit = DepthUnit(self.cfg)
         connect(m, unit.wport, wiring.flipped(self.wport))
-        m.d.comb += unit.params.eq(self.params)
+        m.d.comb += [unit.params.eq(self.params), self.mac_beat.eq(unit.mac_beat)]
         V = Signal.like(self.x0.payload.v)
         slot = Signal.like(self.x0.payload.slot)
         src = Signal(Src)

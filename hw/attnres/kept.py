@@ -46,3 +46,40 @@ def adds_to_partial(cfg, n: int) -> bool:
     """Block AttnRes: output n + 1 is added to its block's partial (it does not start one)."""
     m = cfg.model
     return m.attn_res == "block" and n % m.attn_res_block != 0
+
+
+# ---- the depth unit's work per token (one place: the chip's MACS counters, the bench's roofline)
+
+def scored_per_token(cfg) -> int:
+    """Kept values a token's mixes go over: the mixes n = 0 .. N (N sub-layer inputs and the
+    stack's output) each score and mix ``kept_count(n)`` of them."""
+    return sum(kept_count(cfg, n) for n in range(sublayers(cfg) + 1))
+
+
+def depth_macs_per_token(cfg) -> int:
+    """The depth unit's multiply-adds per token: a mix scores each kept key against its query
+    (d each, on the unit's engine) and sums as many values weighted by their softmax weights
+    (d each, in the softmax's lanes), as an MLA layer's scores and weighted sum
+    (flow/context.py attention_macs).  0 without Attention Residuals."""
+    if cfg.model.attn_res == "none":
+        return 0
+    return 2 * cfg.model.d_model * scored_per_token(cfg)
+
+
+def depth_engine_beats_per_token(cfg) -> int:
+    """Beats the depth unit's matrix-vector engine takes per token (the chip's MACS counter
+    counts hw.lanes a beat): a score is one d-long key in ceil(d / lanes) beats."""
+    if cfg.model.attn_res == "none":
+        return 0
+    return scored_per_token(cfg) * -(-cfg.model.d_model // cfg.hw.lanes)
+
+
+def depth_cycles_per_token(cfg) -> int:
+    """The depth unit's bound per token (it does one job at a time, for every slot): each of
+    the N + 1 values a token keeps (START, ADDs) passes the residual add once and the
+    normaliser twice (sum of squares, then the scaling), an element a cycle: 3 d; each score
+    takes its engine beats.  The unit's fixed latencies (the rsqrt, the query read, the
+    softmax's divider) are not in it: a rate bound, as the port's and the lanes'."""
+    if cfg.model.attn_res == "none":
+        return 0
+    return (sublayers(cfg) + 1) * 3 * cfg.model.d_model + depth_engine_beats_per_token(cfg)

@@ -99,6 +99,7 @@ class DepthUnit(wiring.Component):
             "o": Out(stream.Signature(data.ArrayLayout(signed(self.fm.resid_bits), self.d))),
             "wport": Out(WeightPortSignature(self.W)),
             "params": In(param_layout(cfg, "attn_res", mixer="head")),
+            "mac_beat": Out(1),         # the engine's beat: hw.lanes MACs (the chip's MACS counter)
         })
 
     def elaborate(self, platform):
@@ -170,6 +171,7 @@ class DepthUnit(wiring.Component):
 
         fmt = MatVecFormats.from_config(cfg, out_widths=[fm.mla_u_bits])
         m.submodules.engine = eng = MatVecEngine(fmt)
+        m.d.comb += self.mac_beat.eq(eng.beat)
         ebeats = -(-d // lanes)
         sc_on = Signal()
         sc_i = Signal(range(K + 1))

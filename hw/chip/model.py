@@ -49,6 +49,7 @@ from amaranth.lib.wiring import In, Out, connect
 
 from hw.arith.counter import ChunkedCounter
 from hw.attnres.chip import DepthSequencer, Src
+from hw.attnres.kept import depth_engine_beats_per_token, depth_macs_per_token
 from hw.chip.csr import LayerCsr, WishboneSignature
 from hw.chip.datapath import SEQ_BITS, LayerDatapath
 from hw.chip.embed import Embedding, token_bits, token_id_layout
@@ -122,10 +123,12 @@ def _used_matrices(cfg) -> list[str]:
 def model_macs_per_token(cfg) -> int:
     """Weight elements used per token: every layer's KDA (or MLA) matrices, router, shared
     and chosen experts (a dense layer: its chunks), and the LM head (V x d); the embedding
-    row is a lookup, not a MAC.  (An MLA layer's scores against its cache are MACs on no
+    row is a lookup, not a MAC.  With Attention Residuals also the depth unit's mixes
+    (hw/attnres/kept.py depth_macs_per_token: each kept key scored against the query, each
+    value weighted into the mix).  (An MLA layer's scores against its cache are MACs on no
     weight: ``model_engine_macs_per_token`` counts them.)"""
     mm = memory_map(cfg)
-    return sum(mm[n].rows * mm[n].cols for n in _used_matrices(cfg))
+    return sum(mm[n].rows * mm[n].cols for n in _used_matrices(cfg)) + depth_macs_per_token(cfg)
 
 
 def model_engine_macs_per_token(cfg, pos: int = 0) -> int:
@@ -133,10 +136,14 @@ def model_engine_macs_per_token(cfg, pos: int = 0) -> int:
     per beat the engines (KDA's, MLA's, MoE's, the head's) take, i.e. every used row
     padded to whole beats, and on each MLA layer the scores: every head's query against
     the pos + 1 cached latents, one row of ``row_beats`` beats each (hw/mla/unit.py
-    SCORE), the one part of a token's work that grows with its context."""
+    SCORE), the one part of a token's work that grows with its context; with Attention
+    Residuals the depth unit's engine's scores (hw/attnres/kept.py
+    depth_engine_beats_per_token; its softmax's weighted sums are no engine beats, as the
+    MLA's are not)."""
     mm = memory_map(cfg)
     scores = len(mla_layers(cfg)) * cfg.model.n_heads * row_beats(cfg) * (pos + 1) if mla_layers(cfg) else 0
-    return cfg.hw.lanes * (sum(mm[n].beats for n in _used_matrices(cfg)) + scores)
+    return cfg.hw.lanes * (sum(mm[n].beats for n in _used_matrices(cfg)) + scores
+                           + depth_engine_beats_per_token(cfg))
 
 
 class ModelTop(wiring.Component):
@@ -198,9 +205,10 @@ class ModelTop(wiring.Component):
             connect(m, dp.cport.wr, cwr.i)
             connect(m, cwr.o, wiring.flipped(self.cport.wr))
         m.submodules.csr = csr = LayerCsr(cfg, model_macs_per_token(cfg), image_layout(cfg).length,
-                                          engines=dp.engines + 1, stages=True,
-                                          # the cache port feeds the MLA's scores beside the weight port
-                                          mac_rate=2 if dp.mla_layers else 1)
+                                          engines=dp.engines + 1 + (depth is not None), stages=True,
+                                          # the cache port feeds the MLA's scores beside the weight
+                                          # port, the depth unit's kept keys its engine from registers
+                                          mac_rate=2 if dp.mla_layers or depth is not None else 1)
         connect(m, wiring.flipped(self.bus), csr.bus)
         connect(m, head.logits, wiring.flipped(self.logits))
         m.d.comb += head.logits_en.eq(csr.logits_en)
@@ -379,7 +387,8 @@ class ModelTop(wiring.Component):
         clear_pending = Signal()
         m.d.comb += clear_pending.eq(Cat(q.clear_pending for q in seqs).any())
         connect_status(m, csr, self, loader, busy=busy, loading=loading, clear_pending=clear_pending,
-                       mac_beats=Cat(dp.mac_beat, head.mac_beat), token_cycles=token_cycles)
+                       mac_beats=Cat(dp.mac_beat, head.mac_beat, *([depth.mac_beat] if depth else [])),
+                       token_cycles=token_cycles)
         m.d.comb += [csr.ev_fetch.eq(loader.fetching), csr.ev_layer.eq(dp.busy),
                      csr.ev_head.eq(head_offer | head_busy)]
         return m
