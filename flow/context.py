@@ -10,9 +10,9 @@ latent cache every token, so its cost grows with the context.  Three sources:
   qa_h . c_j and the weighted sum of the latents c_j), the latent cache read over the weight
   port (T r int8 bytes; the append is r bytes), the KDA state's two passes over
   ``hw.state_lanes``.  Its roofline, max(MACs / lanes, bytes / port bytes, state cycles), is
-  the floor any control of this datapath has.  The chip has no MLA RTL yet, so for MLA this
-  bound is the number there is; for KDA the RTL's measured cycles sit on their bound within
-  the utilisation of bench/results/model-*.md (flat in context, measured to 4096 tokens);
+  the floor any control of this datapath has.  For MLA the unit's RTL is measured next to it
+  (``measure_mla_unit``); for KDA the RTL's measured cycles sit on their bound within the
+  utilisation of bench/results/model-*.md (flat in context, measured to 4096 tokens);
 * **what the integer model keeps between tokens**, measured (``kept_bytes``): the integer
   model of the config runs a sequence and, at each context, the arrays it carries (KDA state
   and short-convolution history, MLA latents) are counted at their formats' widths.  The same
@@ -32,7 +32,7 @@ import numpy as np
 
 from flow.bench import _fmt
 from flow.paths import RESULTS_DIR
-from moekda.config import Config, with_settings
+from moekda.config import REPO_ROOT, Config, with_settings
 from moekda.formats import formats_for
 
 CONTEXTS = (16, 256, 1024, 4096)
@@ -220,7 +220,9 @@ def measure_mla_unit(cfg: Config, contexts, seed: int = 0, progress=None) -> dic
     if progress:
         progress(f"MLA unit RTL: token_cycles {cycles} at contexts {list(contexts)} "
                  f"({time.monotonic() - t0:.0f} s)")
-    return {"config": config, "token_cycles": dict(zip(map(str, contexts), cycles)), "simulator": "icarus",
+    # the config as the repository names it (a derived one is written under build/configs/)
+    shown = Path(config).resolve().relative_to(REPO_ROOT) if Path(config).resolve().is_relative_to(REPO_ROOT) else config
+    return {"config": str(shown), "token_cycles": dict(zip(map(str, contexts), cycles)), "simulator": "icarus",
             "seconds": round(time.monotonic() - t0, 1)}
 
 
