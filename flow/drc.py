@@ -39,6 +39,9 @@ from moekda.errors import UserError
 GROUPS = ("BEOL", "FEOL", "OFFGRID", "ANTENNA")    # in run order: metals and vias first
 KLAYOUT_HELP = ("KLayout DRC needs the KLayout application: apt-get install klayout "
                 "(Debian/Ubuntu; the PyPI module cannot run DRC decks), or KLAYOUT=/path/to/klayout")
+# groups whose violations are placed in the cell under them: an antenna is a whole net's
+# (the real run's one METAL7 antenna lay over a fill cell, which says nothing)
+PLACED_GROUPS = ("BEOL", "FEOL", "OFFGRID")
 DEEP_GROUPS = ("BEOL",)     # the rest run flat and tiled: see the module's text
 FLAT_TILE_UM = 100
 _SWITCH = re.compile(r"^(?P<name>FEOL|BEOL|OFFGRID|ANTENNA)(?P<pad>\s*)=\s*(true|false)", re.M)
@@ -247,7 +250,7 @@ def run_drc(gds: Path, deck: Path, workdir: Path, logs: Path, metrics_json: Path
         progress(f"drc [{i}/{len(groups)}] {group}: {r.violations} violations in {r.seconds:.0f} s")
         found = {f"drc__klayout__{group.lower()}__violations": r.violations,
                  f"drc__klayout__{group.lower()}__runtime__s": round(r.seconds, 1)}
-        if library_gds and r.violations:
+        if library_gds and r.violations and group in PLACED_GROUPS:
             lib_dir = workdir / "library"
             lib_dir.mkdir(exist_ok=True)
             library = library or library_layout(library_gds, lib_dir / "library.gds")
