@@ -221,7 +221,8 @@ def measure_mla_unit(cfg: Config, contexts, seed: int = 0, progress=None) -> dic
         progress(f"MLA unit RTL: token_cycles {cycles} at contexts {list(contexts)} "
                  f"({time.monotonic() - t0:.0f} s)")
     # the config as the repository names it (a derived one is written under build/configs/)
-    shown = Path(config).resolve().relative_to(REPO_ROOT) if Path(config).resolve().is_relative_to(REPO_ROOT) else config
+    path = Path(config).resolve()
+    shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else config
     return {"config": str(shown), "token_cycles": dict(zip(map(str, contexts), cycles)), "simulator": "icarus",
             "seconds": round(time.monotonic() - t0, 1)}
 

@@ -95,20 +95,22 @@ def deck_for_group(deck_text: str, group: str) -> str:
     return text
 
 
-def count_violations(lyrdb: Path) -> Counter:
-    """Violations per rule (category) in a KLayout report database."""
+def _items(lyrdb: Path):
+    """(rule, item element) for each violation in a KLayout report database."""
     if not lyrdb.is_file():
         raise UserError(f"{lyrdb}: KLayout wrote no report database")
     try:
         root = ET.parse(lyrdb).getroot()
     except ET.ParseError as e:
         raise UserError(f"{lyrdb}: not a KLayout report database ({e})") from None
-    counts: Counter = Counter()
     items = root.find("items")
     for item in (items if items is not None else []):
-        category = (item.findtext("category") or "?").strip().strip("'")
-        counts[category] += 1
-    return counts
+        yield (item.findtext("category") or "?").strip().strip("'"), item
+
+
+def count_violations(lyrdb: Path) -> Counter:
+    """Violations per rule (category) in a KLayout report database."""
+    return Counter(rule for rule, _ in _items(lyrdb))
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE]-?\d+)?")
@@ -117,10 +119,8 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE]-?\d+)?")
 def markers(lyrdb: Path) -> list[tuple[str, float, float]]:
     """Each violation's rule and the centre (um) of its marker's coordinates: edge pairs,
     polygons, boxes and edges alike are lists of points in a report database's values."""
-    root = ET.parse(lyrdb).getroot()
     found = []
-    for item in (root.find("items") or []):
-        rule = (item.findtext("category") or "?").strip().strip("'")
+    for rule, item in _items(lyrdb):
         nums = [float(x) for v in item.iter("value") for x in _NUMBER.findall((v.text or "").split(":", 1)[-1])]
         xs, ys = nums[0::2], nums[1::2]
         if xs and len(xs) == len(ys):
@@ -175,16 +175,14 @@ def library_layout(lib_gds: tuple[Path, ...], out: Path, pitch_um: float = 5.0, 
     return out
 
 
-def attribute(chip: GroupResult, gds: Path, library: GroupResult | None, library_chip: Path | None
+def attribute(chip: GroupResult, gds: Path, library: GroupResult, library_chip: Path
               ) -> list[tuple[str, str, int, bool]]:
     """(rule, master, count, the master violates the rule on its own) for the chip's
     violations, most first.  `library` is the same group run on library_layout's GDS."""
     found = markers(chip.report)
     where = masters_at(gds, [(x, y) for _, x, y in found])
-    own: set[tuple[str, str]] = set()
-    if library is not None and library_chip is not None:
-        lib_found = markers(library.report)
-        own = {(rule, m) for (rule, _, _), m in zip(lib_found, masters_at(library_chip, [(x, y) for _, x, y in lib_found]))}
+    lib_found = markers(library.report)
+    own = {(rule, m) for (rule, _, _), m in zip(lib_found, masters_at(library_chip, [(x, y) for _, x, y in lib_found]))}
     counts = Counter((rule, m) for (rule, _, _), m in zip(found, where))
     return [(rule, m, n, (rule, m) in own) for (rule, m), n in counts.most_common()]
 
