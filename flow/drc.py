@@ -40,7 +40,7 @@ GROUPS = ("BEOL", "FEOL", "OFFGRID", "ANTENNA")    # in run order: metals and vi
 KLAYOUT_HELP = ("KLayout DRC needs the KLayout application: apt-get install klayout "
                 "(Debian/Ubuntu; the PyPI module cannot run DRC decks), or KLAYOUT=/path/to/klayout")
 # groups whose violations are placed in the cell under them: an antenna is a whole net's
-# (the real run's one METAL7 antenna lay over a fill cell, which says nothing)
+# (the real run's one is a metal7 wire at the chip's edge; the cell under it says nothing)
 PLACED_GROUPS = ("BEOL", "FEOL", "OFFGRID")
 DEEP_GROUPS = ("BEOL",)     # the rest run flat and tiled: see the module's text
 FLAT_TILE_UM = 100
@@ -114,6 +114,7 @@ def count_violations(lyrdb: Path) -> Counter:
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE]-?\d+)?")
+_SHAPES = ("polygon", "box", "edge-pair", "edge", "path")
 
 
 def markers(lyrdb: Path) -> list[tuple[str, float, float]]:
@@ -121,7 +122,10 @@ def markers(lyrdb: Path) -> list[tuple[str, float, float]]:
     polygons, boxes and edges alike are lists of points in a report database's values."""
     found = []
     for rule, item in _items(lyrdb):
-        nums = [float(x) for v in item.iter("value") for x in _NUMBER.findall((v.text or "").split(":", 1)[-1])]
+        # geometry values only: an antenna item also carries `[#agate] float: 0.0205` and the like
+        shapes = [v.text.split(":", 1)[1] for v in item.iter("value")
+                  if (v.text or "").split(":", 1)[0].strip() in _SHAPES and ":" in v.text]
+        nums = [float(x) for text in shapes for x in _NUMBER.findall(text)]
         xs, ys = nums[0::2], nums[1::2]
         if xs and len(xs) == len(ys):
             found.append((rule, (min(xs) + max(xs)) / 2, (min(ys) + max(ys)) / 2))

@@ -103,8 +103,9 @@ open(args["report_file"], "w").write('''{LYRDB.replace("'METAL1.1'", "METAL2.1")
     assert "| BEOL | 3 |" in (tmp_path / "drc.md").read_text()
 
 
-def _item(rule: str, value: str) -> str:
-    return f"<item><category>'{rule}'</category><cell>top</cell><values><value>{value}</value></values></item>"
+def _item(rule: str, *values: str) -> str:
+    inner = "".join(f"<value>{v}</value>" for v in values)
+    return f"<item><category>'{rule}'</category><cell>top</cell><values>{inner}</values></item>"
 
 
 def test_violations_are_placed_in_the_cells_under_them(tmp_path):
@@ -135,9 +136,12 @@ def test_violations_are_placed_in_the_cells_under_them(tmp_path):
     found = report(tmp_path / "chip.lyrdb", [_item("POLY.1", "edge-pair: (0.5,0.2;0.5,0.6)/(0.55,0.2;0.55,0.6)"),
                                              _item("POLY.1", "polygon: (3.9,1;3.9,1.1;4.1,1.1;4.1,1)"),
                                              _item("POLY.1", "box: (10.2,0.1;10.4,0.3)"),
-                                             _item("CONTACT.1", "edge-pair: (7,5;7.1,5)|(7,5.2;7.1,5.2)")])
+                                             # an antenna-style item: its ratio values are no coordinates
+                                             _item("CONTACT.1", "edge-pair: (7,5;7.1,5)|(7,5.2;7.1,5.2)",
+                                                   "[#agate] float: 0.0205", "[#ametal] float: 7.328")])
     assert [rule for rule, _, _ in markers(found.report)] == ["POLY.1"] * 3 + ["CONTACT.1"]
     assert markers(found.report)[1][1:] == pytest.approx((4.0, 1.05))
+    assert markers(found.report)[3][1:] == pytest.approx((7.05, 5.1))
     lib_gds = chip(tmp_path / "lib.gds", [("INV", 0), ("NAND", 5)])
     lib = report(tmp_path / "lib.lyrdb", [_item("POLY.1", "box: (5.2,0.1;5.4,0.3)")])
     rows = attribute(found, gds, lib, lib_gds)
