@@ -124,7 +124,7 @@ def model_traffic(cfg: Config) -> Traffic:
     Residuals the depth unit's query rows (one a mix, on the weight port), its MACs and its
     bound.  (An MLA layer's cache reads are on their own port, not in these bytes.)
     ``dense_bytes``: the same with every routed expert."""
-    from hw.attnres.kept import depth_cycles_per_token, depth_macs_per_token, sublayers
+    from hw.attnres.kept import depth_cycles_per_token, depth_macs_per_token, depth_query_bytes_per_token
     from hw.chip.model import model_macs_per_token
     from hw.image.memory_map import (layer_count, layer_kind, layer_prefix, memory_map, moe_token_regions,
                                      sequence_slots)
@@ -147,9 +147,7 @@ def model_traffic(cfg: Config) -> Traffic:
             dense += kda + block + sum(mm[n].nbytes for n in moe_token_regions(cfg, p, routed=m.n_experts))
     emb = mm["embedding"].row_bytes
     head = (mm["lm_head"] if "lm_head" in mm else mm["embedding"]).nbytes
-    if m.attn_res != "none":
-        # a query row per mix: the N sub-layers' inputs and the stack's output
-        head += (sublayers(cfg) + 1) * mm["attn_res.queries"].row_beats * cfg.hw.weight_port_bytes
+    head += depth_query_bytes_per_token(cfg)      # a query row per mix (0 without AttnRes)
     return Traffic(macs=model_macs_per_token(cfg), weight_bytes=weight + emb + head, dense_bytes=dense + emb + head,
                    lanes=cfg.hw.lanes, port_bytes=cfg.hw.weight_port_bytes, state_cycles=state_cycles(cfg),
                    depth_macs=depth_macs_per_token(cfg), depth_cycles=depth_cycles_per_token(cfg))

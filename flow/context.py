@@ -129,9 +129,9 @@ def model_cost(cfg: Config, context: int) -> dict:
     if m.attn_res != "none":
         # Attention Residuals: the depth unit's mixes (their MACs, a query row each on the
         # weight port), one job after another between the layers (hw/attnres/kept.py)
-        from hw.attnres.kept import depth_cycles_per_token, depth_macs_per_token, sublayers
+        from hw.attnres.kept import depth_cycles_per_token, depth_macs_per_token, depth_query_bytes_per_token
         macs += depth_macs_per_token(cfg)
-        port += (sublayers(cfg) + 1) * -(-m.d_model // hw.weight_port_bytes) * hw.weight_port_bytes
+        port += depth_query_bytes_per_token(cfg)
         cycles += depth_cycles_per_token(cfg)
     return {"context": context, "macs": int(macs), "port_bytes": int(port), "bound_cycles": cycles,
             "kept_bytes": int(kept)}

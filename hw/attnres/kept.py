@@ -74,6 +74,16 @@ def depth_engine_beats_per_token(cfg) -> int:
     return scored_per_token(cfg) * -(-cfg.model.d_model // cfg.hw.lanes)
 
 
+def depth_query_bytes_per_token(cfg) -> int:
+    """Weight-port bytes of a token's query rows: one row of ``attn_res.queries`` per mix (the
+    N sub-layer inputs and the stack's output), at the memory map's padded row stride.  0
+    without Attention Residuals."""
+    if cfg.model.attn_res == "none":
+        return 0
+    from hw.chip.weight_port import padded_row_bytes
+    return (sublayers(cfg) + 1) * padded_row_bytes(cfg.model.d_model, cfg.hw.weight_port_bytes)
+
+
 def depth_cycles_per_token(cfg) -> int:
     """The depth unit's bound per token (it does one job at a time, for every slot): each of
     the N + 1 values a token keeps (START, ADDs) passes the residual add once and the
