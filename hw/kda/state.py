@@ -37,12 +37,12 @@ address bits fan out to 16k mux selects through ten buffer levels before
 any logic).  So a read takes two cycles: the address is decoded into a
 registered one-hot word select (a word's select fans out only to its own
 ``lanes * width`` AND gates), then an AND-OR tree of the words into the
-read register.  The layer bits are address bits like the others: they are
-decoded into that registered select in the first cycle, so the second cycle
-stays one AND and an OR tree (log2 L levels deeper: L times the words).  The
-read's layer's cleared flag folds into the select: a read issued while its
-layer is cleared selects no word and returns zero, whatever commit does
-meanwhile.
+read register.  Each layer's words are their own module (``StateWords``), so
+synthesis maps the layers one by one; the layer bits are decoded into the
+layer's registered select in the first cycle, so the second cycle stays one AND
+and an OR tree (the layers' outputs ORed: log2 L levels deeper).  The read's
+layer's cleared flag folds into the select: a read issued while its layer is
+cleared selects no word and returns zero, whatever commit does meanwhile.
 
 Ports (one read, one write per cycle; reads take ``READ_LATENCY`` cycles):
 ``rd_en``/``rd_addr`` -> ``rd_data`` (``lanes`` signed entries) ``READ_LATENCY``
@@ -166,33 +166,29 @@ class StateMemory(wiring.Component):
         return self.cleared.bit_select(addr[word_bits(self.words):], 1)
 
     def _flops(self, m):
-        wb = self.lanes * self.width
-        if self.layers == 1:
-            store = {a: Signal(wb, name=f"word{a}") for a in self.addresses}
-        else:
-            store = {state_address(l, w, self.words): Signal(wb, name=f"l{l}_word{w}")
-                     for l in range(self.layers) for w in range(self.words)}
-        if self.layers == 1:
-            with m.If(self.wr_en):
-                with m.Switch(self.wr_addr):
-                    for a, word in store.items():
-                        with m.Case(a):
-                            m.d.sync += word.eq(self.wr_data.as_value())
-        else:
-            # one address comparison per word: the same decode, but a Switch's Verilog lists
-            # every earlier case in each word's process, quadratic in the words (model-small's
-            # 2048 words: 90 MB of text)
-            for a, word in store.items():
-                with m.If(self.wr_en & (self.wr_addr == a)):
-                    m.d.sync += word.eq(self.wr_data.as_value())
-        # cycle 1: the one-hot select (the read's layer's cleared flag as it is when the
-        # read is issued); the layer bits are decoded here with the word bits
-        n = self.addr_space
-        select = Signal(n)
-        m.d.sync += select.eq(Mux(self.rd_en & ~self._cleared_at(self.rd_addr), Const(1, n) << self.rd_addr, 0))
-        # cycle 2: AND-OR of the words, registered
+        # one StateWords per layer (context), each its own module: the same registers and
+        # AND-OR tree as one flat array, but synthesis maps them context by context (one
+        # module of model-small's 12 contexts, 3.4 mm2 of flip-flops and read tree, kept
+        # ABC busy past Yosys's hour); the layer's part of the read is decoded into its
+        # bank's registered select, so the second cycle is still one AND and an OR tree
+        wb, wbits = self.lanes * self.width, word_bits(self.words)
+        outs = []
+        for l in range(self.layers):
+            bank = StateWords(self.words, wb)
+            m.submodules[f"layer{l}" if self.layers > 1 else "words"] = bank
+            if self.layers == 1:
+                rd_here, wr_here = self.rd_en, self.wr_en
+            else:
+                rd_here = self.rd_en & (self.rd_addr[wbits:] == l)
+                wr_here = self.wr_en & (self.wr_addr[wbits:] == l)
+            cleared = self.cleared if self.layers == 1 else self.cleared[l]
+            m.d.comb += [bank.rd_en.eq(rd_here & ~cleared), bank.rd_word.eq(self.rd_addr[:wbits]),
+                         bank.wr_en.eq(wr_here), bank.wr_word.eq(self.wr_addr[:wbits]),
+                         bank.wr_data.eq(self.wr_data.as_value())]
+            outs.append(bank.rd_data)
+        # cycle 2: the banks' AND-OR outputs (all zero but the read's), registered
         rd_word = Signal(wb)
-        m.d.sync += rd_word.eq(or_tree(Mux(select[a], word, 0) for a, word in store.items()))
+        m.d.sync += rd_word.eq(or_tree(outs))
         m.d.comb += self.rd_data.eq(rd_word)
 
     def _sram(self, m):
@@ -234,3 +230,34 @@ class StateMemory(wiring.Component):
         rd_word = Signal(wb)
         m.d.sync += rd_word.eq(or_tree(picks))
         m.d.comb += self.rd_data.eq(rd_word)
+
+
+class StateWords(wiring.Component):
+    """One layer's (context's) state words in flip-flops, for StateMemory's "flops" kind.
+
+    ``wr_en``/``wr_word``/``wr_data``: a word written at the clock edge.  ``rd_en``/``rd_word``
+    (the caller folds the layer and its cleared flag into ``rd_en``): cycle 1 registers the
+    one-hot word select (a word's select fans out only to its own ``wb`` AND gates);
+    ``rd_data`` is then, combinationally, the selected word, or zero when no read was
+    issued, so the caller ORs the banks' outputs into its read register (cycle 2).
+    """
+
+    def __init__(self, words: int, wb: int):
+        self.words, self.wb = words, wb
+        super().__init__({
+            "wr_en": In(1), "wr_word": In(range(words)), "wr_data": In(wb),
+            "rd_en": In(1), "rd_word": In(range(words)), "rd_data": Out(wb),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        store = [Signal(self.wb, name=f"word{w}") for w in range(self.words)]
+        # one address comparison per word, not a Switch: a Switch's Verilog lists every
+        # earlier case in each word's process, quadratic in the words
+        for w, word in enumerate(store):
+            with m.If(self.wr_en & (self.wr_word == w)):
+                m.d.sync += word.eq(self.wr_data)
+        select = Signal(self.words)
+        m.d.sync += select.eq(Mux(self.rd_en, Const(1, self.words) << self.rd_word, 0))
+        m.d.comb += self.rd_data.eq(or_tree(Mux(select[w], word, 0) for w, word in enumerate(store)))
+        return m
