@@ -40,7 +40,8 @@ def test_each_issue_category_owns_a_block_of_the_tiny_layer(tiny_instances):
 
 def test_kda_state_is_the_state_memory_alone(tiny_instances):
     state = [p for p in tiny_instances if category_of(p) == "kda_state"]
-    assert state == ["datapath/kda/delta/mem"]
+    # the state memory and its words module (hw/kda/state.py StateWords, one per context)
+    assert state == ["datapath/kda/delta/mem", "datapath/kda/delta/mem/words"]
     assert category_of("kda/delta") == "kda_datapath"
 
 
