@@ -248,3 +248,32 @@ def test_post_route_figures_come_from_the_committed_record(tmp_path):
     assert pr is None and "config hash" in note
     assert "config hash" in bench.markdown(bench.assemble(cfg, bench.traffic(cfg), _long_run(256, {16: 10.0}),
                                                          {}, None, "", pr, note))
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["bench", "-c", "tiny", "--tokens", "8"], ["--tokens = 8", "16 to"]),
+    (["bench", "-c", "tiny", "--speed-tokens", "-1"], ["--speed-tokens = -1", "0 (no speed run) to 1024"]),
+    (["bench", "-c", "tiny", "--speed-tokens", "1025"], ["--speed-tokens = 1025"]),
+])
+def test_bad_bench_arguments_are_one_line(capsys, argv, words):
+    from moekda.cli import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert all(w in err[0] for w in words), err[0]
+
+
+def test_no_speed_run_leaves_the_other_simulator_out(tmp_path):
+    """--speed-tokens 0: the record has the long run's simulator only, and its page no
+    row for the other (assemble and write from a hand-made long run, no simulation)."""
+    cfg = load_config("tiny")
+    tr = bench.traffic(cfg)
+    long_run = {"simulator": "verilator", "tokens": 16, "match": True, "cycles": 20000,
+                "busy_cycles": 19000, "tokens_counted": 16, "weight_bytes": 16 * 1000, "macs": 0,
+                "cycles_per_token": 1187.5, "token_cycles_at": {str(p): None for p in bench.CONTEXTS},
+                "build_s": 1.0, "run_s": 2.0, "sim_cycles": 20000, "sim_s": 1.5, "cycles_per_s": 13333.0}
+    rec = bench.assemble(cfg, tr, long_run, {"verilator": long_run}, None, "no synthesis")
+    assert set(rec["sim"]) == {"long", "verilator"}
+    _, md = bench.write(rec, tmp_path)
+    page = md.read_text()
+    assert "simulation speed, verilator" in page and "simulation speed, icarus" not in page
