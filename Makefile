@@ -30,7 +30,7 @@ help:
 	@echo "  make drc    [CONFIG=] [TOP=]   KLayout DRC of the routed GDS (needs Debian's klayout)"
 	@echo "  make accuracy [CONFIG=]        error of the integer model against the float model"
 	@echo "  make vectors  [CONFIG=]        export inputs, integer parameters and expected outputs (256 tokens)"
-	@echo "  make bench                     cycles/token vs roofline, Fmax, area, energy: tiny, small, model-tiny, model-small"
+	@echo "  make bench                     cycles/token vs roofline, Fmax, area, energy: tiny, small, model-tiny, model-small(-sram)"
 	@echo "  make sweep                     design-space sweep with Ray: Pareto table and plot"
 	@echo "  make demo [GL=1]               the committed trained models (MQAR, characters): float, integer, RTL (docs/training.md)"
 	@echo "  make train [TRAIN_ARGS=]       train a model on MQAR with JAX (installed on first use; docs/training.md)"
@@ -95,8 +95,10 @@ vectors: $(STAMP)
 	$(MOEKDA) vectors -c $(CONFIG) -n 256 -o build/$(CONFIG)/vectors
 
 # make bench: measured performance of the layer chips (tiny, small) and the model chips
-# (model-tiny, model-small, model-tiny-kda-mla) into bench/results/.  Contexts are sequence
-# positions: with two sequence slots, 8192 tokens reach context 4096 in both.
+# (model-tiny, model-small with its state in flip-flops and in SRAM, model-tiny-kda-mla) into
+# bench/results/.  Contexts are sequence positions: with two sequence slots, 8192 tokens reach
+# context 4096 in both.  model-small has no Icarus speed run (--speed-tokens 0): Icarus takes
+# hours for its LOAD and one token.
 # a committed trained model on its task: float, integer and RTL accuracy, cycles per token
 # (no training framework); GL=1 also runs a few tokens on the synthesised netlist (slow)
 demo: $(STAMP)
@@ -106,7 +108,8 @@ bench: $(STAMP)
 	$(MOEKDA) bench -c tiny --tokens 4096 --synth
 	$(MOEKDA) bench -c small --tokens 1024 --synth
 	$(MOEKDA) bench -c model-tiny --tokens 8192 --synth
-	$(MOEKDA) bench -c model-small --tokens 1024 --synth
+	$(MOEKDA) bench -c model-small --tokens 1024 --speed-tokens 0 --synth
+	$(MOEKDA) bench -c model-small-sram --tokens 1024 --speed-tokens 0 --synth
 	$(MOEKDA) bench -c model-tiny-kda-mla --tokens 8192 --synth
 	$(MOEKDA) context -c model-tiny-hybrid --tokens 4096
 	$(MOEKDA) context -c model-small-hybrid --tokens 4096
