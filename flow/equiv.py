@@ -131,6 +131,60 @@ def equiv_script(rtl: Path, netlist: Path, cells: Path, top: str, seq: int = 4) 
     ])
 
 
+_INSTANCE = re.compile(r"^(\s*)(\w+) (\S+) \((.*?)\);\n", re.S | re.M)
+_PIN = re.compile(r"\.(\w+)\(([^()]*)\)")
+
+
+def _net(name: str) -> str:
+    """A net as it is written again: an escaped identifier (``\\x[3]``) ends with a space."""
+    name = name.strip()
+    return name + " " if name.startswith("\\") else name
+
+
+def ungate_clocks(netlist: str, gate_pins: tuple[str, str, str] = ("CK", "E", "GCK")) -> str:
+    """The netlist with its clock gating (flow/synth.py clock_gate_lines) written back as
+    enables, for the equivalence check: Yosys's equiv passes pair registers on one clock and
+    cannot follow a clock through a gate.  Each clock gate goes; each cell clocked by its
+    output is clocked by the gate's clock and loads D when the gate's enable is high and its
+    own Q otherwise.  That is what the gate does at every clock edge where the enable meets
+    the gate's setup and hold, which STA checks (the gates' enable pins are endpoints).
+    ``gate_pins``: the gates' clock, enable and gated-clock pins; a gate is any cell with
+    all three."""
+    ck_pin, en_pin, gck_pin = gate_pins
+    out, n = [], 0
+    for module in re.split(r"(?<=endmodule\n)", netlist):
+        insts = [(m, dict(_PIN.findall(m.group(4)))) for m in _INSTANCE.finditer(module)]
+        gates = {pins[gck_pin].strip(): (_net(pins[ck_pin]), _net(pins[en_pin]))
+                 for _, pins in insts if {ck_pin, en_pin, gck_pin} <= set(pins)}
+        if not gates:
+            out.append(module)
+            continue
+        extra, pieces, last = [], [], 0
+        for m, pins in insts:
+            pieces.append(module[last:m.start()])
+            last = m.end()
+            if {ck_pin, en_pin, gck_pin} <= set(pins):
+                continue                                   # the gate itself goes
+            gated = gates.get(pins.get(ck_pin, "").strip())
+            if gated is None:
+                pieces.append(m.group(0))
+                continue
+            clock, enable = gated
+            n += 1
+            d, q = f"ungated_{n}_d", _net(pins.get("Q", ""))
+            if not q:
+                q = f"ungated_{n}_q"
+                extra.append(f"  wire {q};\n")
+            extra.append(f"  wire {d};\n  assign {d} = {enable} ? {_net(pins['D'])} : {q};\n")
+            conns = dict(pins, **{ck_pin: clock, "D": d, "Q": q})
+            body = ",\n".join(f"{m.group(1)}  .{p}({_net(v)})" for p, v in conns.items())
+            pieces.append(f"{m.group(1)}{m.group(2)} {m.group(3)} (\n{body}\n{m.group(1)});\n")
+        tail = module[last:]
+        end = tail.rfind("endmodule")
+        out.append("".join(pieces) + tail[:end] + "".join(extra) + tail[end:])
+    return "".join(out)
+
+
 def check_equivalence(rtl: Path, netlist: Path, top: str, workdir: Path, cell_models: Path | None = None,
                       seq: int = 4, timeout_s: float = 1800.0) -> EquivResult:
     """Run the equivalence check of ``netlist`` (flow/synth.py's, module ``top``) against ``rtl``."""
@@ -143,8 +197,11 @@ def check_equivalence(rtl: Path, netlist: Path, top: str, workdir: Path, cell_mo
     text = yosys_cell_models(Path(cell_models).read_text())
     if not cells.is_file() or cells.read_text() != text:
         cells.write_text(text)
+    # the gate side reads the netlist with its clock gates written back as enables
+    gate = workdir / f"{top}.ungated.v"
+    gate.write_text(ungate_clocks(Path(netlist).read_text()))
     script = workdir / f"{top}.equiv.ys"
-    script.write_text(equiv_script(Path(rtl).resolve(), Path(netlist).resolve(), cells.resolve(), top, seq))
+    script.write_text(equiv_script(Path(rtl).resolve(), gate.resolve(), cells.resolve(), top, seq))
     log = workdir / f"{top}.equiv.log"
     (workdir / "equiv_status.txt").unlink(missing_ok=True)
     t0 = time.monotonic()

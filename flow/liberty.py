@@ -9,7 +9,9 @@ from pathlib import Path
 
 _CELL = re.compile(r"^\s*cell\s*\(\s*\"?([\w]+)\"?\s*\)\s*\{", re.M)
 _AREA = re.compile(r"^\s*area\s*:\s*([0-9.eE+-]+)\s*;", re.M)
-_STATE = re.compile(r"^\s*(ff|latch|ff_bank|latch_bank)\s*\(", re.M)
+# a cell holds state if it has a flip-flop or latch group, or is an integrated clock gate
+# (its latch is written as a statetable with clock_gating_integrated_cell)
+_STATE = re.compile(r"^\s*((ff|latch|ff_bank|latch_bank)\s*\(|clock_gating_integrated_cell\s*:)", re.M)
 
 
 @dataclass(frozen=True)

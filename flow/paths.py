@@ -60,6 +60,8 @@ class BuildPaths:
     @property
     def abc_script(self) -> Path: return self.synth_dir / f"{self.top}.abc.script"
     @property
+    def srst_map(self) -> Path: return self.synth_dir / "srst_enable_map.v"
+    @property
     def sta_script(self) -> Path: return self.synth_dir / f"{self.top}.sta.tcl"
     @property
     def synth_stat(self) -> Path: return self.reports / "synth_stat.txt"

@@ -5,6 +5,7 @@ The script follows ORFS's synth.tcl in spirit (not its code):
     read_verilog; hierarchy -check -top
     synth -top -noabc                   generic synthesis, hierarchy kept, no generic ABC
     opt_clean -purge                    (synth has optimised already: only unused wires go)
+    clockgate -liberty -min_net_size    enable flip-flops behind integrated clock gates
     dfflibmap -liberty -dont_use        flip-flops onto library cells; opt_clean
     abc -liberty -constr -D -script     timing-driven mapping; -constr gives ABC a driver
                                         (BUF_X1) and a load so it buffers and sizes,
@@ -62,10 +63,20 @@ class SynthOptions:
     # the ABC mapping script: "lean" (ours, below) or "yosys" (Yosys's default -constr
     # script, which adds SAT sweeping: &fraig -x and scorr)
     abc_script: str = "lean"
+    # clock gating: flip-flops per integrated clock gate at least (0: none); None: the
+    # platform's (pdk/kit.py clock_gate_min_flops)
+    clock_gate_min_flops: int | None = None
 
     def __post_init__(self):
         if self.abc_script not in ABC_SCRIPTS:
             raise ValueError(f"abc_script {self.abc_script!r}: one of {', '.join(ABC_SCRIPTS)}")
+        if self.clock_gate_min_flops is not None and self.clock_gate_min_flops < 0:
+            raise ValueError(f"clock_gate_min_flops {self.clock_gate_min_flops}: 0 (off) or more")
+
+    @property
+    def clock_gating(self) -> int:
+        """Flip-flops per clock gate at least, 0 for none: the option or the platform's."""
+        return PLATFORM.clock_gate_min_flops if self.clock_gate_min_flops is None else self.clock_gate_min_flops
 
 
 def lean_abc_script(period_ps: int) -> str:
@@ -119,6 +130,7 @@ def synth_script(rtl: list[Path], kit: Kit, paths: BuildPaths, opts: SynthOption
         # `opt` here and after dfflibmap cost 29 s + 32 s of a 457 s small run (wall,
         # loaded machine) for the same netlist: ABC restructures the logic anyway
         "opt_clean -purge",
+        *clock_gate_lines(lib, dont_use, opts.clock_gating, paths.srst_map),
         f"dfflibmap -liberty {lib} {dont_use}",
         "opt_clean",
         f"abc -liberty {lib} -constr {paths.abc_constr} -D {period_ps} {dont_use}"
@@ -140,6 +152,50 @@ def synth_script(rtl: list[Path], kit: Kit, paths: BuildPaths, opts: SynthOption
     return "\n".join(lines + [""])
 
 
+def srst_enable_map() -> str:
+    """A techmap (Verilog) that turns each flip-flop with a synchronous reset and an enable
+    (Yosys's ``$_SDFFE_*``: reset over enable, ``$_SDFFCE_*``: enable over reset) into an
+    enable flip-flop: D = reset ? value : D, and for reset over enable EN = EN | reset.
+    Exact, cycle for cycle.  Why: Yosys's clockgate gates only ``$_DFFE_*``, and almost
+    every register Amaranth writes has a synchronous reset; Nangate45 has no synchronous
+    reset flip-flop, so the reset was logic in front of D anyway.  Written in Yosys's
+    fine-grained gates, so ``opt_merge`` can make the one EN | reset of a register's bits
+    one net (clockgate groups flip-flops by that net) and ABC maps them as they are."""
+    def pol(name, p):    # the active-high form of an input of polarity p
+        return ("", name) if p == "P" else (f"  wire {name.lower()}n; \\$_NOT_ i{name} (.A({name}), .Y({name.lower()}n));\n",
+                                            f"{name.lower()}n")
+    out = []
+    for kind in ("SDFFE", "SDFFCE"):
+        for clk in "PN":
+            for rst in "PN":
+                for val in "01":
+                    for en in "PN":
+                        rdecl, r = pol("R", rst)
+                        edecl, e = pol("E", en)
+                        body = rdecl + edecl + f"  wire d; \\$_MUX_ m (.A(D), .B(1'b{val}), .S({r}), .Y(d));\n"
+                        if kind == "SDFFE":
+                            body += f"  wire g; \\$_OR_ o (.A({e}), .B({r}), .Y(g));\n"
+                            e = "g"
+                        out.append(f"module \\$_{kind}_{clk}{rst}{val}{en}_ (input C, R, E, D, output Q);\n{body}"
+                                   f"  \\$_DFFE_{clk}P_ _TECHMAP_REPLACE_ (.C(C), .E({e}), .D(d), .Q(Q));\n"
+                                   "endmodule\n")
+    return "".join(out)
+
+
+def clock_gate_lines(lib: Path, dont_use: str, min_flops: int, srst_map: Path) -> list[str]:
+    """Clock gating before the flip-flops are mapped: every set of at least ``min_flops``
+    enable flip-flops on one clock and one enable loses its enable multiplexers and is clocked
+    through one integrated clock gate of the Liberty (the smallest one not in ``dont_use``:
+    CLKGATE_X4 on Nangate45).  Such a register then draws no clock power while its enable is
+    low.  Registers with a synchronous reset are made enable flip-flops first (``srst_map``,
+    written from ``srst_enable_map``).  OpenSTA checks the gate's enable against its clock
+    (the cell's setup/hold arcs) like any other endpoint."""
+    if not min_flops:
+        return []
+    return [f"techmap -map {srst_map}", "opt_merge", "opt_clean",
+            f"clockgate -liberty {lib} {dont_use} -min_net_size {min_flops}"]
+
+
 def _write_abc_constraints(paths: BuildPaths) -> None:
     """Written only when it changes: the flat run and its block-split pass share it."""
     text = abc_constraints()
@@ -151,6 +207,10 @@ def _write_abc_script(paths: BuildPaths, opts: SynthOptions) -> None:
     text = lean_abc_script(round(opts.period_ns * 1000))
     if not paths.abc_script.is_file() or paths.abc_script.read_text() != text:
         paths.abc_script.write_text(text)
+    # the clock-gating step's techmap, beside the ABC files (same rule: written on change)
+    text = srst_enable_map()
+    if not paths.srst_map.is_file() or paths.srst_map.read_text() != text:
+        paths.srst_map.write_text(text)
 
 
 def _rtl_macros(rtl: list[Path], kit: Kit) -> tuple[Macro, ...]:

@@ -36,6 +36,7 @@ class FlowOptions:
     clock_port: str = "clk"
     synth_timeout_s: float = 3600.0
     abc_script: str = "lean"            # see flow/synth.py: lean_abc_script
+    clock_gate_min_flops: int | None = None   # None: the platform's (flow/synth.py clock_gate_lines)
 
 
 class Steps:
@@ -106,7 +107,8 @@ def _synth_and_sta(cfg: Config, kit: Kit, paths: BuildPaths, rtl: list[Path], op
                    steps: Steps, on_pass, extra_seconds) -> dict:
     cons = write_sdc(cfg, paths.sdc, opts.clock_port)
     sopts = SynthOptions(top=paths.top, period_ns=cons.period_ns, flatten=opts.flatten,
-                         timeout_s=opts.synth_timeout_s, abc_script=opts.abc_script)
+                         timeout_s=opts.synth_timeout_s, abc_script=opts.abc_script,
+                         clock_gate_min_flops=opts.clock_gate_min_flops)
     steps.run("synth", _synthesise, rtl, kit, paths, sopts, on_pass)
     steps.run("sta", run_sta, kit, paths, cons, opts.n_paths, opts.activity)
     seconds = dict(extra_seconds or {}, **steps.seconds)
@@ -114,10 +116,11 @@ def _synth_and_sta(cfg: Config, kit: Kit, paths: BuildPaths, rtl: list[Path], op
     extra["flow__yosys__engine"] = yosys_command(paths.synth_script)[1]
     extra["flow__synth__flatten"] = opts.flatten
     extra["flow__synth__abc_script"] = opts.abc_script
+    extra["flow__synth__clock_gate_min_flops"] = sopts.clock_gating
     # what decides this result (moekda/fingerprint.py): bench and sweep reuse it only for the same
     digest = verilog_digest([p.read_text() for p in rtl])
     extra["rtl__verilog_digest"] = digest
-    extra["rtl__fingerprint"] = synthesis_fingerprint(digest, cfg.hash(), kit)
+    extra["rtl__fingerprint"] = synthesis_fingerprint(digest, cfg.hash(), kit, sopts.clock_gate_min_flops)
     m = steps.run("metrics", metrics_mod.compute, paths, kit.liberty, cons, cfg.name, cfg.hash(),
                   opts.activity, extra, opts.flatten)
     metrics_mod.write(m, paths.metrics)

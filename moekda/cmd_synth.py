@@ -31,6 +31,9 @@ def configure(p):
                         "then comes from a hierarchical pass run alongside")
     p.add_argument("--abc", choices=("lean", "yosys"), default="lean",
                    help="ABC mapping script: lean (default; no SAT sweeping) or Yosys's own -constr script")
+    p.add_argument("--clock-gate-min", type=int, default=None, metavar="N",
+                   help="clock gating: an integrated clock gate for every N or more flip-flops sharing "
+                        "an enable; 0 turns it off (default: the platform's, pdk/kit.py)")
     p.add_argument("--timeout", type=float, default=3600.0, help="Yosys time limit in seconds")
 
 
@@ -111,6 +114,8 @@ def run(args) -> int:
     activity = DEFAULT_ACTIVITY if args.activity is None else args.activity
     if not 0.0 <= activity <= 2.0:
         raise UserError(f"--activity {activity:g}: allowed range is 0 to 2 transitions per cycle")
+    if args.clock_gate_min is not None and args.clock_gate_min < 0:
+        raise UserError(f"--clock-gate-min {args.clock_gate_min}: 0 (no clock gating) or more flip-flops")
     try:
         kit = find_kit()
     except KitError as e:
@@ -133,7 +138,8 @@ def run(args) -> int:
         steps.run("rtl", write_rtl, cfg, top, paths.rtl, paths.log("rtl"))
         rtl = [paths.rtl]
     opts = FlowOptions(n_paths=args.paths, activity=activity, flatten=args.flatten,
-                       synth_timeout_s=args.timeout, abc_script=args.abc)
+                       synth_timeout_s=args.timeout, abc_script=args.abc,
+                       clock_gate_min_flops=args.clock_gate_min)
     try:
         m = synth_and_sta(cfg, kit, paths, rtl, opts, steps, on_pass=progress.on_pass,
                           extra_seconds={"rtl": steps.seconds["rtl"]})

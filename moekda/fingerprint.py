@@ -67,10 +67,15 @@ def kit_fingerprint(kit) -> str:
     return _sha(_bytes_sha(kit.liberty), repr(Platform()).encode(), kit.tapcell.encode(), *macros)
 
 
-def synthesis_fingerprint(digest: str, config_hash: str, kit) -> str:
+def synthesis_fingerprint(digest: str, config_hash: str, kit, clock_gate_min_flops: int | None = None) -> str:
     """16 hex digits over what decides a synthesis result (see the module's doc); ``kit`` as
-    for ``kit_fingerprint``."""
-    return _sha(digest.encode(), config_hash.encode(), kit_fingerprint(kit).encode())[:16]
+    for ``kit_fingerprint``.  ``clock_gate_min_flops``: a run's own clock-gating setting
+    (`moekda synth --clock-gate-min`) where it overrode the platform's, which the kit's
+    fingerprint covers: such a result is never taken for a default one."""
+    parts = [digest.encode(), config_hash.encode(), kit_fingerprint(kit).encode()]
+    if clock_gate_min_flops is not None:
+        parts.append(f"clock_gate_min_flops={clock_gate_min_flops}".encode())
+    return _sha(*parts)[:16]
 
 
 def _versions() -> dict[str, str]:

@@ -82,8 +82,19 @@ class Platform:
     min_buf: tuple[str, str, str] = ("BUF_X1", "A", "Z")
     abc_driver_cell: str = "BUF_X1"
     abc_load_ff: float = 3.898       # 4x BUF_X1's input pin capacitance
-    # cells never instantiated by synthesis or repair (the tap cell is added per kit)
-    dont_use: tuple[str, ...] = ("FILLCELL_X1", "AOI211_X1", "OAI211_X1")
+    # cells never instantiated by synthesis or repair (the tap cell is added per kit).  ORFS's
+    # three, and the clock gates whose own layouts break the KLayout deck's FEOL rules (the
+    # library's cells placed alone, `moekda drc`'s library_layout: CONTACT.5 in CLKGATE_X1 and
+    # CLKGATETST_X8, CONTACT.4 in CLKGATE_X2), so clock gating uses only clean ones (X4, X8)
+    dont_use: tuple[str, ...] = ("FILLCELL_X1", "AOI211_X1", "OAI211_X1",
+                                 "CLKGATE_X1", "CLKGATE_X2", "CLKGATETST_X8")
+    # clock gating in synthesis (Yosys clockgate): each set of at least this many flip-flops
+    # sharing a clock and an enable gets an integrated clock gate instead of an enable
+    # multiplexer per flip-flop; 0 turns it off.  Below 4 a gate (CLKGATE_X4, 4.52 um2) costs
+    # more area than the MUX2_X1s (1.86 um2) it removes; 8 also keeps small groups off the
+    # clock tree
+    clock_gate_min_flops: int = 8
+    clock_gate_out_pin: str = "GCK"   # the gated clock output of the library's clock gates
     fill_cells: tuple[str, ...] = ("FILLCELL_X1", "FILLCELL_X2", "FILLCELL_X4",
                                    "FILLCELL_X8", "FILLCELL_X16", "FILLCELL_X32")
     min_routing_layer: str = "metal2"
