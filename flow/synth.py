@@ -182,6 +182,21 @@ def srst_enable_map() -> str:
     return "".join(out)
 
 
+def d_buffer_map() -> str:
+    """A techmap (Verilog) that puts a buffer of its own in front of each flip-flop's D.
+    Why: ABC maps the logic between the flip-flops and sees each net that leaves it once,
+    however many flip-flops it drives.  Before clock gating each flip-flop had its own enable
+    multiplexer, so a value loaded into many registers (the short convolution's input into
+    every context's history) fanned out inside ABC's logic, where ABC buffers it; after
+    gating the registers share one D net that ABC never saw fan out: model-small-sram had a
+    NOR3_X1 driving thousands of D pins (36.7 ns).  With a buffer per flip-flop each D is an
+    output of its own, ABC sees the real fanout and buffers or duplicates the driver; a
+    buffer on a D driven by one gate or another flip-flop's Q maps to a wire."""
+    return ("module \\$_DFF_P_ (input C, D, output Q);\n"
+            "  wire d; \\$_BUF_ b (.A(D), .Y(d));\n"
+            "  \\$__DFF_P_D_BUFFERED r (.C(C), .D(d), .Q(Q));\nendmodule\n")
+
+
 def clock_gate_lines(lib: Path, dont_use: str, min_flops: int, srst_map: Path) -> list[str]:
     """Clock gating before the flip-flops are mapped: every set of at least ``min_flops``
     enable flip-flops on one clock and one enable loses its enable multiplexers and is clocked
@@ -193,7 +208,10 @@ def clock_gate_lines(lib: Path, dont_use: str, min_flops: int, srst_map: Path) -
     if not min_flops:
         return []
     return [f"techmap -map {srst_map}", "opt_merge", "opt_clean",
-            f"clockgate -liberty {lib} {dont_use} -min_net_size {min_flops}"]
+            f"clockgate -liberty {lib} {dont_use} -min_net_size {min_flops}",
+            # a buffer per flip-flop's D (d_buffer_map, beside srst_map), then the flip-flop
+            # type back for dfflibmap
+            f"techmap -map {srst_map.with_name('d_buffer_map.v')}", "chtype -map $__DFF_P_D_BUFFERED $_DFF_P_"]
 
 
 def _write_abc_constraints(paths: BuildPaths) -> None:
@@ -207,10 +225,11 @@ def _write_abc_script(paths: BuildPaths, opts: SynthOptions) -> None:
     text = lean_abc_script(round(opts.period_ns * 1000))
     if not paths.abc_script.is_file() or paths.abc_script.read_text() != text:
         paths.abc_script.write_text(text)
-    # the clock-gating step's techmap, beside the ABC files (same rule: written on change)
-    text = srst_enable_map()
-    if not paths.srst_map.is_file() or paths.srst_map.read_text() != text:
-        paths.srst_map.write_text(text)
+    # the clock-gating step's techmaps, beside the ABC files (same rule: written on change)
+    for path, text in ((paths.srst_map, srst_enable_map()),
+                       (paths.srst_map.with_name("d_buffer_map.v"), d_buffer_map())):
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
 
 
 def _rtl_macros(rtl: list[Path], kit: Kit) -> tuple[Macro, ...]:

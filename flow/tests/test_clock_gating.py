@@ -57,7 +57,7 @@ def _cells(netlist: str) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def gated(tmp_path_factory):
-    return _synth(tmp_path_factory.mktemp("gated"), None)
+    return _synth(tmp_path_factory.mktemp("gated"), PLATFORM.clock_gate_measured_min_flops)
 
 
 def test_registers_sharing_an_enable_get_one_clean_gate_each(gated):
@@ -65,7 +65,7 @@ def test_registers_sharing_an_enable_get_one_clean_gate_each(gated):
     cells = _cells(netlist)
     gates = {c: n for c, n in cells.items() if c.startswith("CLKGATE")}
     # a (its enable OR its reset), b and c; not e (4 < the minimum) and not f (no enable)
-    assert PLATFORM.clock_gate_min_flops > 4
+    assert PLATFORM.clock_gate_measured_min_flops > 4
     assert gates == {"CLKGATE_X4": 3}, gates
     assert not set(gates) & set(PLATFORM.dont_use)
     assert cells["DFF_X1"] == 16 + 16 + 8 + 4 + 8
