@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from amaranth import Cat, Module, Shape, signed, unsigned
+from amaranth import Cat, Const, Module, Shape, signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -85,3 +85,10 @@ class LookupTable(wiring.Component):
         with m.If(self.en):
             m.d.sync += self.data.eq(self.table[index])
         return m
+
+
+def drive_constant(m: Module, lut: LookupTable, table: Sequence[int]) -> None:
+    """Drive ``lut``'s entries with constants (a table the config fixes, moekda/tables.py):
+    synthesis folds the read into ROM logic, with no register and no read multiplexer."""
+    table, _ = check_table(table, lut.in_bits, lut.shape)
+    m.d.comb += lut.table.as_value().eq(Cat(*(Const(v, lut.shape) for v in table)))

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw.image.param_map import (attn_res_outputs, attn_res_residuals, model_param_maps, model_structural,
-                                params_bytes)
+from hw.image.param_map import (attn_res_outputs, attn_res_residuals, fixed_value_differs, model_param_maps,
+                                model_structural, params_bytes)
 
 MAGIC = int.from_bytes(b"MKDI", "little")
 VERSION = 2              # 2: a model's layer parameter blocks are padded to one size
@@ -136,7 +136,10 @@ def pack_image(cfg, flat: Mapping[str, np.ndarray], tensors: Mapping[str, np.nda
     from moekda.config import require_image_model
     require_image_model(cfg)
     for name, want in model_structural(cfg).items():
-        if name in flat and int(np.asarray(flat[name])) != want:
+        if name in flat and fixed_value_differs(flat[name], want):
+            if np.ndim(want):
+                raise ValueError(f"parameter {name}: not the table this config fixes (moekda/tables.py: "
+                                 "requantise the input to the config's code, then look up its table)")
             raise ValueError(f"parameter {name} = {int(np.asarray(flat[name]))}: this config fixes it to {want}")
     if cfg.model.attn_res != "none":
         for name in ("attn_res.out_m", "attn_res.out_s"):
@@ -193,7 +196,7 @@ def read_image(cfg, image: bytes, what: str = "image") -> tuple[dict, dict]:
     for prefix, pm, addr in param_blocks(cfg):
         params.update({prefix + k: v for k, v in pm.unpack(image[addr:addr + pm.nbytes]).items()})
     for name, v in model_structural(cfg).items():
-        params[name] = np.int64(v)
+        params[name] = np.asarray(v, dtype=np.int64) if np.ndim(v) else np.int64(v)
     if cfg.model.attn_res != "none":
         params.update(attn_res_outputs(cfg, params))
     for word, name in host_scales(cfg).items():

@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from moekda.formats import clog2, derived_widths, formats_for
+from moekda.tables import FIXED_TABLES, fixed_table
 
 # every requantisation shift (matrices, short conv, residual adds, MoE combine) is
 # a SHIFT_BITS-bit unsigned field: the quantiser's shifts are 4..28 on tiny and small
@@ -215,6 +216,8 @@ def _adders(cfg, out: list, mixer: str, kind: str):
     tables = {name: (bits, sgn, doc) for name, bits, sgn, doc in table_fields(cfg, mixer, kind)}
 
     def table(name):
+        if name in FIXED_TABLES:
+            return      # the config fixes it (moekda/tables.py): constants on the chip, not loaded
         bits, sgn, doc = tables[name]
         out.append(_f(f"{name}.table", (lut,), bits, sgn, f"table: {doc}"))
     return requant, norm, residual, table
@@ -290,8 +293,20 @@ def _check_tree_order(names: list[str]) -> None:
         prev = prefixes
 
 
-def structural(cfg, mixer: str = "moe", kind: str = "kda") -> dict[str, int]:
-    """Integers of QLayer that the config fixes (not loaded): name -> required value."""
+def table_shape(cfg, name: str):
+    """The Amaranth shape of table ``name``'s entries (loaded or fixed), from table_fields."""
+    from amaranth import signed, unsigned
+    for mixer in ("moe", "dense"):
+        for kind in LAYER_KINDS:
+            for n, bits, sgn, _ in table_fields(cfg, mixer, kind):
+                if n == name:
+                    return (signed if sgn else unsigned)(bits)
+    raise KeyError(f"{name}: not a table")
+
+
+def structural(cfg, mixer: str = "moe", kind: str = "kda") -> dict[str, int | np.ndarray]:
+    """Integers of QLayer that the config fixes (not loaded): name -> required value; the
+    fixed tables' entries (moekda/tables.py) as arrays."""
     fm = formats_for(cfg)
     a, lb = fm.act_bits, fm.lut_in_bits
     out = {}
@@ -311,7 +326,15 @@ def structural(cfg, mixer: str = "moe", kind: str = "kda") -> dict[str, int]:
             out["moe.lat_up.out_bits"] = fm.expert_out_bits
     for name, *_ in table_fields(cfg, mixer, kind):
         out[f"{name}.in_bits"] = lb
+        if name in FIXED_TABLES:
+            out[f"{name}.table"] = fixed_table(cfg, name)
     return out
+
+
+def fixed_value_differs(value, want) -> bool:
+    """Whether a model's ``value`` is not the config's ``want`` (a structural entry)."""
+    value, want = np.asarray(value), np.asarray(want)
+    return value.shape != want.shape or not np.array_equal(value.astype(np.int64), want)
 
 
 # ---- the model stack (issue 14) ---------------------------------------------------------

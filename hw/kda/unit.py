@@ -85,15 +85,16 @@ from hw.arith.carry_save import pipelined_add
 from hw.kda.delta import DeltaRule
 from hw.arith.matvec import MatVecEngine, port_groups
 from hw.kda.norm import Normalizer
-from hw.arith.lut import LookupTable
+from hw.arith.lut import LookupTable, drive_constant
 from hw.image.memory_map import (layer_bits, layer_count, layer_prefix, memory_map, mixer_layers, sequence_slots,
                                  slot_bits, state_contexts)
-from hw.image.param_map import kda_norm_ss_bits, param_layout, param_map, structural
+from hw.image.param_map import kda_norm_ss_bits, param_layout, param_map, structural, table_shape
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.kda.short_conv import ShortConv
 from hw.chip.weight_port import WeightPortSignature, split_request
 from moekda.config import ConfigError
 from moekda.formats import formats_for
+from moekda.tables import FIXED_TABLES
 
 # the projections in weight-memory order: (op, memory-map tensor, QKDA field, input vector)
 OPS = [
@@ -341,10 +342,15 @@ class KdaUnit(wiring.Component):
         # -> data 0.89-0.93 ns, bank -> data 0.55 ns with the 0.2 ns input delay)
         tables = {}
         def table(name):
-            """A LookupTable whose entries are the parameter table ``kda.<name>.table``."""
-            lut = LookupTable(st[f"kda.{name}.in_bits"], getattr(P, name).table.shape().elem_shape)
+            """A LookupTable of ``kda.<name>``: the config's constants (moekda/tables.py) or the
+            parameter table ``kda.<name>.table``."""
+            full = f"kda.{name}"
+            lut = LookupTable(st[f"{full}.in_bits"], table_shape(cfg, full))
             m.submodules[f"lut_{name}"] = lut
-            m.d.comb += lut.table.eq(getattr(P, name).table)
+            if full in FIXED_TABLES:
+                drive_constant(m, lut, st[f"{full}.table"])
+            else:
+                m.d.comb += lut.table.eq(getattr(P, name).table)
             return lut
         for name, dest, op in (("beta", BETA, "b"), ("alpha", ALPHA, "fu"), ("gate", GATE, "gu")):
             lut = table(name)

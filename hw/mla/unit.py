@@ -58,18 +58,19 @@ from amaranth.lib.wiring import In, Out, connect
 
 from hw.arith.booth_multiply import booth_multiply
 from hw.arith.counter import ChunkedCounter, sparse_event_count
-from hw.arith.lut import LookupTable
+from hw.arith.lut import LookupTable, drive_constant
 from hw.arith.matvec import MatVecEngine, MatVecFormats, port_groups
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.chip.skid import SkidBuffer
 from hw.chip.weight_port import WeightPortSignature, split_request
 from hw.image.memory_map import layer_bits, layer_prefix, memory_map, sequence_slots, slot_bits
-from hw.image.param_map import mla_norm_ss_bits, param_layout
+from hw.image.param_map import mla_norm_ss_bits, param_layout, table_shape
 from hw.kda.norm import Normalizer
 from hw.mla.cache import (CachePortSignature, cache_tokens, mla_layers, row_beats, row_stride)
 from hw.mla.softmax import mla_softmax
 from moekda.config import ConfigError
 from moekda.formats import formats_for
+from moekda.tables import fixed_table
 
 # the matrices in weight-memory order: (op, memory-map tensor, QMLA field, input vector)
 OPS = [
@@ -159,7 +160,7 @@ class MlaUnit(wiring.Component):
         CN = vec("c", r, signed(a))                  # this token's latent
         Q = vec("q", hd, signed(a))
         QA = vec("qa", H * r, signed(a))
-        GATE = vec("gate", hd, P.gate.table.shape().elem_shape)
+        GATE = vec("gate", hd, table_shape(cfg, "mla.gate"))
         CTX = vec("ctx", H * r, signed(a))
         ZO = vec("zo", hd, signed(a))
         OUT = vec("out", d, signed(a))
@@ -352,9 +353,10 @@ class MlaUnit(wiring.Component):
                     with m.Case(OP[op]):
                         store(buf, r2_row, r2_y)
         stored.append(direct)
-        # the gate: its code through the sigmoid table (one cycle)
+        # the gate: its code through the config's sigmoid table (moekda/tables.py; one cycle)
         m.submodules.lut_gate = lut = LookupTable(fm.lut_in_bits, GATE[0].shape())
-        m.d.comb += [lut.table.eq(P.gate.table), lut.addr.eq(r2_y), lut.en.eq(r2_valid & (r2_op == OP["g"]))]
+        drive_constant(m, lut, fixed_table(cfg, "mla.gate"))
+        m.d.comb += [lut.addr.eq(r2_y), lut.en.eq(r2_valid & (r2_op == OP["g"]))]
         l_valid, l_row = Signal(), Signal.like(f_row)
         m.d.sync += [l_valid.eq(r2_valid & (r2_op == OP["g"])), l_row.eq(r2_row)]
         with m.If(l_valid):

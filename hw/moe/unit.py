@@ -132,7 +132,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.arith.booth_multiply import barrel_shift_saturate, booth_multiply, clamp_shift, rounding_word
 from hw.arith.carry_save import sign_extend
-from hw.arith.lut import LookupTable
+from hw.arith.lut import LookupTable, drive_constant
 from hw.arith.matvec import MatVecEngine, MatVecFormats, saturate
 from hw.image.memory_map import layer_bits, layer_count, layer_mixer, layer_prefix, memory_map
 from hw.moe.arith import chunked_counter, prefix_add
@@ -142,6 +142,7 @@ from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.moe.topk import TopK
 from hw.chip.weight_port import MAX_BEATS, WeightPortSignature, beats_per_row
 from moekda.config import ConfigError
+from moekda.tables import fixed_table
 from moekda.formats import derived_widths, formats_for
 
 # the matrices of a token (a phase each); LDOWN, LUP: a LatentMoE's projections
@@ -354,7 +355,9 @@ class MoEUnit(wiring.Component):
         m.d.comb += route.rs.eq(prm.rs)
         m.submodules.score_lut = score_lut = LookupTable(fm.lut_in_bits, self.score_shape)
         m.submodules.silu_lut = silu_lut = LookupTable(fm.lut_in_bits, self.silu_shape)
-        m.d.comb += [score_lut.table.eq(prm.score.table), silu_lut.table.eq(prm.silu.table)]
+        # the score table is the config's (moekda/tables.py), the SiLU table the model's
+        drive_constant(m, score_lut, fixed_table(self.cfg, "moe.score"))
+        m.d.comb += silu_lut.table.eq(prm.silu.table)
         silu_luts = [silu_lut]
         if self.has_dense:
             # the dense layer's table: its own read (see the docstring), the same stage

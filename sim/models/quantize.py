@@ -22,17 +22,16 @@ import numpy as np
 from moekda.config import Config
 from moekda.formats import Formats, formats_for
 from moekda.numerics import build_lut, quantize_multiplier, shared_shift_multipliers
+from moekda.tables import ALPHA_Z_MID, fixed_table, table_in_scale
 from sim.models import float_layer as fl
 from sim.models.params import (LayerParams, ModelParams, dense_chunks, random_inputs, random_model_params,
                                random_params, random_tokens)
 from sim.models.qparams import (QAttnRes, QDense, QExperts, QHead, QKDA, QLayer, QLinear, QLut, QMLA, QModel, QMoE, QNorm,
                                 QResidual)
 
-# A sigmoid input beyond +-SIGMOID_CLIP changes the U0.15 output by < 1 LSB... at
-# 12: 1 - sigmoid(12) = 6e-6 < 2**-15 / 2: wider code ranges only waste resolution.
-SIGMOID_CLIP = 12.0
-# z = A (f + dt_bias) outside [Z_LO, Z_HI]: alpha is within half an LSB of its limit.
-Z_LO, Z_HI = -18.0, 12.0
+# The sigmoid-shaped tables (beta, gates, router score, decay alpha) take their input codes in
+# the config's fixed format (moekda/tables.py): the logits are requantised to it, and the
+# tables are the config's, not the model's.
 # headroom of the 16-bit residual stream over the calibrated max|x|: unseen tokens must not saturate
 RESID_HEADROOM = 1.5
 # branch outputs (KDA out, expert out, MoE out) are added into the residual: a saturated
@@ -231,25 +230,19 @@ def _quantize_kda(params: LayerParams, cfg: Config, fm: Formats, tr, sc: dict) -
     kda["q_norm"] = _norm(fl.L2_EPS / sc["q_s"] ** 2, 2.0 ** f_q, fm)
     kda["k_norm"] = _norm(fl.L2_EPS / sc["k_s"] ** 2, 2.0 ** f_k, fm)
 
-    # decay: z = A (W_f_up fd + dt_bias); code c = (z - z_mid) / s_z
+    # decay: z = A (W_f_up fd + dt_bias); code c = (z - ALPHA_Z_MID) / s_z, the config's format
     sc["fd"] = act_scale(tr["fd"])
     kda["f_down"], _ = _linear(p.w_f_down * wn, sc["xn_unit"], sc["fd"], fm, A8)
     a_rows = np.repeat(np.exp(p.a_log), dk)
-    z_lo, z_hi = max(float(tr["z"].min()), Z_LO), min(float(tr["z"].max()), Z_HI)
-    if z_hi <= z_lo:
-        z_lo, z_hi = z_lo - 1.0, z_lo + 1.0
-    z_mid = 0.5 * (z_lo + z_hi)
-    sc["z"] = (z_hi - z_lo) / 2 / _qmax(LB)
+    sc["z"] = table_in_scale(cfg)
     kda["f_up"], _ = _linear(p.w_f_up * a_rows[:, None], sc["fd"], sc["z"], fm, LB,
-                             bias_real=a_rows * p.dt_bias - z_mid)
-    lb = m.decay_lower_bound
-    kda["alpha"] = QLut(build_lut(lambda z: np.exp(lb * fl.sigmoid(z)), LB, sc["z"], 2.0 ** -fm.alpha_frac,
-                                  1, (1 << fm.alpha_frac) - 1, in_offset=z_mid), LB)
+                             bias_real=a_rows * p.dt_bias - ALPHA_Z_MID)
+    kda["alpha"] = QLut(fixed_table(cfg, "kda.alpha"), LB)
     sc["alpha"] = 2.0 ** -fm.alpha_frac
 
-    sc["b_logit"] = act_scale(tr["b_logit"], LB, SIGMOID_CLIP)
+    sc["b_logit"] = table_in_scale(cfg)
     kda["b_proj"], _ = _linear(p.w_b * wn, sc["xn_unit"], sc["b_logit"], fm, LB)
-    kda["beta"] = QLut(build_lut(fl.sigmoid, LB, sc["b_logit"], 2.0 ** -fm.unit_frac, 0, 1 << fm.unit_frac), LB)
+    kda["beta"] = QLut(fixed_table(cfg, "kda.beta"), LB)
     sc["beta"] = sc["gate"] = 2.0 ** -fm.unit_frac
 
     # state: the largest of S, S'^T k and beta*(v - S'^T k) must fit state_bits (f_s above)
@@ -266,9 +259,9 @@ def _quantize_kda(params: LayerParams, cfg: Config, fm: Formats, tr, sc: dict) -
 
     sc["gd"] = act_scale(tr["gd"])
     kda["g_down"], _ = _linear(p.w_g_down * wn, sc["xn_unit"], sc["gd"], fm, A8)
-    sc["g_logit"] = act_scale(tr["g_logit"], LB, SIGMOID_CLIP)
+    sc["g_logit"] = table_in_scale(cfg)
     kda["g_up"], _ = _linear(p.w_g_up, sc["gd"], sc["g_logit"], fm, LB)
-    kda["gate"] = QLut(build_lut(fl.sigmoid, LB, sc["g_logit"], 2.0 ** -fm.unit_frac, 0, 1 << fm.unit_frac), LB)
+    kda["gate"] = QLut(fixed_table(cfg, "kda.gate"), LB)
     sc["kda_out"] = act_scale(tr["kda_out"], headroom=BRANCH_HEADROOM)
     kda["o_proj"], _ = _linear(p.w_o * np.tile(p.o_norm_w, H)[None, :], sc["on"], sc["kda_out"], fm, A8)
     qkda = QKDA(**kda, f_q=f_q, f_k=f_k, f_v=f_v, f_s=f_s, o_shift=o_shift)
@@ -297,9 +290,9 @@ def _quantize_mla(params: LayerParams, cfg: Config, fm: Formats, tr, sc: dict) -
     sc["mla_ctx"] = sc["mla_c_unit"]                                   # a weighted mean of c_unit
     sc["mla_o"] = act_scale(tr["mla_o"])
     uv, _ = _linear(p.w_uv * w_kv[None, None, :], sc["mla_ctx"], sc["mla_o"], fm, A8)
-    sc["mla_g_logit"] = act_scale(tr["mla_g_logit"], LB, SIGMOID_CLIP)
+    sc["mla_g_logit"] = table_in_scale(cfg)
     g_proj, _ = _linear(p.w_g * wn, sc["xn_unit"], sc["mla_g_logit"], fm, LB)
-    gate = QLut(build_lut(fl.sigmoid, LB, sc["mla_g_logit"], 2.0 ** -fm.unit_frac, 0, 1 << fm.unit_frac), LB)
+    gate = QLut(fixed_table(cfg, "mla.gate"), LB)
     sc["mla_gate"] = 2.0 ** -fm.unit_frac
     sc["mla_zo"] = sc["mla_o"]
     sc["mla_out"] = act_scale(tr["mla_out"], headroom=BRANCH_HEADROOM)
@@ -312,7 +305,7 @@ def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float
     p = params.moe
     wn = params.mlp_norm_w[None, :]
     sc = {}
-    router, score, bias = _router(p.w_router * wn, p.router_bias, s_hn, tr, fm, sc)
+    router, score, bias = _router(p.w_router * wn, p.router_bias, s_hn, cfg, sc)
 
     # every expert on every calibration token: rarely chosen experts get scales too
     hn = tr["hn_unit"] * params.mlp_norm_w[None, :]
@@ -346,7 +339,7 @@ def _quantize_latent_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn
     A8 = fm.act_bits
     wn = params.mlp_norm_w[None, :]
     sc = {}
-    router, score, bias = _router(p.w_router * wn, p.router_bias, s_hn, tr, fm, sc)
+    router, score, bias = _router(p.w_router * wn, p.router_bias, s_hn, cfg, sc)
 
     sc["lat_z"] = act_scale(tr["lat_z"])
     lat_down, _ = _linear(p.w_lat_down * wn, s_hn, sc["lat_z"], fm, A8)
@@ -368,13 +361,15 @@ def _quantize_latent_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn
     return q, sc
 
 
-def _router(w_router, router_bias, s_hn: float, tr, fm: Formats, sc: dict):
-    """The router (its logits to a sigmoid table code), the score table (U0.score_frac) and
-    the selection bias in score units (router_bias_bits signed); their scales into ``sc``."""
+def _router(w_router, router_bias, s_hn: float, cfg: Config, sc: dict):
+    """The router (its logits to the config's sigmoid table code), the score table
+    (U0.score_frac, moekda/tables.py) and the selection bias in score units
+    (router_bias_bits signed); their scales into ``sc``."""
+    fm = formats_for(cfg)
     LB = fm.lut_in_bits
-    sc["r_logit"] = act_scale(tr["r_logit"], LB, SIGMOID_CLIP)
+    sc["r_logit"] = table_in_scale(cfg)
     router, _ = _linear(w_router, s_hn, sc["r_logit"], fm, LB)
-    score = QLut(build_lut(fl.sigmoid, LB, sc["r_logit"], 2.0 ** -fm.score_frac, 0, 1 << fm.score_frac), LB)
+    score = QLut(fixed_table(cfg, "moe.score"), LB)
     sc["score"] = 2.0 ** -fm.score_frac
     bias = np.floor(router_bias * (1 << fm.score_frac) + 0.5).astype(np.int64)
     if np.any(np.abs(bias) >= 1 << (fm.router_bias_bits - 1)):

@@ -4,9 +4,10 @@ import pytest
 from amaranth import Const
 from amaranth.lib import data
 
-from hw.image.param_map import param_fields, param_layout, param_map, region_value, structural
+from hw.image.param_map import fixed_value_differs, param_fields, param_layout, param_map, region_value, structural
 from moekda.config import load_config
 from moekda.formats import formats_for
+from moekda.tables import fixed_table
 from sim.models.quantize import quantize_random_layer
 
 
@@ -39,7 +40,7 @@ def test_every_integer_of_the_layer_is_a_parameter_a_matrix_or_structural(case):
             continue
         assert k in names or k in st, f"{k} is neither loaded nor fixed by the config"
         if k in st:
-            assert int(v) == st[k], f"quantiser gives {k} = {int(v)}, the config fixes {st[k]}"
+            assert not fixed_value_differs(v, st[k]), f"quantiser gives {k} = {v}, the config fixes {st[k]}"
 
 
 def test_out_of_range_value_names_the_field(case):
@@ -89,7 +90,7 @@ def test_layout_bits_are_the_region_bits(case):
 MLA_FIELDS = ["attn_norm.eps_int", "attn_norm.m", "attn_norm.s",
               "mla.dkv.m", "mla.dkv.s", "mla.q_proj.m", "mla.q_proj.s", "mla.g_proj.m", "mla.g_proj.s",
               "mla.uk.m", "mla.uk.s", "mla.uv.m", "mla.uv.s", "mla.o_proj.m", "mla.o_proj.s",
-              "mla.kv_norm.eps_int", "mla.kv_norm.m", "mla.kv_norm.s", "mla.u_m", "mla.u_s", "mla.gate.table",
+              "mla.kv_norm.eps_int", "mla.kv_norm.m", "mla.kv_norm.s", "mla.u_m", "mla.u_s",  # mla.gate: fixed (moekda/tables.py)
               "token_pad", "res1.m_a", "res1.m_b", "res1.s", "mlp_norm.eps_int"]
 
 
@@ -113,7 +114,7 @@ def test_mla_block_packs_and_unpacks(mla_case):
     assert [f.name for f in pm.fields][len(MLA_FIELDS) - 1:] == kda_channel
     assert pm["mla.dkv.m"].bits == fm.mult_bits and pm["mla.o_proj.s"].bits == 6 and pm["mla.u_s"].bits == 6
     assert pm["mla.kv_norm.eps_int"].bits == mla_norm_ss_bits(cfg) == 2 * 15 + 4 + 1 and pm["mla.kv_norm.s"].bits == 5
-    assert pm["mla.gate.table"].shape == (fm.lut_size,) and pm["mla.gate.table"].bits == fm.unit_frac + 1
+    assert "mla.gate.table" not in [f.name for f in pm.fields]    # the config's (moekda/tables.py)
     assert pm["token_pad"].bits == token_pad_bits(cfg, "mla") > 0 and token_pad_bits(cfg, "kda") == 0
     assert model_param_maps(cfg)[3][1].fields == pm.fields
     region = pm.pack(flat)
@@ -135,7 +136,8 @@ def test_every_integer_of_the_mla_layer_is_a_parameter_a_matrix_or_structural(ml
             continue
         assert k in names or k in st, f"{k} is neither loaded nor fixed by the config"
         if k in st:
-            assert int(v) == st[k], f"quantiser gives {k} = {int(v)}, the config fixes {st[k]}"
+            assert not fixed_value_differs(v, st[k]), f"quantiser gives {k} = {v}, the config fixes {st[k]}"
+    assert np.array_equal(st.pop("mla.gate.table"), fixed_table(cfg, "mla.gate"))
     assert {k: st[k] for k in st if k.startswith("mla.")} == {
         "mla.dkv.out_bits": fm.resid_bits, "mla.q_proj.out_bits": fm.act_bits, "mla.g_proj.out_bits": fm.lut_in_bits,
         "mla.uk.out_bits": fm.act_bits, "mla.uv.out_bits": fm.act_bits, "mla.o_proj.out_bits": fm.act_bits,
@@ -148,8 +150,8 @@ def test_mla_out_of_range_value_names_the_field(mla_case):
     pm = param_map(cfg, "moe", kind="mla")
     with pytest.raises(ValueError, match=r"mla\.u_s = 64: allowed range is 0 to 63"):
         pm.pack({**flat, "mla.u_s": np.int64(64)})
-    with pytest.raises(ValueError, match=r"mla\.gate\.table = 512: allowed range is 0 to 511"):
-        pm.pack({**flat, "mla.gate.table": np.full(256, 512, dtype=np.int64)})
+    with pytest.raises(ValueError, match=r"mla\.kv_norm\.m = 65536: allowed range is 0 to 65535"):
+        pm.pack({**flat, "mla.kv_norm.m": np.int64(1 << 16)})
     with pytest.raises(ValueError, match=r"mla\.kv_norm\.eps_int: missing"):
         pm.pack({k: v for k, v in flat.items() if k != "mla.kv_norm.eps_int"})
 
@@ -201,6 +203,6 @@ def test_mla_layout_bits_are_the_region_bits(mla_case):
     view = data.Const(mla, region_value(cfg, flat, "mla", kind="mla"))
     assert int(view.dkv.m) == int(flat["mla.dkv.m"]) and int(view.o_proj.s) == int(flat["mla.o_proj.s"])
     assert int(view.kv_norm.eps_int) == int(flat["mla.kv_norm.eps_int"]) and int(view.u_s) == int(flat["mla.u_s"])
-    assert int(view.gate.table[200]) == int(flat["mla.gate.table"][200])
+    assert int(view.u_m) == int(flat["mla.u_m"])
     assert param_layout(cfg, "mla.kv_norm", kind="mla").size == sum(
         pm[f"mla.kv_norm.{n}"].total_bits for n in ("eps_int", "m", "s"))
