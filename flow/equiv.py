@@ -33,50 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flow.yosys_driver import run_yosys
-
-# the sequential UDPs of the kit's models, by the primitive's name: what it does
-_SEQ_BODIES = {
-    # flip-flops: the scan variants (SDFF*) have their scan mux in the cell's gates
-    "DFF": "always @(posedge {clk}) IQ <= nextstate;",
-    "DFFR": "always @(posedge {clk} or negedge RN) if (!RN) IQ <= 1'b0; else IQ <= nextstate;",
-    "DFFS": "always @(posedge {clk} or negedge SN) if (!SN) IQ <= 1'b1; else IQ <= nextstate;",
-    "DFFRS": "always @(posedge {clk} or negedge RN or negedge SN) if (!RN) IQ <= 1'b0; "
-             "else if (!SN) IQ <= 1'b1; else IQ <= nextstate;",
-    # latches: transparent while the enable is at its active level
-    "DLH": "always @* if (G) IQ = nextstate;",
-    "TLAT": "always @* if (G) IQ = nextstate;",
-    "DLL": "always @* if (!GN) IQ = nextstate;",
-    "CLKGATE": "always @* if (!CK) IQ = nextstate;",
-    "CLKGATETST": "always @* if (!CK) IQ = nextstate;",
-}
-
-
-def yosys_cell_models(text: str) -> str:
-    """The kit's cell models as Verilog Yosys reads: no specify blocks (timing checks,
-    conditional paths), every sequential UDP (``primitive \\seq_<CELL>``) replaced by a module
-    with the equivalent always block, and the UDPs' unnamed instances given names."""
-    text = re.sub(r"^\s*specify\b.*?^\s*endspecify\b", "", text, flags=re.S | re.M)
-
-    def module_for(mm: re.Match) -> str:
-        name, ports = mm.group(1), [p.strip() for p in mm.group(2).split(",")]
-        kind = re.sub(r"_X\d+$", "", name[len("seq_"):])
-        kind = kind[1:] if kind.startswith("SDFF") else kind     # scan flops: the same flip-flop
-        if kind not in _SEQ_BODIES:
-            raise ValueError(f"cell models: primitive {name} of an unknown kind {kind}")
-        clk = next(p for p in ports if p in ("CK", "G", "GN"))
-        inputs = [p for p in ports if p != "IQ"]
-        return (f"module \\{name} ({', '.join(ports)});\n  output reg IQ;\n"
-                + "".join(f"  input {p};\n" for p in inputs)
-                + "  " + _SEQ_BODIES[kind].format(clk=clk) + "\nendmodule\n")
-
-    text = re.sub(r"^primitive\s+\\(\S+)\s*\(([^)]*)\);.*?^endprimitive\b", module_for, text,
-                  flags=re.S | re.M)
-    counter = iter(range(1 << 30))
-    text = re.sub(r"^(\s*)(\\seq_\S+)(\s*)\(", lambda mm: f"{mm.group(1)}{mm.group(2)} useq{next(counter)} (",
-                  text, flags=re.M)
-    # `reg NOTIFIER;` drives a UDP input that the modules above ignore
-    return text
-
+from pdk.cell_models import yosys_cell_models
 
 @dataclass
 class EquivResult:

@@ -59,6 +59,11 @@ def run(args) -> int:
     if not 0.0 < args.min_cos <= 1.0:
         raise UserError(f"--min-cos = {args.min_cos}: allowed range is (0, 1]")
     cfg = load_config(args.config)
+    if cfg.model.moe_latent:
+        # the layer's error table is built around a plain MoE (its router, the routing flips)
+        raise UserError(f"config {cfg.name}: model.moe_latent = {cfg.model.moe_latent} (LatentMoE); moekda accuracy "
+                        f"evaluates a layer with a plain MoE or a dense mixer; for this model: "
+                        f"python -m sim.models.model_accuracy -c {args.config}")
     if args.pairs is not None:
         return run_pairs(args, cfg)
     params = load_checkpoint(args.params, cfg)

@@ -34,7 +34,7 @@ def configure(p):
     p.add_argument("--clock-gate-min", type=int, default=None, metavar="N",
                    help="clock gating: an integrated clock gate for every N or more flip-flops sharing "
                         "an enable; 0 turns it off (default: the platform's, pdk/kit.py: off until the gated "
-                        "netlist runs bit-exact at gate level; 8 is the measured setting)")
+                        "netlist runs bit-exact in Icarus too; 8 is the measured setting)")
     p.add_argument("--timeout", type=float, default=3600.0, help="Yosys time limit in seconds")
 
 

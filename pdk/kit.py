@@ -90,11 +90,13 @@ class Platform:
                                  "CLKGATE_X1", "CLKGATE_X2", "CLKGATETST_X8")
     # clock gating in synthesis (Yosys clockgate): each set of at least this many flip-flops
     # sharing a clock and an enable gets an integrated clock gate instead of an enable
-    # multiplexer per flip-flop; 0 turns it off.  OFF by default: tiny's gated netlist
-    # (`moekda synth --clock-gate-min 8`, 18 % less area) did its LOAD but gave no token in
-    # the gate-level simulation (sim/tests/test_gate_level.py, Icarus, zero delay), and a
-    # netlist that has not run bit-exact at gate level is not the default.  8 is the value
-    # measured (below 4 a CLKGATE_X4, 4.52 um2, costs more than the MUX2_X1s it removes)
+    # multiplexer per flip-flop; 0 turns it off.  OFF by default: tiny's gated netlists run
+    # bit-exact at gate level in Verilator (sim/driver.py, the kit's flip-flops as always
+    # blocks, pdk/cell_models.py) but not in Icarus, with the kit's UDPs or with the always
+    # blocks: the LOAD completes, then no token comes (docs/flow.md).  Icarus is the gate-level
+    # simulator of `make sim GL=1` and of `moekda power`, so gating stays opt-in
+    # (`moekda synth --clock-gate-min 8`) until the two agree.  8 is the value measured
+    # (below 4 a CLKGATE_X4, 4.52 um2, costs more than the MUX2_X1s it removes).
     clock_gate_min_flops: int = 0
     clock_gate_measured_min_flops: int = 8
     clock_gate_out_pin: str = "GCK"   # the gated clock output of the library's clock gates

@@ -394,9 +394,16 @@ class LayerDriver:
         if not simulator_available(simulator):
             raise RuntimeError(f"simulator {simulator} is not installed")
         top, chip_module = "layer_sim", "layer"
+        root = self.build_root / "sim" / "layer"
         if netlist is not None:
             from pdk.kit import find_kit
             models = _cell_models(find_kit(required=("verilog_models",)))
+            if simulator == "verilator":
+                # Verilator reads no UDPs: the kit's models with their flip-flops and latches
+                # as always blocks (pdk/cell_models.py), one copy for every gate-level build
+                from pdk.cell_models import write_plain_cell_models
+                root.mkdir(parents=True, exist_ok=True)
+                models = [write_plain_cell_models(m, root / f"{m.stem}.plain.v") for m in models]
             # a netlist with SRAM macros: `moekda synth` writes their behavioural models beside it
             # (flow/synth.py macro_models_path: <top>.netlist.v -> <top>.macros.v)
             macro_models = Path(netlist).with_name(Path(netlist).name.replace(".netlist.v", ".macros.v"))
@@ -410,7 +417,6 @@ class LayerDriver:
                 raise ValueError(f"{verilog_file}: no module layer (the chip top)")
         else:
             key_text, kind = self.verilog(), "rtl"
-        root = self.build_root / "sim" / "layer"
         # the chip and its sim top are the same for every model (the image is written into the
         # memory at run time): one build directory per kind of chip source and simulator
         build_dir = root / f"{kind}_{simulator}{'_waves' if waves else ''}"
@@ -443,6 +449,9 @@ class LayerDriver:
             if simulator == "verilator":
                 (build_dir / "public.vlt").write_text(VERILATOR_PUBLIC)
                 args = [*VERILATOR_ARGS, str(build_dir / "public.vlt")]
+            if kind == "gl" and simulator == "verilator":
+                # TETRAMAX: the models without their timing checks' X-buffer UDPs
+                args = [*args, "-DTETRAMAX", "-Wno-lint", "-Wno-MULTIDRIVEN", "-Wno-COMBDLY"]
             _runner(simulator).build(sources=[build_dir / "layer_sim.v", *sources], hdl_toplevel=top,
                                         build_dir=build_dir, build_args=args, always=True, waves=waves,
                                         timescale=("1ns", "1ps"), log_file=build_dir / "build.log")

@@ -151,3 +151,35 @@ def test_gated_netlist_is_proven_equivalent_to_the_rtl(gated, tmp_path):
     bad = tmp_path / "wrong.v"
     bad.write_text(wrong)
     assert not check_equivalence(paths.rtl, bad, TOP, tmp_path / "equiv_wrong").passed
+
+
+FANOUT_RTL = """
+module fanout(input clk, input a, input b, input c, input [7:0] x, input [63:0] en, output [511:0] q);
+  wire [7:0] d = {8{~(a | b | c)}} ^ x;
+  genvar i;
+  generate for (i = 0; i < 64; i = i + 1) begin : w
+    reg [7:0] r;
+    always @(posedge clk) if (en[i]) r <= d;
+    assign q[8 * i +: 8] = r;
+  end endgenerate
+endmodule
+"""
+
+
+def test_a_value_loaded_into_many_gated_registers_is_not_one_net(tmp_path):
+    """64 registers of 8 bits, each behind its own gate, all loading one value: with their
+    enable multiplexers gone, ABC must still see the 64 D pins of each bit as loads
+    (d_buffer_map, and no opt_clean between it and ABC, which takes the buffers out again).
+    Before that fix one gate drove each bit's 64 (model-small-sram: a NOR3_X1 on 2,304 D
+    pins, WNS -39 ns)."""
+    kit = find_kit()
+    paths = BuildPaths.for_config(load_config("tiny"), "fanout", build_root=tmp_path / "build").make_dirs()
+    paths.rtl.write_text(FANOUT_RTL)
+    run_synth([paths.rtl], kit, paths, SynthOptions(top="fanout", period_ns=1.25,
+                                                    clock_gate_min_flops=PLATFORM.clock_gate_measured_min_flops))
+    netlist = paths.netlist.read_text()
+    assert _cells(netlist).get("CLKGATE_X4") == 64
+    loads: dict[str, int] = {}
+    for net in re.findall(r"\.D\(([^()]*)\)", netlist):
+        loads[net.strip()] = loads.get(net.strip(), 0) + 1
+    assert max(loads.values()) <= 16, max(loads.values())

@@ -11,7 +11,8 @@ import re
 
 import pytest
 
-from flow.equiv import check_equivalence, synth_block, yosys_cell_models
+from flow.equiv import check_equivalence, synth_block
+from pdk.cell_models import yosys_cell_models
 from moekda.config import load_config
 from pdk.kit import find_kit
 

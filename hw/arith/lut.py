@@ -1,10 +1,11 @@
-"""A lookup table: the hardware form of SiLU, sigmoid and exp.
+"""A lookup table: the hardware form of sigmoid and exp.
 
 At int8 (``formats.lut_in_bits``) input widths a full table is exact with
 respect to the integer model and small: the model's table *is* the table's
-contents, so the RTL cannot drift from it.  Used by the KDA unit (SiLU after
-the short convolution, sigmoid of beta and of the output gate, the decay
-alpha) and by the MoE unit (router sigmoid, SwiGLU SiLU).
+contents, so the RTL cannot drift from it.  Used by the KDA unit (sigmoid of
+beta and of the output gate, the decay alpha), the MoE unit (router sigmoid)
+and every SiLU (its sigmoid, hw/arith/silu.py); all of them the config's
+constants (moekda/tables.py).
 
 Addressing: the input is a signed ``in_bits`` integer ``x``; ``table`` lists
 the outputs in order of increasing ``x``, i.e. ``table[x - x_min]``.  The ROM

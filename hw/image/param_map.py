@@ -109,24 +109,34 @@ def _check_kind(kind: str) -> None:
 
 def table_fields(cfg, mixer: str = "moe", kind: str = "kda") -> list[tuple[str, int, bool, str]]:
     """(dotted name, entry bits, signed, what) of every nonlinearity table of a layer whose
-    channel mixer is ``mixer`` ("moe", or "dense": its one SiLU table in place of the MoE's two)
+    channel mixer is ``mixer`` ("moe", or "dense": no router score table)
     and whose token mixer is ``kind`` ("kda", or "mla": its one gate table in place of the
-    KDA's six)."""
+    KDA's three).  Every one is the config's (moekda/tables.py FIXED_TABLES)."""
     _check_kind(kind)
     fm = formats_for(cfg)
     if kind == "mla":
         tok = [("mla.gate", fm.unit_frac + 1, False, "output gate = sigmoid, U0.unit_frac")]
     else:
-        tok = [("kda.silu_q", fm.qkv_bits, True, "SiLU after the q short conv"),
-               ("kda.silu_k", fm.qkv_bits, True, "SiLU after the k short conv"),
-               ("kda.silu_v", fm.qkv_bits, True, "SiLU after the v short conv (v at 2**-f_v)"),
-               ("kda.alpha", fm.alpha_frac, False, "decay alpha = exp(lb sigmoid(z)), U0.alpha_frac"),
+        tok = [("kda.alpha", fm.alpha_frac, False, "decay alpha = exp(lb sigmoid(z)), U0.alpha_frac"),
                ("kda.beta", fm.unit_frac + 1, False, "beta = sigmoid, U0.unit_frac"),
                ("kda.gate", fm.unit_frac + 1, False, "output gate = sigmoid, U0.unit_frac")]
     if mixer == "dense":
-        return tok + [("dense.silu", fm.act_bits, True, "dense chunks' SiLU -> int8")]
-    return tok + [("moe.score", fm.score_frac + 1, False, "router score = sigmoid, U0.score_frac"),
-                  ("moe.silu", fm.act_bits, True, "expert SiLU -> int8")]
+        return tok
+    return tok + [("moe.score", fm.score_frac + 1, False, "router score = sigmoid, U0.score_frac")]
+
+
+def silu_fields(cfg, mixer: str = "moe", kind: str = "kda") -> list[tuple[str, int, str]]:
+    """(dotted name, output bits, what) of every SiLU (QSilu: x * sigmoid(x), moekda/tables.py)
+    of a layer whose channel mixer is ``mixer`` and token mixer ``kind`` (as table_fields)."""
+    _check_kind(kind)
+    fm = formats_for(cfg)
+    tok = [] if kind == "mla" else [
+        ("kda.silu_q", fm.qkv_bits, "SiLU after the q short conv"),
+        ("kda.silu_k", fm.qkv_bits, "SiLU after the k short conv"),
+        ("kda.silu_v", fm.qkv_bits, "SiLU after the v short conv (v at 2**-f_v)")]
+    if mixer == "dense":
+        return tok + [("dense.silu", fm.act_bits, "dense chunks' SiLU -> int8")]
+    return tok + [("moe.silu", fm.act_bits, "expert SiLU -> int8")]
 
 
 def param_fields(cfg, mixer: str = "moe", kind: str = "kda") -> list[ParamField]:
@@ -214,8 +224,15 @@ def _adders(cfg, out: list, mixer: str, kind: str):
         out.append(_f(f"{prefix}.s", (), SHIFT_BITS, False, f"{doc}: shift"))
 
     tables = {name: (bits, sgn, doc) for name, bits, sgn, doc in table_fields(cfg, mixer, kind)}
+    silus = {name: doc for name, _, doc in silu_fields(cfg, mixer, kind)}
 
     def table(name):
+        if name in silus:
+            # SiLU = c * sigmoid (QSilu): the code's requantisation to the sigmoid's input, the
+            # product's shift; the sigmoid itself is the config's
+            requant(f"{name}.t_m", f"{name}.t_s", f"{silus[name]}: code -> sigmoid input")
+            requant(f"{name}.m", f"{name}.s", f"{silus[name]}: c * sigmoid -> output")
+            return
         if name in FIXED_TABLES:
             return      # the config fixes it (moekda/tables.py): constants on the chip, not loaded
         bits, sgn, doc = tables[name]
@@ -328,6 +345,8 @@ def structural(cfg, mixer: str = "moe", kind: str = "kda") -> dict[str, int | np
         out[f"{name}.in_bits"] = lb
         if name in FIXED_TABLES:
             out[f"{name}.table"] = fixed_table(cfg, name)
+    for name, bits, _ in silu_fields(cfg, mixer, kind):
+        out[f"{name}.out_bits"] = bits
     return out
 
 

@@ -42,7 +42,7 @@ Schedule of one token (all phases in sequence; W = weight_port_bytes = lanes)
            one beat per cycle when the memory keeps up: q, k, v, f_down, g_down, b (input x),
            f_up (input fd: waits for the f_down results), g_up (input gd).
            Results are requantised (f_up after adding its bias) and routed:
-           q/k/v -> short conv -> requant -> SiLU table; b -> beta table;
+           q/k/v -> short conv -> requant -> SiLU (c * sigmoid); b -> beta table;
            f_up -> alpha table; g_up -> gate table; fd, gd -> registers.
            ~ (3 H d_k + 2 r + H) ceil(d/W) + 2 H d_k ceil(r/W) cycles.
 3. NORM    L2 normalisation of q then k, head by head, on the shared
@@ -90,11 +90,11 @@ from hw.image.memory_map import (layer_bits, layer_count, layer_prefix, memory_m
                                  slot_bits, state_contexts)
 from hw.image.param_map import kda_norm_ss_bits, param_layout, param_map, structural, table_shape
 from hw.arith.pipeline import Pipe, plan_pipeline
+from hw.arith.silu import silu
 from hw.kda.short_conv import ShortConv
 from hw.chip.weight_port import WeightPortSignature, split_request
 from moekda.config import ConfigError
 from moekda.formats import formats_for
-from moekda.tables import FIXED_TABLES
 
 # the projections in weight-memory order: (op, memory-map tensor, QKDA field, input vector)
 OPS = [
@@ -342,15 +342,11 @@ class KdaUnit(wiring.Component):
         # -> data 0.89-0.93 ns, bank -> data 0.55 ns with the 0.2 ns input delay)
         tables = {}
         def table(name):
-            """A LookupTable of ``kda.<name>``: the config's constants (moekda/tables.py) or the
-            parameter table ``kda.<name>.table``."""
+            """A LookupTable of ``kda.<name>``: the config's constants (moekda/tables.py)."""
             full = f"kda.{name}"
             lut = LookupTable(st[f"{full}.in_bits"], table_shape(cfg, full))
             m.submodules[f"lut_{name}"] = lut
-            if full in FIXED_TABLES:
-                drive_constant(m, lut, st[f"{full}.table"])
-            else:
-                m.d.comb += lut.table.eq(getattr(P, name).table)
+            drive_constant(m, lut, st[f"{full}.table"])
             return lut
         for name, dest, op in (("beta", BETA, "b"), ("alpha", ALPHA, "fu"), ("gate", GATE, "gu")):
             lut = table(name)
@@ -395,18 +391,18 @@ class KdaUnit(wiring.Component):
         cr2_valid, cr2_sec, cr2_idx = crq_live["valid"], crq_live["sec"], crq_live["idx"]
         cr2_code = Signal(signed(fm.lut_in_bits))
         m.d.comb += cr2_code.eq(crq_live["code"])
-        s_valid, s_sec, s_idx = Signal(), Signal(2), Signal.like(c_idx)
-        m.d.sync += [s_valid.eq(cr2_valid), s_sec.eq(cr2_sec), s_idx.eq(cr2_idx)]
-        silu = []
-        for n, name in enumerate(("silu_q", "silu_k", "silu_v")):
-            lut = table(name)
-            m.d.comb += [lut.addr.eq(cr2_code), lut.en.eq(cr2_valid & (cr2_sec == n))]
-            silu.append(lut)
+        # SiLU = c * sigmoid (hw/arith/silu.py): q, k and v by the code's section
+        sp = Pipe(m, plan, "silu")
+        silus = [getattr(P, name) for name in ("silu_q", "silu_k", "silu_v")]
+        s_live = silu(sp, {"valid": cr2_valid, "sec": cr2_sec, "idx": cr2_idx, "code": cr2_code}, "code", "sec",
+                      [(p.t_m, p.t_s, p.m, p.s) for p in silus], fm.qkv_bits, fm)
+        s_live = sp.register(s_live)
+        s_valid, s_sec, s_idx = s_live["valid"], s_live["sec"], s_live["idx"]
         with m.If(s_valid):
             with m.Switch(s_sec):
                 for n, buf in enumerate((QS, KS, V)):
                     with m.Case(n):
-                        store(buf, s_idx, silu[n].data)
+                        store(buf, s_idx, s_live["silu"])
         writes.append(s_valid)
 
         # the strobes are registered before they are counted (their own logic plus the

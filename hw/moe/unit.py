@@ -5,7 +5,7 @@ whose config has dense layers (``model.mixers``) ``int_dense_step`` for the
 tokens of those layers.  The RTL is a function of the config alone: the weight
 matrices live in the external weight memory (hw/image/memory_map.py) and are
 read through ``wport``; every other per-model value (requantisation (m, s) per
-matrix, the selection bias, the sigmoid and SiLU tables, routed_scaling, the
+matrix, the selection bias, the SiLU requantisations, routed_scaling, the
 combine (m, s)) comes in on ``params``, the MoE's slice of the chip's parameter
 bank (hw/image/param_map.py, ``param_layout(cfg, "moe")``; a test drives
 ``region_value(cfg, flat, "moe")``), and for a dense layer on ``dense_params``.
@@ -35,13 +35,10 @@ d_ff_dense / d_ff chunks are segments 1..C, each exactly a shared expert
 products, exponent, conversion and combine; what the mode changes is the
 segment count (the last segment is C instead of S + k), the bank of a segment
 (banks E + S .. E + S + C - 1: the chunks' (m, s) from ``dense_params``), the
-combine (m, s), and the SiLU table.  With the C more banks the bank index is a
-register (the next segment's computed a cycle ahead), so the (m, s) muxes start
-at a flop.  The SiLU read is the one doubled piece:
-``dense_params``' table has its own 256:1 read mux, the byte picked by
-``dense_r`` behind both reads; a mux of the two tables in front of one read
-costs the same area (lut_size x 8 two-way muxes) but puts ``dense_r``'s
-2048-way fan-out in front of the read's eight levels.  The accumulators are
+combine (m, s), and the SiLU's requantisations (``dense_params``' pair, picked
+by ``dense_r`` in the SiLU pipeline's op select).  With the C more banks the bank
+index is a register (the next segment's computed a cycle ahead), so the (m, s)
+muxes start at a flop.  The accumulators are
 ``dense_combine_bits`` wide when the chunks' sum needs more than the MoE's.
 
 LatentMoE (issue 15)
@@ -110,7 +107,8 @@ rows and the products SiLU * up have a buffer each (``sbuf``, ``pbuf``): the
 next expert's gate rows land while this expert's products are converted.
 
 Results go through a fixed pipeline that never stalls: clamp -> router code ->
-sigmoid table -> (+ bias) -> top-k; gate code -> SiLU table -> sbuf; up ->
+sigmoid table -> (+ bias) -> top-k; gate code -> SiLU (c * sigmoid,
+hw/arith/silu.py, a few stages) -> sbuf; up ->
 SiLU * up (15 bits) -> pbuf, OR of magnitudes; a cycle after the last up
 row the hidden exponent sh = max(0, bitlen(max|prod|) - 7), then the
 conversion hid = sat8(prod >> sh, rounded), port_bytes values per cycle; the
@@ -137,8 +135,9 @@ from hw.arith.matvec import MatVecEngine, MatVecFormats, saturate
 from hw.image.memory_map import layer_bits, layer_count, layer_mixer, layer_prefix, memory_map
 from hw.moe.arith import chunked_counter, prefix_add
 from hw.moe.route import RouteWeights
-from hw.image.param_map import EXPERT_MATS, param_map, param_layout, table_fields
+from hw.image.param_map import EXPERT_MATS, param_map, param_layout, silu_fields, table_fields
 from hw.arith.pipeline import Pipe, plan_pipeline
+from hw.arith.silu import silu
 from hw.moe.topk import TopK
 from hw.chip.weight_port import MAX_BEATS, WeightPortSignature, beats_per_row
 from moekda.config import ConfigError
@@ -222,7 +221,7 @@ class MoEUnit(wiring.Component):
         self.pmap = pm = param_map(cfg)
         tables = {name: (bits, sgn) for name, bits, sgn, _ in table_fields(cfg)}
         self.score_shape = (signed if tables["moe.score"][1] else unsigned)(tables["moe.score"][0])
-        self.silu_shape = (signed if tables["moe.silu"][1] else unsigned)(tables["moe.silu"][0])
+        self.silu_shape = signed(dict((n, b) for n, b, _ in silu_fields(cfg))["moe.silu"])
         # ONE engine for every projection: the weights of router, gate, up, down and
         # shared experts arrive one port beat per cycle in sequence, and the engine
         # takes one beat per cycle, so a second engine would only wait.  The engine
@@ -354,16 +353,8 @@ class MoEUnit(wiring.Component):
         wiring.connect(m, topk.out, route.sel)
         m.d.comb += route.rs.eq(prm.rs)
         m.submodules.score_lut = score_lut = LookupTable(fm.lut_in_bits, self.score_shape)
-        m.submodules.silu_lut = silu_lut = LookupTable(fm.lut_in_bits, self.silu_shape)
-        # the score table is the config's (moekda/tables.py), the SiLU table the model's
+        # the score table is the config's (moekda/tables.py)
         drive_constant(m, score_lut, fixed_table(self.cfg, "moe.score"))
-        m.d.comb += silu_lut.table.eq(prm.silu.table)
-        silu_luts = [silu_lut]
-        if self.has_dense:
-            # the dense layer's table: its own read (see the docstring), the same stage
-            m.submodules.dense_silu_lut = dense_silu_lut = LookupTable(fm.lut_in_bits, self.silu_shape)
-            m.d.comb += dense_silu_lut.table.eq(dprm.silu.table)
-            silu_luts.append(dense_silu_lut)
         m.submodules.engine = eng = self.engine
         m.d.comb += self.mac_beat.eq(eng.beat)       # hw.lanes MACs (the chip's MACS counter)
         for i in range(E):
@@ -684,10 +675,23 @@ class MoEUnit(wiring.Component):
         c_y = reg("c_y", eo.y.shape(), y_kind)
 
         # stage C: tables addressed by the requantised code
-        m.d.comb += [score_lut.addr.eq(c_y), score_lut.en.eq(c_valid & (c_kind == ROUTER)),
-                     silu_lut.addr.eq(c_y), silu_lut.en.eq(c_valid & (c_kind == GATE))]
-        for lut in silu_luts[1:]:
-            m.d.comb += [lut.addr.eq(c_y), lut.en.eq(c_valid & (c_kind == GATE))]
+        m.d.comb += [score_lut.addr.eq(c_y), score_lut.en.eq(c_valid & (c_kind == ROUTER))]
+        # gate codes: SiLU = c * sigmoid (hw/arith/silu.py) over a few stages into sbuf, the MoE
+        # layer's (t_m, t_s, shift) or a dense layer's by the token's kind
+        silu_ops = [p.silu for p in ((prm, dprm) if dprm is not None and len(kinds) > 1
+                                     else (dprm,) if self.has_dense else (prm,))]
+        sp = Pipe(m, plan, "silu")
+        s_live = silu(sp, {"valid": c_valid & (c_kind == GATE), "row": c_row_r, "code": c_y[:fm.lut_in_bits].as_signed(),
+                           "op": dense_r if len(silu_ops) > 1 else Const(0, 1)}, "code", "op",
+                      [(p.t_m, p.t_s, p.m, p.s) for p in silu_ops], self.silu_shape.width, fm)
+        s_live = sp.register(s_live)
+        # the up row j reads sbuf[j] at stage T: it comes f rows of nb_d beats after gate row j
+        if f * nb_d <= sp.stages:
+            raise ConfigError(f"model.d_ff = {f}: the SiLU pipeline ({sp.stages} stages) is longer than "
+                              f"the {f * nb_d} cycles between a gate row and its up row")
+        for j in range(f):
+            with m.If(s_live["valid"] & (s_live["row"] == j)):
+                m.d.sync += sbuf[j].eq(s_live["silu"])
 
         t_valid = reg("t_valid", 1, c_valid, reset_less=False)
         t_kind = reg("t_kind", mat_bits, c_kind)
@@ -706,9 +710,6 @@ class MoEUnit(wiring.Component):
         k_tag = reg("k_tag", unsigned(score_bits), score_lut.data)
         m.d.comb += [topk.inp.valid.eq(k_valid), topk.inp.payload.key.eq(k_key),
                      topk.inp.payload.tag.eq(k_tag)]
-        for j in range(f):
-            with m.If(t_valid & (t_kind == GATE) & (t_row == j)):
-                m.d.sync += sbuf[j].eq(mode(silu_luts[-1].data, silu_lut.data))
         if lat:
             # lat_down's rows: z, int8 (clamped at stage S)
             with m.If(t_valid & (t_kind == LDOWN)):

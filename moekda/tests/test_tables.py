@@ -11,15 +11,20 @@ import pytest
 
 from moekda.config import load_config
 from moekda.formats import formats_for
-from moekda.tables import (ALPHA_Z_MID, FIXED_TABLES, fixed_table, fixed_table_bits, table_in_offset,
-                           table_in_scale)
+from moekda.tables import (ALPHA_Z_MID, FIXED_TABLES, SILU_SIGMOID, fixed_in_scale, fixed_table, fixed_table_bits,
+                           silu_sigmoid_in_bits, table_in_offset, table_in_scale)
 
 CONFIGS = ("tiny", "small", "model-tiny-hybrid")
 
 
+def _in_bits(cfg, name: str) -> int:
+    fm = formats_for(cfg)
+    return silu_sigmoid_in_bits(fm) if name == SILU_SIGMOID else fm.lut_in_bits
+
+
 def _expected(cfg, name: str, code: int) -> float:
     """The real output value the entry of ``code`` stands for."""
-    x = table_in_offset(name) + code * table_in_scale(cfg)
+    x = (0.0 if name == SILU_SIGMOID else table_in_offset(name)) + code * fixed_in_scale(_in_bits(cfg, name))
     sig = 1.0 / (1.0 + math.exp(-x))
     return math.exp(cfg.model.decay_lower_bound * sig) if name == "kda.alpha" else sig
 
@@ -30,10 +35,10 @@ def _out_step(cfg, name: str) -> float:
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-@pytest.mark.parametrize("name", FIXED_TABLES)
+@pytest.mark.parametrize("name", (*FIXED_TABLES, SILU_SIGMOID))
 def test_every_entry_is_its_function_to_half_a_step(config, name):
     cfg = load_config(config)
-    lb = formats_for(cfg).lut_in_bits
+    lb = _in_bits(cfg, name)
     table = fixed_table(cfg, name)
     assert table.shape == (1 << lb,) and table.dtype == np.int64
     step = _out_step(cfg, name)
@@ -66,8 +71,33 @@ def test_the_quantiser_uses_the_configs_tables_and_the_bank_has_none():
     for name in ("kda.alpha", "kda.beta", "kda.gate", "moe.score"):
         assert np.array_equal(flat[f"{name}.table"], fixed_table(cfg, name)), name
     loaded = {f.name for f in param_fields(cfg)}
-    assert not {f"{n}.table" for n in FIXED_TABLES} & loaded
-    assert {"kda.silu_q.table", "moe.silu.table"} <= loaded
+    assert not [n for n in loaded if n.endswith(".table")]     # SiLU too: c * sigmoid, no table
+    assert {"kda.silu_q.t_m", "kda.silu_v.s", "moe.silu.t_s", "moe.silu.m"} <= loaded
+
+
+@pytest.mark.parametrize("s_code", (0.004, 0.03, 0.1, 0.5))
+@pytest.mark.parametrize("out_step", (1.0, 2.0 ** -8, 1.7 ** -8))
+def test_silu_as_c_times_sigmoid_is_silu_within_its_error_bound(s_code, out_step):
+    """int_silu over every code against SiLU in float (math), at output scales of the code's
+    (the MoE's), of c * sigmoid (q, k) and another (v): the sigmoid's input code is rounded
+    to half a step of its format (sigmoid's slope is at most 1/4), its table to half an output
+    step, its input clipped at +-8 (sigmoid within 3.4e-4 of 1); the product's
+    requantisation rounds to half an output step."""
+    from sim.models.int_ops import int_silu
+    from sim.models.quantize import _silu
+    fm = formats_for(load_config("tiny"))
+    uf, tb = fm.unit_frac, silu_sigmoid_in_bits(fm)
+    s_out = s_code * out_step
+    q = _silu(s_code, s_out, fm.qkv_bits, fm)
+    codes = np.arange(-(1 << (fm.lut_in_bits - 1)), 1 << (fm.lut_in_bits - 1))
+    x = codes * s_code
+    want = np.array([v / (1.0 + math.exp(-v)) for v in x])
+    if want.max() / s_out >= 2 ** (fm.qkv_bits - 1):
+        pytest.skip("the output format saturates")
+    got = int_silu(q, codes, fm) * s_out
+    d_sig = 0.25 * 0.5 * fixed_in_scale(tb) * (1 + 2.0 ** -14) + 2.0 ** -(uf + 1) + 3.4e-4
+    bound = np.abs(x) * (d_sig + 2.0 ** -14) + s_out / 2 + 1e-12
+    assert (np.abs(got - want) <= bound).all(), float(np.max(np.abs(got - want) - bound))
 
 
 def test_an_image_with_another_table_is_refused_in_one_line():

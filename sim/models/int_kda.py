@@ -27,7 +27,7 @@ import numpy as np
 from moekda.config import Config
 from moekda.formats import Formats
 from moekda.numerics import round_shift, saturate
-from sim.models.int_ops import check_width, int_conv_step, int_linear, int_lut, int_normalize
+from sim.models.int_ops import check_width, int_conv_step, int_linear, int_lut, int_normalize, int_silu
 from sim.models.qparams import QKDA
 
 
@@ -81,7 +81,8 @@ def int_kda_step(q: QKDA, cfg: Config, fm: Formats, state: IntKDAState, xn, trac
     conv_q, t["c_q"] = int_conv_step(q.conv_q, state.conv_q, t["a_q"])
     conv_k, t["c_k"] = int_conv_step(q.conv_k, state.conv_k, t["a_k"])
     conv_v, t["c_v"] = int_conv_step(q.conv_v, state.conv_v, t["a_v"])
-    t["q_s"], t["k_s"], t["v"] = int_lut(q.silu_q, t["c_q"]), int_lut(q.silu_k, t["c_k"]), int_lut(q.silu_v, t["c_v"])
+    t["q_s"], t["k_s"], t["v"] = (int_silu(q.silu_q, t["c_q"], fm), int_silu(q.silu_k, t["c_k"], fm),
+                                  int_silu(q.silu_v, t["c_v"], fm))
     qn = int_normalize(t["q_s"].reshape(heads), q.q_norm, fm, fm.qk_bits)
     kn = int_normalize(t["k_s"].reshape(heads), q.k_norm, fm, fm.qk_bits)
     t["q"], t["k"] = qn.reshape(flat), kn.reshape(flat)

@@ -24,7 +24,7 @@ import numpy as np
 from moekda.config import Config
 from moekda.formats import Formats, derived_widths
 from moekda.numerics import bit_length, requantize, round_shift, saturate, udiv_floor
-from sim.models.int_ops import check_width, int_linear, int_lut
+from sim.models.int_ops import check_width, int_linear, int_lut, int_silu
 from sim.models.qparams import QDense, QExperts, QMoE
 
 
@@ -62,7 +62,7 @@ def int_expert(bank: QExperts, e: int, q: QMoE, fm: Formats, hn, trace=None):
     acc_g = check_width(hn @ bank.gate_w[e].T, fm.acc_bits, "expert gate accumulator")
     acc_u = check_width(hn @ bank.up_w[e].T, fm.acc_bits, "expert up accumulator")
     gate = requantize(acc_g, int(bank.gate_m[e]), int(bank.gate_s[e]), fm.lut_in_bits)
-    act = int_lut(q.silu, gate)
+    act = int_silu(q.silu, gate, fm)
     up = requantize(acc_u, int(bank.up_m[e]), int(bank.up_s[e]), fm.act_bits)
     prod = act * up
     # the per-token exponent (an array for a batch of tokens, one per row)

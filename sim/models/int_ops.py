@@ -12,7 +12,8 @@ import numpy as np
 from moekda.formats import Formats
 from moekda.numerics import (lut_lookup, requantize, requantize_rows, round_shift, rsqrt_fixed, sat_bounds,
                              saturate)
-from sim.models.qparams import QLinear, QLut, QNorm, QResidual
+from moekda.tables import silu_sigmoid, silu_sigmoid_in_bits
+from sim.models.qparams import QLinear, QLut, QNorm, QResidual, QSilu
 
 
 def check_width(x, bits: int, what: str):
@@ -43,6 +44,16 @@ def int_conv_step(conv: QLinear, history, a):
 
 def int_lut(lut: QLut, code):
     return lut_lookup(lut.table, code, lut.in_bits)
+
+
+def int_silu(silu: QSilu, code, fm: Formats):
+    """SiLU of table codes at the model's scale, as x * sigmoid(x) (QSilu; hw/arith/silu.py):
+    the sigmoid's input is the code requantised to the config's fixed format."""
+    code = np.asarray(code, dtype=np.int64)
+    tb = silu_sigmoid_in_bits(fm)
+    t = requantize(code, silu.t_m, silu.t_s, tb)
+    sig = lut_lookup(silu_sigmoid(fm), t, tb)
+    return requantize(code * sig, silu.m, silu.s, silu.out_bits)
 
 
 def int_normalize(x, norm: QNorm, fm: Formats, out_bits: int):

@@ -46,6 +46,18 @@ class QLut:
 
 
 @dataclass
+class QSilu:
+    """SiLU as x * sigmoid(x) of a code c at the model's scale (moekda/tables.py):
+    t = requantize(c, t_m, t_s, silu_sigmoid_in_bits), the sigmoid's input in the config's
+    format; out = requantize(c * SILU_SIGMOID[t], m, s, out_bits)."""
+    t_m: int
+    t_s: int
+    m: int
+    s: int
+    out_bits: int
+
+
+@dataclass
 class QKDA:
     q_proj: QLinear
     k_proj: QLinear
@@ -53,9 +65,9 @@ class QKDA:
     conv_q: QLinear          # w (H*dk, K); out = table code
     conv_k: QLinear
     conv_v: QLinear
-    silu_q: QLut             # -> int8, any scale (L2 normalised next)
-    silu_k: QLut
-    silu_v: QLut             # -> int8 at 2**-f_v
+    silu_q: QSilu            # -> qkv_bits, any scale (L2 normalised next)
+    silu_k: QSilu
+    silu_v: QSilu            # -> qkv_bits at 2**-f_v
     q_norm: QNorm            # -> int8 at 2**-f_q (unit vector, the d_k**-0.5 cancels in the o norm)
     k_norm: QNorm            # -> int8 at 2**-f_k
     f_down: QLinear
@@ -97,7 +109,7 @@ class QMoE:
     router: QLinear          # -> table code
     score: QLut              # code -> sigmoid as U0.score_frac
     bias: np.ndarray         # (E,) selection bias in score units, router_bias_bits signed
-    silu: QLut               # expert gate code -> int8 (shared by all experts)
+    silu: QSilu              # expert gate code -> int8 at the code's scale (shared by all experts)
     routed: QExperts
     shared: QExperts
     rs: int                  # routed_scaling as U.rs_frac
@@ -123,7 +135,7 @@ class QDense:
       out = requantize(acc, comb_m, comb_s, resid_bits)
 
     (no router, no routed experts)."""
-    silu: QLut
+    silu: QSilu
     chunks: QExperts
     comb_m: int
     comb_s: int

@@ -21,13 +21,13 @@ import numpy as np
 
 from moekda.config import Config
 from moekda.formats import Formats, formats_for
-from moekda.numerics import build_lut, quantize_multiplier, shared_shift_multipliers
-from moekda.tables import ALPHA_Z_MID, fixed_table, table_in_scale
+from moekda.numerics import quantize_multiplier, shared_shift_multipliers
+from moekda.tables import ALPHA_Z_MID, fixed_in_scale, fixed_table, silu_sigmoid_in_bits, table_in_scale
 from sim.models import float_layer as fl
 from sim.models.params import (LayerParams, ModelParams, dense_chunks, random_inputs, random_model_params,
                                random_params, random_tokens)
 from sim.models.qparams import (QAttnRes, QDense, QExperts, QHead, QKDA, QLayer, QLinear, QLut, QMLA, QModel, QMoE, QNorm,
-                                QResidual)
+                                QResidual, QSilu)
 
 # The sigmoid-shaped tables (beta, gates, router score, decay alpha) take their input codes in
 # the config's fixed format (moekda/tables.py): the logits are requantised to it, and the
@@ -216,14 +216,16 @@ def _quantize_kda(params: LayerParams, cfg: Config, fm: Formats, tr, sc: dict) -
         kda[f"{n}_proj"], _ = _linear(getattr(p, f"w_{n}") * wn, sc["xn_unit"], sc[f"a_{n}"], fm, A8)
         sc[f"c_{n}"] = act_scale(tr[f"c_{n}"], LB)
         kda[f"conv_{n}"], _ = _linear(getattr(p, f"conv_{n}"), sc[f"a_{n}"], sc[f"c_{n}"], fm, LB)
-    # q, k: any scale (L2-normalised next); v: a power of two, at most the state's
-    QB = fm.qkv_bits
+    # SiLU = c * sigmoid (QSilu), c * sigmoid at the code's scale times 2**-unit_frac: q, k
+    # keep that scale (qkv_bits hold every product; L2-normalised next), v is requantised to
+    # a power of two, at most the state's
+    QB, UF = fm.qkv_bits, fm.unit_frac
     s_amax = max(float(np.max(np.abs(tr["S"]))), 2.0 * float(np.max(np.abs(tr["v"]))))
     f_s = pow2_frac_bits(s_amax, fm.state_bits)
     f_v = min(pow2_frac_bits(float(np.max(np.abs(tr["v"]))), QB), f_s)
-    sc["q_s"], sc["k_s"], sc["v"] = act_scale(tr["q_s"], QB), act_scale(tr["k_s"], QB), 2.0 ** -f_v
+    sc["q_s"], sc["k_s"], sc["v"] = sc["c_q"] * 2.0 ** -UF, sc["c_k"] * 2.0 ** -UF, 2.0 ** -f_v
     for n, key in (("q", "q_s"), ("k", "k_s"), ("v", "v")):
-        kda[f"silu_{n}"] = QLut(build_lut(fl.silu, LB, sc[f"c_{n}"], sc[key], -_qmax(QB) - 1, _qmax(QB)), LB)
+        kda[f"silu_{n}"] = _silu(sc[f"c_{n}"], sc[key], QB, fm)
     f_q = pow2_frac_bits(float(np.max(np.abs(tr["q"]))), fm.qk_bits)
     f_k = pow2_frac_bits(float(np.max(np.abs(tr["k"]))), fm.qk_bits)
     sc["q"], sc["k"] = 2.0 ** -f_q, 2.0 ** -f_k
@@ -384,12 +386,21 @@ def _expert_scales(fm: Formats, banks):
     A8, LB = fm.act_bits, fm.lut_in_bits
     both = [np.concatenate([b[i].reshape(-1) for b in banks]) for i in range(5)]
     s_gate = act_scale(both[0], LB, headroom=SILU_HEADROOM)
-    # the table's output range covers its whole input range: SiLU is the identity for large
-    # inputs, so a clipped output scale would saturate exactly the tokens the headroom is for
-    s_act = float(fl.silu(_qmax(LB) * s_gate)) / _qmax(A8)
+    # SiLU (QSilu) at the gate code's own scale: |silu(x)| <= |x| for x > 0 and < 0.28 below,
+    # so every value fits the code's width and nothing saturates on the tokens the headroom
+    # is for; the shift by unit_frac takes c * sigmoid back to that scale
+    s_act = s_gate
     s_e = act_scale(both[4], fm.expert_out_bits, headroom=BRANCH_HEADROOM)
-    silu = QLut(build_lut(fl.silu, LB, s_gate, s_act, -_qmax(A8) - 1, _qmax(A8)), LB)
+    silu = _silu(s_gate, s_act, A8, fm)
     return s_gate, s_act, s_e, silu
+
+
+def _silu(s_code: float, s_out: float, out_bits: int, fm: Formats) -> QSilu:
+    """SiLU from a code at scale ``s_code`` to ``out_bits`` at ``s_out`` (QSilu): the
+    requantisation to the sigmoid's fixed input format (moekda/tables.py) and the product's."""
+    t_m, t_s = _mult(s_code / fixed_in_scale(silu_sigmoid_in_bits(fm)), fm)
+    m, s = _mult(s_code * 2.0 ** -fm.unit_frac / s_out, fm)
+    return QSilu(t_m=t_m, t_s=t_s, m=m, s=s, out_bits=out_bits)
 
 
 def _expert_bank(wg, wu, wd, dense, wn, s_hn, s_gate, s_act, s_e, fm: Formats) -> QExperts:

@@ -155,3 +155,13 @@ def test_accuracy_command_rejects_bad_length(capsys):
     from moekda.cli import main
     assert main(["accuracy", "-c", "tiny", "-n", "0"]) == 2
     assert "--tokens = 0: allowed range" in capsys.readouterr().err
+
+
+def test_accuracy_command_points_a_latent_moe_model_to_the_model_tool(capsys):
+    """A LatentMoE config (model-tiny-hybrid) is not a layer the table is built for: one line
+    naming the field and the tool that evaluates it, exit 2 (it was a traceback)."""
+    from moekda.cli import main
+    assert main(["accuracy", "-c", "model-tiny-hybrid", "-n", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "model.moe_latent" in err and "sim.models.model_accuracy" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

@@ -72,6 +72,23 @@ def test_gate_level_tiny_runs_three_models():
                 assert gl.counters[name] == rtl.counters[name], (name, gl.counters, rtl.counters)
 
 
+@pytest.mark.gl
+@pytest.mark.slow
+@pytest.mark.timeout(7200)   # synthesis, a Verilator build of the netlist (~8 min), seconds of simulation
+def test_gate_level_tiny_on_verilator():
+    """The same netlist in Verilator (the kit's models with their flip-flops as always blocks,
+    pdk/cell_models.py): the integer model's tokens and the RTL's outputs and counters, at
+    thousands of cycles a second where Icarus runs tens."""
+    driver = LayerDriver.from_seed(CONFIG, seed=GL_SEEDS[0])
+    rtl_file, netlist = _netlist(driver)
+    rtl = driver.run(GL_PLAN, simulator="icarus", verilog_file=rtl_file, name="gl_reference")
+    gl = driver.run(GL_PLAN, simulator="verilator", netlist=netlist, name=f"gl_{driver.label}")
+    assert rtl.match and gl.match, (rtl.summary(), gl.summary())
+    assert np.array_equal(gl.idx, rtl.idx) and np.array_equal(gl.got, rtl.got), "netlist and RTL outputs differ"
+    for name in ("TOKENS", "MACS", "WEIGHT_BYTES"):
+        assert gl.counters[name] == rtl.counters[name], (name, gl.counters, rtl.counters)
+
+
 MODEL_CONFIG = "model-tiny"
 # one token in each of the two slots, both inside together: the LOAD (~8 900 beats) and
 # ~7 000 cycles of the two tokens' four layers and heads

@@ -80,7 +80,7 @@ def test_layout_bits_are_the_region_bits(case):
     view = data.Const(kda, val)
     assert int(view.q_proj.m) == int(flat["kda.q_proj.m"])
     assert int(view.f_up.bias[3]) == int(flat["kda.f_up.bias"][3])
-    assert int(view.silu_q.table[0]) == int(flat["kda.silu_q.table"][0])
+    assert int(view.silu_v.t_m) == int(flat["kda.silu_v.t_m"]) and int(view.silu_v.s) == int(flat["kda.silu_v.s"])
     assert int(view.conv_v.w[1][2]) == int(flat["kda.conv_v.w"][1, 2])
     assert isinstance(Const(val, kda.size), Const)
 
