@@ -161,12 +161,12 @@ def param_fields(cfg, mixer: str = "moe", kind: str = "kda") -> list[ParamField]
         out.append(ParamField(PAD_FIELD, (), pad, False, 0, 0, "the token mixer half's padding (zeros)", True))
     fm, m = formats_for(cfg), cfg.model
     dw = derived_widths(cfg)
-    requant, norm, residual, table = _adders(cfg, out, mixer, kind)
+    requant, norm, residual, silu = _adders(cfg, out, mixer, kind)
 
     residual("res1", f"{kind.upper()} residual add")
     norm("mlp_norm", dw["ss_rmsnorm"], "MoE RMSNorm")
     if mixer == "dense":
-        table("dense.silu")
+        silu("dense.silu")
         for mat in EXPERT_MATS:
             requant(f"dense.chunks.{mat}_m", f"dense.chunks.{mat}_s", f"dense chunks' {mat} requantisation",
                     (m.dense_chunks,))
@@ -178,9 +178,8 @@ def param_fields(cfg, mixer: str = "moe", kind: str = "kda") -> list[ParamField]
     # ---- MoE
     E = m.n_experts
     requant("moe.router.m", "moe.router.s", "router requantisation")
-    table("moe.score")
     out.append(_f("moe.bias", (E,), fm.router_bias_bits, True, "expert selection bias, score units"))
-    table("moe.silu")
+    silu("moe.silu")
     for bank, n in (("routed", E), ("shared", m.n_shared)):
         if n == 0:
             continue
@@ -204,10 +203,10 @@ def param_fields(cfg, mixer: str = "moe", kind: str = "kda") -> list[ParamField]
 
 
 def _adders(cfg, out: list, mixer: str, kind: str):
-    """The helpers that append a requantiser's, a norm's, a residual add's and a table's
-    fields to ``out``."""
+    """The helpers that append a requantiser's, a norm's, a residual add's and a SiLU's
+    fields to ``out``.  Tables have none: every one is the config's (moekda/tables.py)."""
     fm = formats_for(cfg)
-    mb, lut = fm.mult_bits, fm.lut_size
+    mb = fm.mult_bits
 
     def requant(m_name, s_name, doc, shape=()):
         out.append(_f(m_name, shape, mb, False, f"{doc}: multiplier"))
@@ -223,21 +222,14 @@ def _adders(cfg, out: list, mixer: str, kind: str):
         out.append(_f(f"{prefix}.m_b", (), mb, False, f"{doc}: multiplier of the branch"))
         out.append(_f(f"{prefix}.s", (), SHIFT_BITS, False, f"{doc}: shift"))
 
-    tables = {name: (bits, sgn, doc) for name, bits, sgn, doc in table_fields(cfg, mixer, kind)}
     silus = {name: doc for name, _, doc in silu_fields(cfg, mixer, kind)}
 
-    def table(name):
-        if name in silus:
-            # SiLU = c * sigmoid (QSilu): the code's requantisation to the sigmoid's input, the
-            # product's shift; the sigmoid itself is the config's
-            requant(f"{name}.t_m", f"{name}.t_s", f"{silus[name]}: code -> sigmoid input")
-            requant(f"{name}.m", f"{name}.s", f"{silus[name]}: c * sigmoid -> output")
-            return
-        if name in FIXED_TABLES:
-            return      # the config fixes it (moekda/tables.py): constants on the chip, not loaded
-        bits, sgn, doc = tables[name]
-        out.append(_f(f"{name}.table", (lut,), bits, sgn, f"table: {doc}"))
-    return requant, norm, residual, table
+    def silu(name):
+        # SiLU = c * sigmoid (QSilu): the code's requantisation to the sigmoid's input and the
+        # product's to the output; the sigmoid itself is the config's
+        requant(f"{name}.t_m", f"{name}.t_s", f"{silus[name]}: code -> sigmoid input")
+        requant(f"{name}.m", f"{name}.s", f"{silus[name]}: c * sigmoid -> output")
+    return requant, norm, residual, silu
 
 
 def _token_fields(cfg, kind: str) -> list[ParamField]:
@@ -248,7 +240,7 @@ def _token_fields(cfg, kind: str) -> list[ParamField]:
     dw = derived_widths(cfg)
     hk, hv, K = m.n_heads * m.head_dim, m.n_heads * m.head_dim, m.conv_kernel
     out: list[ParamField] = []
-    requant, norm, residual, table = _adders(cfg, out, "moe", kind)
+    requant, norm, residual, silu = _adders(cfg, out, "moe", kind)
 
     norm("attn_norm", dw["ss_rmsnorm"], "attention RMSNorm")
     if kind == "mla":
@@ -258,7 +250,6 @@ def _token_fields(cfg, kind: str) -> list[ParamField]:
         norm("mla.kv_norm", mla_norm_ss_bits(cfg), "mla latent RMSNorm")
         out.append(_f("mla.u_m", (), fm.mult_bits, False, "mla score qa . c -> u (base 2): multiplier"))
         out.append(_f("mla.u_s", (), SHIFT_BITS, False, "mla score qa . c -> u (base 2): shift"))
-        table("mla.gate")
         return out
     # ---- KDA
     for lin in KDA_LINEARS:
@@ -268,8 +259,8 @@ def _token_fields(cfg, kind: str) -> list[ParamField]:
     for conv, n in zip(KDA_CONVS, (hk, hk, hv)):
         out.append(_f(f"kda.{conv}.w", (n, K), fm.weight_bits, True, "short-conv taps, oldest first"))
         requant(f"kda.{conv}.m", f"kda.{conv}.s", f"kda {conv} requantisation")
-    for name in ("kda.silu_q", "kda.silu_k", "kda.silu_v", "kda.alpha", "kda.beta", "kda.gate"):
-        table(name)
+    for name in ("kda.silu_q", "kda.silu_k", "kda.silu_v"):
+        silu(name)
     ss = kda_norm_ss_bits(cfg)
     for nm in KDA_NORMS:
         norm(f"kda.{nm}", ss, f"kda {nm}")
@@ -643,7 +634,5 @@ def sizes(cfg) -> dict[str, int]:
     out: dict[str, int] = {}
     for f in param_fields(cfg):
         key = f.name.split(".")[0]
-        if f.name.endswith(".table"):
-            key = "tables"
         out[key] = out.get(key, 0) + f.total_bits
     return out

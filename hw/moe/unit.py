@@ -676,13 +676,15 @@ class MoEUnit(wiring.Component):
 
         # stage C: tables addressed by the requantised code
         m.d.comb += [score_lut.addr.eq(c_y), score_lut.en.eq(c_valid & (c_kind == ROUTER))]
-        # gate codes: SiLU = c * sigmoid (hw/arith/silu.py) over a few stages into sbuf, the MoE
-        # layer's (t_m, t_s, shift) or a dense layer's by the token's kind
-        silu_ops = [p.silu for p in ((prm, dprm) if dprm is not None and len(kinds) > 1
-                                     else (dprm,) if self.has_dense else (prm,))]
+        # gate codes: SiLU = c * sigmoid (hw/arith/silu.py) over a few stages into sbuf, with the
+        # MoE layer's (t_m, t_s, m, s) or, by the token's kind, a dense layer's
+        if len(kinds) > 1:
+            silu_ops, silu_op = [prm.silu, dprm.silu], dense_r
+        else:
+            silu_ops, silu_op = [(dprm if self.has_dense else prm).silu], Const(0, 1)
         sp = Pipe(m, plan, "silu")
-        s_live = silu(sp, {"valid": c_valid & (c_kind == GATE), "row": c_row_r, "code": c_y[:fm.lut_in_bits].as_signed(),
-                           "op": dense_r if len(silu_ops) > 1 else Const(0, 1)}, "code", "op",
+        s_live = silu(sp, {"valid": c_valid & (c_kind == GATE), "row": c_row_r,
+                           "code": c_y[:fm.lut_in_bits].as_signed(), "op": silu_op}, "code", "op",
                       [(p.t_m, p.t_s, p.m, p.s) for p in silu_ops], self.silu_shape.width, fm)
         s_live = sp.register(s_live)
         # the up row j reads sbuf[j] at stage T: it comes f rows of nb_d beats after gate row j
