@@ -35,6 +35,9 @@ GOAL_MODEL_CONFIGS = ("model-small", "model-small-sram")
 GOAL_CONTEXT_RATIO = 1.01        # cycles/token at context 4096 over those at 16
 CONTEXTS = (16, 256, 1024, 4096)   # positions whose per-token cycles are recorded (when reached)
 MIN_TOKENS = 1024                  # issue 9: cycles per token over at least this many tokens
+# issue 45 (an optimised chip): cell area (macros included) and the sequential cells' share
+GOAL_AREA_UM2 = {"tiny": 200_000, "model-small-sram": 700_000}
+GOAL_SEQUENTIAL_SHARE = 0.25
 CONTEXT_WINDOW = 8               # tokens averaged just before each context position
 
 
@@ -218,7 +221,7 @@ def pnr_figures(cfg: Config, results_dir: Path = RESULTS_DIR) -> tuple[dict | No
     m = rec.get("metrics", {})
     if m.get("finish__timing__fmax") is None:
         return None, f"{path.name} holds no post-route Fmax"
-    energy = m.get("finish__power__vcd__energy_per_token__j")
+    energy = m.get("finish__power__activity__energy_per_token__j")
     return {"record": path.name, "run_commit": rec.get("run_commit"), "openroad": rec.get("openroad_version"),
             "fmax_mhz": m["finish__timing__fmax"] / 1e6,
             "wns_ns": m.get("finish__timing__setup__ws"), "hold_ws_ns": m.get("finish__timing__hold__ws"),
@@ -226,8 +229,8 @@ def pnr_figures(cfg: Config, results_dir: Path = RESULTS_DIR) -> tuple[dict | No
             "core_area_um2": m.get("finish__design__core__area"),
             "utilisation": m.get("finish__design__instance__utilization"),
             "power_w": m.get("finish__power__total"),
-            "power_vcd_w": m.get("finish__power__vcd__total"),
-            "energy_per_token_vcd_nj": None if energy is None else energy * 1e9,
+            "power_activity_w": m.get("finish__power__activity__total"),
+            "energy_per_token_activity_nj": None if energy is None else energy * 1e9,
             "route_drc_errors": m.get("route__drc_errors"),
             "klayout_drc_violations": m.get("drc__klayout__violations")}, ""
 
@@ -331,7 +334,11 @@ def assemble(cfg: Config, tr: Traffic, long_run: dict, speed: dict, synth: dict 
     fmax = area = power = None
     if synth:
         fmax, area, power = synth.get("fmax"), synth.get("synth__design__instance__area"), synth.get("power__total")
+        seq = synth.get("synth__design__instance__area__sequential")
         rec.update({"fmax_mhz": fmax, "area_um2": area, "power_w": power,
+                    "sequential_area_um2": seq,
+                    "sequential_share": seq / area if seq is not None and area else None,
+                    **simulated_energy(synth, "synth"),
                     "power_activity": synth.get("power__activity"),
                     "wns_ns": synth.get("timing__setup__ws"),
                     "wall_rtl_s": synth.get("flow__rtl__seconds"),
@@ -361,12 +368,30 @@ def assemble(cfg: Config, tr: Traffic, long_run: dict, speed: dict, synth: dict 
     return rec
 
 
+def simulated_energy(m: dict, stage: str) -> dict:
+    """`moekda power`'s energy per token from simulated activity in metrics ``m`` (its window
+    and per category), or Nones: the record keeps the activity-0.1 estimate apart from it."""
+    p = f"{stage}__power__activity"
+    e = m.get(f"{p}__energy_per_token__j")
+    key = f"{p}__energy_per_token__j__category:"
+    return {"energy_per_token_nj_simulated": None if e is None else e * 1e9,
+            "energy_simulated": None if e is None else {
+                "stage": stage, "tokens": m.get(f"{p}__tokens"), "warmup_tokens": m.get(f"{p}__warmup_tokens"),
+                "window_ns": m.get(f"{p}__window__ns"), "power_w": m.get(f"{p}__total"),
+                "per_category_nj": {k[len(key):]: v * 1e9 for k, v in m.items() if k.startswith(key)}}}
+
+
 def goals(rec: dict) -> dict:
     out = {}
     if rec["config"] == "small":
         out["utilisation >= 0.90 (small)"] = rec["utilisation"] >= GOAL_UTILISATION
     if rec["config"] in GOAL_MODEL_CONFIGS:
         out[f"utilisation >= 0.95 ({rec['config']}, issue 14)"] = rec["utilisation"] >= GOAL_MODEL_UTILISATION
+    if rec["config"] in GOAL_AREA_UM2 and rec.get("area_um2") is not None:
+        out[f"cell area <= {GOAL_AREA_UM2[rec['config']]:,} um2 (issue 45)"] = rec["area_um2"] <= GOAL_AREA_UM2[rec["config"]]
+        if rec.get("sequential_share") is not None:
+            out[f"sequential area share <= {GOAL_SEQUENTIAL_SHARE:.0%} (issue 45)"] = \
+                rec["sequential_share"] <= GOAL_SEQUENTIAL_SHARE
     if rec.get("context_ratio") is not None:
         out[f"cycles at context {rec['context_far']} / at 16 <= 1.01"
             + ("" if rec["context_far"] == 4096 else " (4096 not reached in this run)")] = \
@@ -407,11 +432,18 @@ def markdown(rec: dict) -> str:
             if rec.get("context_ratio") is not None else " (the run reached no context beyond 16)")),
         ("Fmax (post-synthesis, reg-to-reg)", _fmt(rec.get("fmax_mhz"), ",.0f") + " MHz"),
         ("area", _fmt(rec.get("area_um2"), ",.0f") + " um2"),
+        ("sequential area (flip-flops, latches, clock gates)", _fmt(rec.get("sequential_area_um2"), ",.0f") + " um2"
+         + ("" if rec.get("sequential_share") is None else f" ({100 * rec['sequential_share']:.1f} %)")),
         ("power at the configured clock", _fmt(None if rec.get("power_w") is None else rec["power_w"] * 1e3, ".2f")
          + f" mW (activity {rec.get('power_activity', 'n/a')})"),
         ("tokens/s at Fmax", _fmt(rec.get("tokens_per_s"), ",.0f")),
         ("GOPS/mm2 at Fmax", _fmt(rec.get("gops_per_mm2"), ",.2f")),
-        ("energy per token", _fmt(rec.get("energy_per_token_nj"), ",.2f") + " nJ"),
+        ("energy per token, estimate (activity 0.1 on every input, not simulated)",
+         _fmt(rec.get("energy_per_token_nj"), ",.2f") + " nJ"),
+        ("energy per token from simulated activity (`moekda power --synth`, no wires)",
+         _fmt(rec.get("energy_per_token_nj_simulated"), ",.2f") + " nJ"
+         + ("" if not rec.get("energy_simulated") else
+            f" ({rec['energy_simulated']['tokens']} tokens after {rec['energy_simulated']['warmup_tokens']})")),
     ]
     pr = rec.get("post_route")
     if pr:
@@ -422,10 +454,11 @@ def markdown(rec: dict) -> str:
              f"hold {_fmt(pr['hold_ws_ns'], '+.3f')} ns)"),
             ("cell area after routing", f"{_fmt(pr['area_um2'], ',.0f')} um2 in a core of "
              f"{_fmt(pr['core_area_um2'], ',.0f')} um2 ({_fmt(100 * (pr['utilisation'] or 0), '.1f')} %)"),
-            ("power after routing, activity 0.1 / from simulated activity (VCD)",
+            ("power after routing, activity 0.1 / from simulated activity (`moekda power`)",
              f"{_fmt(None if pr['power_w'] is None else pr['power_w'] * 1e3, ',.1f')} mW / "
-             f"{_fmt(None if pr['power_vcd_w'] is None else pr['power_vcd_w'] * 1e3, ',.1f')} mW"),
-            ("energy per token from simulated activity", _fmt(pr["energy_per_token_vcd_nj"], ",.1f") + " nJ"),
+             f"{_fmt(None if pr['power_activity_w'] is None else pr['power_activity_w'] * 1e3, ',.1f')} mW"),
+            ("energy per token after routing, simulated activity", _fmt(pr["energy_per_token_activity_nj"], ",.1f")
+             + " nJ"),
             ("tokens/s at the routed Fmax", _fmt(pr["tokens_per_s_post_route"], ",.0f")),
             ("DRC after routing: router / KLayout deck",
              f"{_fmt(pr['route_drc_errors'], ',d')} / {_fmt(pr['klayout_drc_violations'], ',d')}"),

@@ -119,14 +119,17 @@ class PnrPaths:
 # ---- the settings the stage scripts read -------------------------------------------
 
 def pnr_settings(cfg: Config, kit: Kit, paths: PnrPaths, netlist: Path, sdc: Path,
-                 platform: Platform = PLATFORM) -> dict[str, object]:
-    """Every ::cfg(...) value of the stage scripts; the only place their numbers come from."""
+                 platform: Platform = PLATFORM, design_area_um2: float | None = None) -> dict[str, object]:
+    """Every ::cfg(...) value of the stage scripts; the only place their numbers come from.
+    ``design_area_um2`` (the netlist's cell area, macros included): sizes the macro placement."""
     pnr = cfg.pnr
+    macros = macro_settings(cfg, kit, paths, netlist, platform, design_area_um2)
     settings: dict[str, object] = {
         "DESIGN_NAME": paths.build.top,
         "TECH_LEF": kit.tech_lef,
         "CELL_LEF": kit.cell_lef,
-        "LIB_FILES": (kit.liberty,),
+        "LIB_FILES": (kit.liberty, *macros.pop("MACRO_LIBS")),
+        **macros,
         "NETLIST": netlist,
         "SDC_FILE": sdc,
         "REPORTS_DIR": paths.reports,
@@ -170,6 +173,44 @@ def pnr_settings(cfg: Config, kit: Kit, paths: PnrPaths, netlist: Path, sdc: Pat
     for stage in STAGES:
         settings[f"ODB,{stage.name}"] = paths.odb(stage)
     return settings
+
+
+def macro_settings(cfg: Config, kit: Kit, paths: PnrPaths, netlist: Path, platform: Platform,
+                   design_area_um2: float | None) -> dict[str, object]:
+    """The SRAM macros' settings (flow/macros.py): their LEFs and Liberty files, how they are
+    placed (MACRO_PLACEMENT: "" none, "auto", or a Tcl file of place_macro lines), the halo,
+    and the macro power grid.  A netlist without macros gets empty ones."""
+    from flow.macros import column_placement, lef_size, netlist_macros, placement_tcl
+    from flow.synth import macros_used
+    text = netlist.read_text() if netlist.is_file() else ""
+    used = macros_used([text], kit)
+    out: dict[str, object] = {"MACRO_LEFS": tuple(m.lef for m in used), "MACRO_LIBS": tuple(m.liberty for m in used),
+                              "MACRO_PLACEMENT": "", "MACRO_HALO": cfg.pnr.macro_halo_um,
+                              "PDN_MACRO_HALO": platform.pdn_macro_halo_um,
+                              "PDN_MACRO_STRAPS": platform.pdn_macro_straps,
+                              "PDN_MACRO_CONNECTS": platform.pdn_macro_connects}
+    if not used:
+        return out
+    how = cfg.pnr.macro_placement
+    if how == "auto":
+        out["MACRO_PLACEMENT"] = "auto"
+    elif how != "column":
+        from moekda.config import REPO_ROOT
+        out["MACRO_PLACEMENT"] = REPO_ROOT / how
+    else:
+        if not design_area_um2:
+            raise UserError("pnr: the macro placement needs the netlist's cell area (synthesis metrics): "
+                            "run `make synth` first")
+        # the core initialize_floorplan makes: area / utilisation, height / width = aspect ratio
+        # (1 % short of it: the rows snap to whole sites and rows)
+        core_h = (design_area_um2 / cfg.pnr.core_utilization * cfg.pnr.aspect_ratio) ** 0.5 * 0.99
+        instances = netlist_macros(text, {m.name: lef_size(m.lef) for m in used})
+        placed = column_placement(instances, core_h, cfg.pnr.macro_halo_um)
+        path = paths.root / "macro_placement.tcl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(placement_tcl(cfg.name, placed))
+        out["MACRO_PLACEMENT"] = path
+    return out
 
 
 _TCL_BARE = re.compile(r"^[A-Za-z0-9_./:+\-]+$")
@@ -371,8 +412,8 @@ SUMMARY_ROWS = (   # metric, label, unit, scale
     ("finish__timing__setup__tns", "total negative setup slack", "ns", 1),
     ("finish__timing__hold__ws", "worst hold slack", "ns", 1),
     ("finish__power__total", "total power (activity 0.1 on the inputs)", "mW", 1000),
-    ("finish__power__vcd__total", "total power from simulated activity (`moekda power`)", "mW", 1000),
-    ("finish__power__vcd__energy_per_token__j", "energy per token from simulated activity", "nJ", 1e9),
+    ("finish__power__activity__total", "power from simulated activity, steady state (`moekda power`)", "mW", 1000),
+    ("finish__power__activity__energy_per_token__j", "energy per token from simulated activity", "nJ", 1e9),
     ("route__drc_errors", "routing DRC violations", "", 1),
     ("finish__timing__fmax", "Fmax (worst setup path, propagated clock)", "MHz", 1e-6),
     ("finish__parasitics__extracted__nets", "nets with OpenRCX-extracted parasitics", "", 1),
@@ -475,24 +516,40 @@ def spef_net_count(spef: Path) -> int:
     return len(_SPEF_NET.findall(spef.read_bytes())) if spef.is_file() else 0
 
 
+def synth_area(build: BuildPaths) -> float | None:
+    """The synthesised netlist's cell area (macros included) from metrics.json, if any."""
+    if not build.metrics.is_file():
+        return None
+    return json.loads(build.metrics.read_text()).get("synth__design__instance__area")
+
+
 def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: int = 2,
-            first: str | None = None,
+            first: str | None = None, last: str | None = None,
             progress: Callable[[str], None] = print) -> dict[str, object]:
-    """Run the stages (from `first` on, reusing the earlier stages' databases), then collect
-    the metrics into metrics.json and reports/pnr.md and make the GDS and its picture."""
+    """Run the stages (from `first` on, reusing the earlier stages' databases, to `last`), then,
+    after the final stage, collect the metrics into metrics.json and reports/pnr.md and make
+    the GDS and its picture.  A run that stops earlier returns the stages' wall times."""
     check_inputs(build.netlist, build.sdc, kit)
     paths = PnrPaths(build).make_dirs()
-    start = [s.name for s in STAGES].index(stage_named(first).name) if first else 0
+    names = [s.name for s in STAGES]
+    start = names.index(stage_named(first).name) if first else 0
+    stop = names.index(stage_named(last).name) + 1 if last else len(STAGES)
+    if stop <= start:
+        raise UserError(f"pnr --to {last}: it comes before --from {first}")
     if start > 0 and not paths.odb(STAGES[start - 1]).is_file():
         raise UserError(f"pnr --from {first}: no {paths.odb(STAGES[start - 1])} from stage "
                         f"{STAGES[start - 1].name}; run from an earlier stage")
-    write_config_tcl(pnr_settings(cfg, kit, paths, build.netlist, build.sdc), paths.config_tcl)
+    write_config_tcl(pnr_settings(cfg, kit, paths, build.netlist, build.sdc, design_area_um2=synth_area(build)),
+                     paths.config_tcl)
     start_stage_records(paths, start)
-    for i, stage in enumerate(STAGES[start:], start + 1):
+    for i, stage in enumerate(STAGES[start:stop], start + 1):
         progress(f"pnr [{i}/{len(STAGES)}] {stage.name}: {stage.title} ...")
         seconds = run_stage(openroad, stage, paths, threads)
         write_stage_record(paths, stage, seconds)
         progress(f"pnr [{i}/{len(STAGES)}] {stage.name}: done in {seconds:.1f} s (log {paths.log(stage)})")
+    if stop < len(STAGES):
+        progress(f"pnr: stopped after {STAGES[stop - 1].name} (--to); `--from {STAGES[stop].name}` goes on")
+        return stage_record_metrics(read_stage_records(paths))
     # every stage's wall time and the run's commit come from stages.json (collect_metrics)
     metrics = collect_metrics(paths)
     # OpenRCX without usable rules warns and writes an empty SPEF, exit code 0: the
@@ -504,7 +561,7 @@ def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: in
         raise UserError(f"pnr: {paths.final_spef} holds no extracted nets (see {paths.log(STAGES[-1])}): "
                         "post-route timing and power would be of unloaded wires")
     # first: a GDS problem must not lose them; a new layout makes the last DRC and power stale
-    merged = merge_metrics(build.metrics, metrics, drop=("drc__", "finish__power__vcd", "route__", "finish__"))
+    merged = merge_metrics(build.metrics, metrics, drop=("drc__", "finish__power__activity", "route__", "finish__"))
     gds_error = None
     try:
         from flow.gds import def_to_gds, gds_to_png

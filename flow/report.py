@@ -112,7 +112,21 @@ def _summary(m: dict) -> list[str]:
         ["Fmax allowed by IO paths", _fmt(m["fmax__io_limited"], 1, " MHz")],
         [f"power (activity {m['power__activity']:g})", _fmt(power_mw, 3, " mW")],
     ]
+    if m.get("synth__power__activity__total") is not None:
+        rows.append([_activity_label(m, "synth"), _activity_value(m, "synth")])
     return ["## Summary", ""] + _table(["quantity", "value"], rows + _post_route_rows(m))
+
+
+def _activity_label(m: dict, stage: str) -> str:
+    p = f"{stage}__power__activity"
+    return (f"power from simulated activity ({m.get(p + '__tokens')} tokens after {m.get(p + '__warmup_tokens')}, "
+            "`moekda power`)")
+
+
+def _activity_value(m: dict, stage: str) -> str:
+    p = f"{stage}__power__activity"
+    e = m.get(p + "__energy_per_token__j")
+    return _fmt(m[p + "__total"] * 1e3, 3, " mW") + ("" if e is None else f", {_fmt(e * 1e9, 2)} nJ per token")
 
 
 def _post_route_rows(m: dict) -> list[list[str]]:
@@ -129,11 +143,8 @@ def _post_route_rows(m: dict) -> list[list[str]]:
              _fmt(m.get("finish__design__instance__area"), 1, " um²")
              + f" / {_fmt(100 * m.get('finish__design__instance__utilization', 0), 1, ' %')}"],
             ["after routing: power (activity 0.1)", _fmt(mw("finish__power__total"), 3, " mW")]]
-    if m.get("finish__power__vcd__total") is not None:
-        e = m.get("finish__power__vcd__energy_per_token__j")
-        rows.append(["after routing: power from simulated activity (VCD)",
-                     _fmt(mw("finish__power__vcd__total"), 3, " mW")
-                     + ("" if e is None else f", {_fmt(e * 1e9, 1)} nJ per token")])
+    if m.get("finish__power__activity__total") is not None:
+        rows.append(["after routing: " + _activity_label(m, "finish"), _activity_value(m, "finish")])
     rows.append(["after routing: DRC (router / KLayout deck)",
                  f"{_fmt(m.get('route__drc_errors'))} / {_fmt(m.get('drc__klayout__violations'))}"])
     return rows
@@ -167,16 +178,27 @@ def _area_section(stats: SynthStats, m: dict, reports: Path) -> list[str]:
     return lines
 
 
-def _category_section(stats: SynthStats) -> list[str]:
-    """Area by the issue's functional categories, from the declared table in flow/categories.py."""
+def _category_section(stats: SynthStats, m: dict | None = None) -> list[str]:
+    """Area by the issue's functional categories, from the declared table in flow/categories.py;
+    with `moekda power`'s figures in ``m`` (after routing, else before it) each category's
+    energy per token from simulated activity beside its area."""
     cats = category_areas(stats)
     total = stats.area() or 1.0
     names = titles()
+    m = m or {}
+    stage = next((s for s in ("finish", "synth") if m.get(f"{s}__power__activity__energy_per_token__j") is not None),
+                 None)
+    energy = {}
+    if stage:
+        key = f"{stage}__power__activity__energy_per_token__j__category:"
+        energy = {k[len(key):]: v for k, v in m.items() if k.startswith(key)}
     rows = [[names[k], f"`{k}`", _fmt(c.area, 1), f"{100 * c.area / total:.1f} %", _fmt(c.cells),
-             _fmt(c.sequential, 1), ", ".join(f"`{p}`" for p in c.instances) or "-"]
+             _fmt(c.sequential, 1)] + ([_fmt(energy.get(k, 0.0) * 1e9, 3)] if stage else [])
+            + [", ".join(f"`{p}`" for p in c.instances) or "-"]
             for k, c in cats.items()]
     rows.append(["**total**", "", _fmt(sum(c.area for c in cats.values()), 1), "100 %",
-                 _fmt(sum(c.cells for c in cats.values())), _fmt(sum(c.sequential for c in cats.values()), 1), ""])
+                 _fmt(sum(c.cells for c in cats.values())), _fmt(sum(c.sequential for c in cats.values()), 1)]
+                + ([_fmt(m[f"{stage}__power__activity__energy_per_token__j"] * 1e9, 3)] if stage else []) + [""])
     lines = ["## Area by category", "",
              "Each instance's own cells (not its children's) go to the first category of the table "
              "in `flow/categories.py` whose pattern matches its path; `unmapped` collects the rest "
@@ -187,7 +209,15 @@ def _category_section(stats: SynthStats) -> list[str]:
              "metrics.json: `synth__design__instance__area__category:<key>`.", ""]
     if cats[UNMAPPED].cells:
         lines += [f"**{cats[UNMAPPED].cells} cells are unmapped**: extend the table in flow/categories.py.", ""]
-    return lines + _table(["category", "key", "area um²", "share", "cells", "sequential um²", "instances"], rows)
+    if stage:
+        lines += [f"Energy per token: `moekda power`{' (routed chip)' if stage == 'finish' else ' --synth (no wires)'}, "
+                  f"{m.get(f'{stage}__power__activity__tokens')} tokens after "
+                  f"{m.get(f'{stage}__power__activity__warmup_tokens')} from simulated activity "
+                  "(flow/power.py); metrics.json: "
+                  f"`{stage}__power__activity__energy_per_token__j__category:<key>`.", ""]
+    header = ["category", "key", "area um²", "share", "cells", "sequential um²"]
+    header += ["energy per token nJ"] if stage else []
+    return lines + _table(header + ["instances"], rows)
 
 
 def _cell_section(stats: SynthStats) -> list[str]:
@@ -286,7 +316,7 @@ def build_report(paths: BuildPaths, liberty: Path) -> Path:
     split = split_stats(paths, liberty, bool(m.get("flow__synth__flatten")))
     lines += _area_section(split, m, paths.reports)
     if not paths.block:
-        lines += _category_section(split)
+        lines += _category_section(split, m)
     lines += _cell_section(stats)
     lines += _timing_section(m, paths, registers)
     lines += _power_section(m)

@@ -23,6 +23,8 @@ def configure(p):
                         "bench/results/pnr-<config>.{json,md,png} with the commit and OpenROAD version")
     p.add_argument("--from", dest="first", choices=[s.name for s in STAGES], default=None,
                    help="start at this stage, reusing the earlier stages' databases")
+    p.add_argument("--to", dest="last", choices=[s.name for s in STAGES], default=None,
+                   help="stop after this stage (a floorplan or a placement to look at; `--from` goes on)")
 
 
 def run(args) -> int:
@@ -39,7 +41,7 @@ def run(args) -> int:
         except UserError:
             top, block = "layer", False     # no chip top known yet: the scripts do not depend on it
         return _check(cfg, BuildPaths.for_config(cfg, top=top, block=block))
-    from flow.pnr import find_openroad, run_pnr
+    from flow.pnr import STAGES, find_openroad, run_pnr
     openroad = find_openroad()      # first: without OpenROAD, stop before anything else
     top, block = resolve_top(args.top)   # the same top and build layout as `moekda synth`
     build = BuildPaths.for_config(cfg, top=top, block=block)
@@ -55,7 +57,9 @@ def run(args) -> int:
         raise UserError(str(e)) from None
     if args.threads < 1:
         raise UserError(f"--threads {args.threads}: allowed range is 1 or more")
-    metrics = run_pnr(cfg, build, kit, openroad, threads=args.threads, first=args.first)
+    metrics = run_pnr(cfg, build, kit, openroad, threads=args.threads, first=args.first, last=args.last)
+    if args.last and args.last != STAGES[-1].name:
+        return 0
     for name in ("finish__design__instance__area", "finish__timing__setup__ws", "finish__timing__hold__ws",
                  "finish__power__total", "route__drc_errors"):
         print(f"{name:36} {metrics.get(name)}")
@@ -65,7 +69,7 @@ def run(args) -> int:
 def _check(cfg, build) -> int:
     """The static checks of flow/openroad/check.py on this config's settings."""
     from flow.openroad.check import CheckError, check_kit_names, check_sdc_with_sta, run_stub_stages
-    from flow.pnr import PnrPaths, pnr_settings, write_config_tcl
+    from flow.pnr import PnrPaths, pnr_settings, synth_area, write_config_tcl
     from pdk.kit import KitError, find_kit
     from moekda.cli import UserError
 
@@ -84,7 +88,8 @@ def _check(cfg, build) -> int:
             netlist, sdc = tmp / "netlist.v", tmp / "constraints.sdc"
             netlist.write_text(f"module {build.top}(); endmodule\n")
             sdc.write_text("")
-        write_config_tcl(pnr_settings(cfg, kit, paths, netlist, sdc), paths.config_tcl)
+        write_config_tcl(pnr_settings(cfg, kit, paths, netlist, sdc,
+                                      design_area_um2=synth_area(build) if have_synth else None), paths.config_tcl)
         from flow.openroad.commands import OPENROAD_VERSION
         try:
             runs = run_stub_stages(paths.config_tcl, tmp / "stubs")

@@ -120,6 +120,7 @@ class HwConfig:
 # Config.to_dict at that default, so older configs keep their hash (and cache keys)
 _HW_LATER_DEFAULTS = {"state_memory": "flops", "sequences": 1}
 _MODEL_LATER_DEFAULTS = {"kv_rank": 0, "attn_res": "none", "attn_res_block": 2, "moe_latent": 0}
+_PNR_LATER_DEFAULTS = {"macro_placement": "column", "macro_halo_um": 5.0}
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,9 @@ class PnrConfig:
     core_margin_um: float = _field(2.0, 0.0, 100.0, doc="space between core and die edge in um (CORE_MARGIN)")
     place_density: float = _field(0.6, 0.15, 0.95, doc="global placement target density (PLACE_DENSITY)")
     tapcell_distance_um: float = _field(120.0, 10.0, 500.0, doc="well-tap spacing along a row in um")
+    macro_placement: str = _field("column", doc="SRAM macros: \"column\" (flow/macros.py, along the core's "
+                                  "left edge), \"auto\" (rtl_macro_placer) or a committed Tcl file of place_macro lines")
+    macro_halo_um: float = _field(5.0, 0.0, 50.0, doc="space kept free around each SRAM macro in um (MACRO_PLACE_HALO)")
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,8 @@ class Config:
             elif isinstance(d["model"][name], tuple):
                 d["model"][name] = list(d["model"][name])
         # the same for fields added later at a default that is what the chip was before them
-        for section, later in (("hw", _HW_LATER_DEFAULTS), ("model", _MODEL_LATER_DEFAULTS)):
+        for section, later in (("hw", _HW_LATER_DEFAULTS), ("model", _MODEL_LATER_DEFAULTS),
+                               ("pnr", _PNR_LATER_DEFAULTS)):
             for name, default in later.items():
                 if d[section][name] == default:
                     del d[section][name]
@@ -197,6 +202,9 @@ def _check_value(section: str, f: dataclasses.Field, value):
     elif f.type == "bool":
         if not isinstance(value, bool):
             raise ConfigError(f"{name} = {value!r}: must be true or false")
+    elif f.type == "str":
+        if not isinstance(value, str):
+            raise ConfigError(f"{name} = {value!r}: must be a string")
     elif f.type == "tuple":
         if not isinstance(value, (list, tuple)) or not value:
             raise ConfigError(f"{name} = {value!r}: must be a non-empty list of "
@@ -374,6 +382,11 @@ def _check_relations(cfg: Config):
     if hw.sequences > 1 and m.is_layer_chip:
         raise ConfigError(f"hw.sequences = {hw.sequences}: more than one sequence needs the model chip "
                           f"(model.vocab > 0); the layer chip runs one (allowed: 1)")
+    # a macro placement is a method, or a committed Tcl file of the repository
+    mp = cfg.pnr.macro_placement
+    if mp not in ("column", "auto") and not (mp.endswith(".tcl") and (REPO_ROOT / mp).is_file()):
+        raise ConfigError(f"pnr.macro_placement = {mp!r}: allowed are \"column\", \"auto\" or the path of a "
+                          "Tcl file of place_macro lines in the repository")
     # global placement cannot spread cells thinner than they sit in the core
     if cfg.pnr.place_density < round(cfg.pnr.core_utilization + 0.05, 9):
         raise ConfigError(

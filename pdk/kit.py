@@ -90,14 +90,12 @@ class Platform:
                                  "CLKGATE_X1", "CLKGATE_X2", "CLKGATETST_X8")
     # clock gating in synthesis (Yosys clockgate): each set of at least this many flip-flops
     # sharing a clock and an enable gets an integrated clock gate instead of an enable
-    # multiplexer per flip-flop; 0 turns it off.  OFF by default: tiny's gated netlists run
-    # bit-exact at gate level in Verilator (sim/driver.py, the kit's flip-flops as always
-    # blocks, pdk/cell_models.py) but not in Icarus, with the kit's UDPs or with the always
-    # blocks: the LOAD completes, then no token comes (docs/flow.md).  Icarus is the gate-level
-    # simulator of `make sim GL=1` and of `moekda power`, so gating stays opt-in
-    # (`moekda synth --clock-gate-min 8`) until the two agree.  8 is the value measured
-    # (below 4 a CLKGATE_X4, 4.52 um2, costs more than the MUX2_X1s it removes).
-    clock_gate_min_flops: int = 0
+    # multiplexer per flip-flop; 0 turns it off (`moekda synth --clock-gate-min 0`).  8 is
+    # the value measured (below 4 a CLKGATE_X4, 4.52 um2, costs more than the MUX2_X1s it
+    # removes).  On by default since the gate-level simulators' models power up at random
+    # values (pdk/cell_models.py): until then Icarus hung on the gated netlist on an X
+    # that ABC's reset logic kept (docs/flow.md, "Clock gating").
+    clock_gate_min_flops: int = 8
     clock_gate_measured_min_flops: int = 8
     clock_gate_out_pin: str = "GCK"   # the gated clock output of the library's clock gates
     fill_cells: tuple[str, ...] = ("FILLCELL_X1", "FILLCELL_X2", "FILLCELL_X4",
@@ -126,6 +124,14 @@ class Platform:
     pdn_straps: tuple[tuple[str, float, float, float], ...] = (
         ("metal4", 0.48, 56.0, 2.0), ("metal7", 1.40, 30.0, 2.0))
     pdn_connects: tuple[tuple[str, str], ...] = (("metal1", "metal4"), ("metal4", "metal7"))
+    # the SRAM macros' own grid (ORFS grid_strategy-M1-M4-M7's CORE_macro_grid_1, for
+    # macros in R0, R180, MX, MY): straps over each macro from its metal4 supply pins up to
+    # the core's metal7, with a halo around the macro the core grid keeps out of
+    pdn_macro_halo_um: float = 2.0
+    pdn_macro_straps: tuple[tuple[str, float, float, float], ...] = (
+        ("metal5", 0.93, 10.0, 2.0), ("metal6", 0.93, 10.0, 2.0))
+    pdn_macro_connects: tuple[tuple[str, str], ...] = (
+        ("metal4", "metal5"), ("metal5", "metal6"), ("metal6", "metal7"))
     # global-route capacity kept free per layer: lower layers are crowded by cell pins
     grt_layer_adjustments: tuple[tuple[str, float], ...] = (
         ("metal2", 0.8), ("metal3", 0.7), ("metal4-metal10", 0.25))

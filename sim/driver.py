@@ -26,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,9 @@ VERILATOR_ARGS = ["-Wno-fatal", "-Wno-WIDTH", "-Wno-UNOPTFLAT", "-O3", "-CFLAGS"
 # cocotb's runner makes every Verilator signal public (--public-flat-rw), which keeps
 # the chip's thousands of internal nets as separate, unoptimised variables; the layer
 # bench touches only the sim top's ports, so only those are made public (a control file)
+# an activity build (LayerDriver.activity): the SAIF writer, and every net, the netlist's
+# _123_ ones too (Verilator leaves names that start with _ out of its traces by default)
+SAIF_ARGS = ["--trace-saif", "--trace-underscore"]
 VERILATOR_PUBLIC = '`verilator_config\npublic_flat_rw -module "layer_sim" -var "*"\n'
 
 
@@ -383,11 +387,13 @@ class LayerDriver:
                                emit_src=False)
 
     def build(self, simulator: str, waves: bool = False, netlist: Path | None = None,
-              verilog_file: Path | None = None) -> Path:
+              verilog_file: Path | None = None, saif: bool = False) -> Path:
         """Build the simulator once per (sources, simulator, waves); returns the build dir.
         The chip's sources: the gate-level ``netlist`` with the kit's cell models, or a
         Verilog file (module ``layer``), or (default) the Verilog generated from this
-        driver's model; around it the sim top with the weight memory (sim/hdl/layer_sim.py)."""
+        driver's model; around it the sim top with the weight memory (sim/hdl/layer_sim.py).
+        ``saif``: a Verilator build that can write the netlist's switching activity
+        (ACTIVITY_DUMP)."""
 
         from sim.cocotb_util import simulator_available
         from sim.hdl.layer_sim import sim_top_verilog
@@ -398,12 +404,13 @@ class LayerDriver:
         if netlist is not None:
             from pdk.kit import find_kit
             models = _cell_models(find_kit(required=("verilog_models",)))
-            if simulator == "verilator":
-                # Verilator reads no UDPs: the kit's models with their flip-flops and latches
-                # as always blocks (pdk/cell_models.py), one copy for every gate-level build
-                from pdk.cell_models import write_plain_cell_models
-                root.mkdir(parents=True, exist_ok=True)
-                models = [write_plain_cell_models(m, root / f"{m.stem}.plain.v") for m in models]
+            # the kit's models with their flip-flops and latches as always blocks that power up
+            # at random values (pdk/cell_models.py: Verilator reads no UDPs, and X from a
+            # register no reset reaches through ABC's logic hung Icarus on the gated netlist);
+            # one copy for every gate-level build of either simulator
+            from pdk.cell_models import write_plain_cell_models
+            root.mkdir(parents=True, exist_ok=True)
+            models = [write_plain_cell_models(m, root / f"{m.stem}.plain.v") for m in models]
             # a netlist with SRAM macros: `moekda synth` writes their behavioural models beside it
             # (flow/synth.py macro_models_path: <top>.netlist.v -> <top>.macros.v)
             macro_models = Path(netlist).with_name(Path(netlist).name.replace(".netlist.v", ".macros.v"))
@@ -419,7 +426,9 @@ class LayerDriver:
             key_text, kind = self.verilog(), "rtl"
         # the chip and its sim top are the same for every model (the image is written into the
         # memory at run time): one build directory per kind of chip source and simulator
-        build_dir = root / f"{kind}_{simulator}{'_waves' if waves else ''}"
+        if saif and (netlist is None or simulator != "verilator"):
+            raise ValueError("activity (SAIF) needs a gate-level netlist on Verilator")
+        build_dir = root / f"{kind}_{simulator}{'_waves' if waves else ''}{'_saif' if saif else ''}"
         build_dir.mkdir(parents=True, exist_ok=True)
         if netlist is not None:
             # the flow's netlist has one port per bit: a wrapper gives the sim top the RTL's vectors
@@ -434,6 +443,7 @@ class LayerDriver:
         if netlist is not None:
             key_text += sources[0].read_text()     # the wrapper (and its activity dump) too
         key = hashlib.sha256((key_text + top_text + simulator + str(waves) + " ".join(VERILATOR_ARGS)
+                              + (" ".join(SAIF_ARGS) if saif else "")
                               + VERILATOR_PUBLIC).encode()
                              ).hexdigest()
         with open(root / f".{build_dir.name}.lock", "w") as lock:
@@ -449,10 +459,14 @@ class LayerDriver:
             if simulator == "verilator":
                 (build_dir / "public.vlt").write_text(VERILATOR_PUBLIC)
                 args = [*VERILATOR_ARGS, str(build_dir / "public.vlt")]
-            if kind == "gl" and simulator == "verilator":
+            if kind == "gl":
                 # TETRAMAX: the models without their timing checks' X-buffer UDPs
-                args = [*args, "-DTETRAMAX", "-Wno-lint", "-Wno-MULTIDRIVEN", "-Wno-COMBDLY"]
-            _runner(simulator).build(sources=[build_dir / "layer_sim.v", *sources], hdl_toplevel=top,
+                args = [*args, "-DTETRAMAX"]
+                if simulator == "verilator":
+                    args += ["-Wno-lint", "-Wno-MULTIDRIVEN", "-Wno-COMBDLY"]
+            if saif:
+                args = [*args, *SAIF_ARGS]
+            _runner(simulator, saif=saif).build(sources=[build_dir / "layer_sim.v", *sources], hdl_toplevel=top,
                                         build_dir=build_dir, build_args=args, always=True, waves=waves,
                                         timescale=("1ns", "1ps"), log_file=build_dir / "build.log")
             stamp.write_text(key)
@@ -460,20 +474,47 @@ class LayerDriver:
 
     def run(self, plan: RunPlan, simulator: str = "icarus", xs=None, waves: bool | None = None,
             netlist: Path | None = None, name: str | None = None, verilog_file: Path | None = None,
-            activity_vcd: Path | None = None, logits: bool = False, feedback_from: int = 0) -> RunResult:
+            logits: bool = False, feedback_from: int = 0, saif: bool = False) -> RunResult:
         """``waves`` None: record waveforms when WAVES=1 is in the environment (as sim/cocotb_util.py).
-        ``activity_vcd`` (gate level, Icarus): the netlist's switching activity over the plan's
-        tokens, from the first token taken to the last given out, written to that VCD file."""
-        if activity_vcd is not None and (netlist is None or simulator != "icarus"):
-            raise ValueError("activity_vcd needs a gate-level netlist run on Icarus")
+        ``saif``: on the Verilator build ``activity`` uses (one gate-level build for both)."""
         if waves is None:
             waves = os.environ.get("WAVES", "0") not in ("", "0")
         t0 = time.monotonic()
         xs = self.inputs(plan.tokens, seed=plan.seed + 1) if xs is None else np.asarray(xs, np.int64)
         want = self.expected(xs, plan)
         want_logits = self.expected(xs, plan, logits=True) if logits else None
-        build_dir = self.build(simulator, waves, netlist, verilog_file)
+        build_dir = self.build(simulator, waves, netlist, verilog_file, saif=saif)
         run_dir = build_dir / "runs" / (name or f"T{plan.tokens}_s{plan.seed}_{os.getpid()}")
+        result, problems = self._simulate(plan, simulator, build_dir, run_dir, xs, want, want_logits,
+                                          waves, feedback_from)
+        if not result.exists():
+            return RunResult(want, np.zeros(0, int), np.zeros((0, want.shape[1]), int), {}, np.zeros(0, int),
+                             time.monotonic() - t0, problems)
+        return self._result(plan, result, problems, want, want_logits, build_dir, run_dir, waves, t0)
+
+    def activity(self, plan: RunPlan, netlist: Path, saif: Path, stop_after: int, name: str) -> "ActivityStop":
+        """The netlist's switching activity from time 0 to the ``stop_after``-th token the chip
+        gives out, into the SAIF file ``saif`` (Verilator, ACTIVITY_DUMP).  The simulation
+        ends at that token, so the bench does not finish and checks nothing: run the same
+        plan with ``run`` for that.  Inputs and stalls are ``run``'s for the plan, so two
+        activity runs of one plan are prefixes of one simulation (flow/power.py takes their
+        difference)."""
+        xs = self.inputs(plan.tokens, seed=plan.seed + 1)
+        want = self.expected(xs, plan)
+        build_dir = self.build("verilator", False, netlist, saif=True)
+        run_dir = build_dir / "runs" / name
+        saif = Path(saif).resolve()
+        saif.parent.mkdir(parents=True, exist_ok=True)
+        saif.unlink(missing_ok=True)
+        self._simulate(plan, "verilator", build_dir, run_dir, xs, want, None, False, 0,
+                       plusargs=(f"+activity_saif={saif}", f"+activity_stop={stop_after}"))
+        return read_activity_stop(run_dir / "sim.log", saif)
+
+    def _simulate(self, plan: RunPlan, simulator: str, build_dir: Path, run_dir: Path, xs, want, want_logits,
+                  waves: bool, feedback_from: int, plusargs: tuple[str, ...] = ()) -> tuple[Path, list[str]]:
+        """One cocotb run of the case: (its result file, the problems of a bench that did not
+        finish)."""
+        logits = want_logits is not None
         run_dir.mkdir(parents=True, exist_ok=True)
         case, result = run_dir / "case.npz", run_dir / "result.npz"
         result.unlink(missing_ok=True)
@@ -496,11 +537,9 @@ class LayerDriver:
                  **({"want_logits": want_logits} if logits else {}),
                  **({"slots": plan.slot_of(self.slots)} if self.slots > 1 else {}),
                  **({"feedback_from": feedback_from} if feedback_from else {}))
-        plusargs = [] if activity_vcd is None else [f"+activity_vcd={Path(activity_vcd).resolve()}",
-                                                    f"+activity_tokens={plan.tokens}"]
         try:
-            _runner(simulator, vcd=activity_vcd is not None).test(
-                plusargs=plusargs,
+            _runner(simulator).test(
+                plusargs=list(plusargs),
                 test_module="sim.cocotb.tb_layer", hdl_toplevel=(build_dir / ".toplevel").read_text(),
                 hdl_toplevel_lang="verilog",
                 build_dir=build_dir, test_dir=run_dir, waves=waves, timescale=("1ns", "1ps"),
@@ -509,11 +548,14 @@ class LayerDriver:
                            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])})
         except SystemExit:
             pass          # the runner exits on a failed cocotb test; the result file tells
-        problems = []
         if not result.exists():
-            return RunResult(want, np.zeros(0, int), np.zeros((0, want.shape[1]), int), {}, np.zeros(0, int),
-                             time.monotonic() - t0, [f"the bench did not finish; see {run_dir / 'sim.log'}: "
-                                                     f"{_first_error(run_dir / 'sim.log')}"])
+            return result, [f"the bench did not finish; see {run_dir / 'sim.log'}: {_first_error(run_dir / 'sim.log')}"]
+        return result, []
+
+    def _result(self, plan: RunPlan, result: Path, problems: list[str], want, want_logits, build_dir: Path,
+                run_dir: Path, waves: bool, t0: float) -> RunResult:
+        """The RunResult of a bench that finished: its outputs placed by their tags, compared."""
+        logits = want_logits is not None
         z = np.load(result, allow_pickle=False)
         counters = {str(k): int(v) for k, v in zip(z["counter_names"], z["counter_values"])}
         problems += [str(p) for p in z["bench_problems"]]
@@ -666,22 +708,11 @@ def chip_driver(cfg_name: str, seed: int = 0) -> LayerDriver:
     return cls.from_seed(cfg_name, seed)
 
 
-def _runner(simulator: str, vcd: bool = False):
+def _runner(simulator: str, saif: bool = False):
     """cocotb's runner; for Verilator one that leaves --public-flat-rw out (see VERILATOR_PUBLIC);
-    ``vcd``: an Icarus runner whose dumper writes VCD (cocotb asks vvp for FST or for no dump
-    at all, and OpenROAD's read_vcd reads VCD only)."""
-    from cocotb_tools.runner import Icarus, Verilator, get_runner
-    if vcd:
-        if simulator != "icarus":
-            raise ValueError("activity dumps are made with Icarus")
-
-        class VcdIcarus(Icarus):
-            def _test_command(self):
-                # vvp takes the last dumper argument: -vcd instead of cocotb's -fst / -none
-                return [[("-vcd" if a in ("-fst", "-none") else a) for a in cmd]
-                        for cmd in super()._test_command()]
-
-        return VcdIcarus()
+    ``saif``: one whose make links Verilator's trace library (cocotb sets VM_TRACE to its
+    waves flag, which would leave out the SAIF writer the design's $dumpvars calls)."""
+    from cocotb_tools.runner import Verilator, get_runner
     if simulator != "verilator":
         return get_runner(simulator)
 
@@ -689,6 +720,8 @@ def _runner(simulator: str, vcd: bool = False):
         def _build_command(self):
             cmds = super()._build_command()
             cmds[0] = [a for a in cmds[0] if a != "--public-flat-rw"]
+            if saif:
+                cmds[1] = [("VM_TRACE=1" if a.startswith("VM_TRACE=") else a) for a in cmds[1]]
             return cmds
 
     return PortsPublicVerilator()
@@ -733,42 +766,56 @@ def write_gl_wrapper(netlist: Path, module: str, out: Path) -> str:
 
 
 # Switching activity for power analysis (flow/power.py, `moekda power`): with
-# +activity_vcd=FILE the netlist's nets are dumped in VCD from the first token the
-# chip takes (after its LOAD) to the +activity_tokens-th token it gives out, so the
-# window holds exactly that many tokens of work.  The times are printed for the
-# reader of the VCD (OpenROAD's read_vcd -begin_time/-end_time).
+# +activity_saif=FILE Verilator writes every net's toggle count and time at 1 from time 0
+# (SAIF: compact, whatever the run's length, where a VCD of the model chip would take
+# gigabytes); with +activity_stop=K the simulation ends at the K-th token the chip gives
+# out, and the time is printed.  Verilator's SAIF ignores $dumpoff and counts its times
+# from 0 whenever it is opened, so a window of tokens is the difference of two runs that
+# stop at its two ends (LayerDriver.activity, flow/power.py).
 ACTIVITY_DUMP = """\
   reg [8*1024-1:0] activity_file;
-  integer activity_tokens, activity_out;
-  reg activity_armed, activity_on;
+  integer activity_stop, activity_out;
   initial begin
-    activity_armed = 0; activity_on = 0; activity_out = 0;
+    activity_out = 0;
     // %t in ps whatever time unit this module inherits from the files compiled before it
     $timeformat(-12, 0, " ps", 0);
-    if ($value$plusargs("activity_vcd=%s", activity_file)) begin
-      if (!$value$plusargs("activity_tokens=%d", activity_tokens)) activity_tokens = 1;
+    if (!$value$plusargs("activity_stop=%d", activity_stop)) activity_stop = 0;
+    if ($value$plusargs("activity_saif=%s", activity_file)) begin
       $dumpfile(activity_file);
       $dumpvars(0, u_layer);
-      $dumpoff;
-      activity_armed = 1;
     end
   end
-  always @(posedge clk) if (activity_armed) begin
-    if (!activity_on && i__valid && i__ready) begin
-      $dumpon;
-      activity_on = 1;
-      $display("activity: dump on at %0t", $realtime);
-    end
-    if (activity_on && o__valid && o__ready) begin
-      activity_out = activity_out + 1;
-      if (activity_out == activity_tokens) begin
-        $dumpoff;
-        activity_armed = 0;
-        $display("activity: dump off at %0t after %0d tokens", $realtime, activity_out);
-      end
+  always @(posedge clk) if (activity_stop > 0 && o__valid && o__ready) begin
+    activity_out = activity_out + 1;
+    if (activity_out == activity_stop) begin
+      $display("activity: stop at %0t after %0d tokens", $realtime, activity_out);
+      $finish;
     end
   end
 """
+
+
+@dataclass(frozen=True)
+class ActivityStop:
+    """Where an activity run ended: at ``time_ps`` of the bench's clock, the ``tokens``-th
+    token out; ``saif`` holds the activity from time 0 to then."""
+    time_ps: int
+    tokens: int
+    saif: Path
+
+
+_STOP = re.compile(r"activity: stop at (\d+) ps after (\d+) tokens")
+
+
+def read_activity_stop(sim_log: Path, saif: Path) -> ActivityStop:
+    text = sim_log.read_text(errors="replace") if sim_log.is_file() else ""
+    found = _STOP.search(text)
+    if not found:
+        raise RuntimeError(f"{sim_log}: the activity run did not reach its stop token: {_first_error(sim_log)}")
+    if not saif.is_file():
+        raise RuntimeError(f"the activity run wrote no {saif}")
+    return ActivityStop(int(found.group(1)), int(found.group(2)), saif)
+
 
 
 def _cell_models(kit) -> list[Path]:

@@ -4,6 +4,10 @@ source [file join [file dirname [info script]] common.tcl]
 
 read_lef $::cfg(TECH_LEF)
 read_lef $::cfg(CELL_LEF)
+# the SRAM macros' abstracts (flow/macros.py), none on a chip without them
+foreach lef $::cfg(MACRO_LEFS) {
+  read_lef $lef
+}
 foreach lib $::cfg(LIB_FILES) {
   read_liberty $lib
 }
@@ -35,6 +39,16 @@ foreach tie [list $::cfg(TIE_LO) $::cfg(TIE_HI)] {
 }
 set_routing_resources
 repair_timing -setup -skip_last_gasp -sequence "unbuffer,sizeup,swap" -verbose
+
+# the SRAM macros, before the taps cut the rows under them and the power grid covers them
+# (ORFS's macro_place step): a generated or committed place_macro list, or OpenROAD's
+# macro placer; either leaves them LOCKED, so no later step moves them
+if {$::cfg(MACRO_PLACEMENT) eq "auto"} {
+  rtl_macro_placer -halo_width $::cfg(MACRO_HALO) -halo_height $::cfg(MACRO_HALO) \
+    -target_util $::cfg(PLACE_DENSITY)
+} elseif {$::cfg(MACRO_PLACEMENT) ne ""} {
+  source $::cfg(MACRO_PLACEMENT)
+}
 
 report_stage 2_floorplan floorplan
 save_design floorplan

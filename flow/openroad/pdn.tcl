@@ -22,6 +22,20 @@ foreach strap $::cfg(PDN_STRAPS) {
 foreach connect $::cfg(PDN_CONNECTS) {
   add_pdn_connect -grid core_grid -layers $connect
 }
+# the SRAM macros' grid (ORFS's CORE_macro_grid_1): straps over every macro in the
+# orientations the placement uses, from its metal4 supply pins up to the core's metal7
+if {[llength $::cfg(MACRO_LEFS)]} {
+  set halo $::cfg(PDN_MACRO_HALO)
+  define_pdn_grid -name macro_grid -voltage_domains {CORE} -macro -default \
+    -orient {R0 R180 MX MY} -halo [list $halo $halo $halo $halo]
+  foreach strap $::cfg(PDN_MACRO_STRAPS) {
+    lassign $strap layer width pitch offset
+    add_pdn_stripe -grid macro_grid -layer $layer -width $width -pitch $pitch -offset $offset
+  }
+  foreach connect $::cfg(PDN_MACRO_CONNECTS) {
+    add_pdn_connect -grid macro_grid -layers $connect
+  }
+}
 pdngen
 
 save_design pdn

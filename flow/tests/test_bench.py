@@ -225,8 +225,8 @@ def _pnr_record(cfg, **metrics):
             "metrics": {"finish__timing__fmax": 875e6, "finish__timing__setup__ws": 0.107,
                         "finish__timing__hold__ws": 0.043, "finish__design__instance__area": 5e5,
                         "finish__design__core__area": 1e6, "finish__design__instance__utilization": 0.5,
-                        "finish__power__total": 0.6, "finish__power__vcd__total": 0.5,
-                        "finish__power__vcd__energy_per_token__j": 8.6e-7, "route__drc_errors": 0,
+                        "finish__power__total": 0.6, "finish__power__activity__total": 0.5,
+                        "finish__power__activity__energy_per_token__j": 8.6e-7, "route__drc_errors": 0,
                         "drc__klayout__violations": 1, **metrics}}
 
 
@@ -235,7 +235,7 @@ def test_post_route_figures_come_from_the_committed_record(tmp_path):
     assert bench.pnr_figures(cfg, tmp_path)[0] is None                  # no run recorded
     (tmp_path / "pnr-tiny.json").write_text(json.dumps(_pnr_record(cfg)))
     pr, note = bench.pnr_figures(cfg, tmp_path)
-    assert note == "" and pr["fmax_mhz"] == pytest.approx(875.0) and pr["energy_per_token_vcd_nj"] == pytest.approx(860)
+    assert note == "" and pr["fmax_mhz"] == pytest.approx(875.0) and pr["energy_per_token_activity_nj"] == pytest.approx(860)
     rec = bench.assemble(cfg, bench.traffic(cfg), _long_run(256, {16: 10.0}), {}, None, "", pr, note)
     # the measured cycles at the routed Fmax: 875e6 / 1000 cycles per token
     assert rec["post_route"]["tokens_per_s_post_route"] == pytest.approx(875e3)

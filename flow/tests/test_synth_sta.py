@@ -233,9 +233,10 @@ def test_summary_shows_the_routed_figures_once_a_run_exists():
     assert report_mod._post_route_rows({}) == []
     m = {"finish__timing__fmax": 874.9e6, "finish__timing__setup__ws": 0.107, "finish__timing__hold__ws": 0.043,
          "finish__design__instance__area": 505114.8, "finish__design__instance__utilization": 0.514,
-         "finish__power__total": 0.6275, "finish__power__vcd__total": 0.4914,
-         "finish__power__vcd__energy_per_token__j": 8.6e-7, "route__drc_errors": 0, "drc__klayout__violations": 1}
+         "finish__power__total": 0.6275, "finish__power__activity__total": 0.4914,
+         "finish__power__activity__energy_per_token__j": 8.6e-7, "finish__power__activity__tokens": 16,
+         "finish__power__activity__warmup_tokens": 2, "route__drc_errors": 0, "drc__klayout__violations": 1}
     text = "\n".join(" | ".join(r) for r in report_mod._post_route_rows(m))
     for want in ("874.9 MHz", "0.107 ns / 0.043 ns", "505,114.8 um²", "51.4 %", "627.500 mW",
-                 "491.400 mW, 860.0 nJ per token", "0 / 1"):
+                 "491.400 mW, 860.00 nJ per token", "0 / 1"):
         assert want in text, want

@@ -323,3 +323,14 @@ def test_with_settings_replaces_fields_and_checks_them():
                      ("model.moe_latent=16", "model.moe_latent = 16: allowed range is 1 to model.d_model - 1")):
         with pytest.raises(ConfigError, match=msg):
             with_settings(base, [bad])
+
+
+@pytest.mark.parametrize("bad, why", [("columns", "allowed are"), (3.0, "must be a string"),
+                                      ("configs/nothing.tcl", "allowed are")])
+def test_a_macro_placement_is_a_method_or_a_committed_file(bad, why):
+    d = dict(load_config("tiny").to_dict(), name="x", pnr={"macro_placement": bad})
+    with pytest.raises(ConfigError, match=f"pnr.macro_placement = .*{why}"):
+        config_from_dict(d)
+    assert load_config("tiny").pnr.macro_placement == "column"
+    # a field added at its default leaves the config's hash alone (bench records keep it)
+    assert "macro_placement" not in load_config("tiny").to_dict()["pnr"]

@@ -110,3 +110,34 @@ def test_gate_level_model_tiny():
         assert gl.counters[name] == rtl.counters[name], (name, gl.counters, rtl.counters)
     print(f"gate level, {MODEL_CONFIG}: {len(gl.idx)} tokens match the integer model; LOAD "
           f"{int(gl.load_cycles[0])} cycles; {gl.wall_s:.0f} s; counters {gl.counters}")
+
+
+@pytest.mark.gl
+@pytest.mark.slow
+@pytest.mark.timeout(7200)   # synthesis, a Verilator build with the SAIF writer (~10 min), seconds of simulation
+def test_activity_runs_are_prefixes_of_one_simulation():
+    """`moekda power`'s two activity runs (sim/driver.py LayerDriver.activity): each ends at
+    its token out, writes a SAIF from time 0, and the shorter is the longer's prefix: it
+    stops where the full run gave that token out (the chip's output times are the bench's
+    out_cycles), and its toggle counts are no larger, net by net."""
+    import re as _re
+    driver = LayerDriver.from_seed(CONFIG, seed=GL_SEEDS[0])
+    _, netlist = _netlist(driver)
+    plan = RunPlan(tokens=4, stall=False, seed=2)
+    full = driver.run(plan, simulator="verilator", netlist=netlist, name="activity_check", saif=True)
+    assert full.match, full.summary()
+    root = driver.build_root / "power_test"
+    a = driver.activity(plan, netlist, root / "a.saif", 2, name="activity_a")
+    b = driver.activity(plan, netlist, root / "b.saif", 4, name="activity_b")
+    assert (a.tokens, b.tokens) == (2, 4) and 0 < a.time_ps < b.time_ps
+    from sim.cocotb.tb_layer import CLOCK_NS
+    assert full.out_cycles is not None and len(full.out_cycles) == 4
+    # the stop is at the edge the token was taken; the bench counts that edge's cycle
+    assert abs(a.time_ps - (b.time_ps - (full.out_cycles[3] - full.out_cycles[1]) * CLOCK_NS * 1000)) <= CLOCK_NS * 1000
+
+    def counts(path):
+        return {m.group(1): int(m.group(2)) for m in _re.finditer(r"\((\S+) \(T0 \d+\).*?\(TC (\d+)\)", path.read_text())}
+    ca, cb = counts(a.saif), counts(b.saif)
+    assert len(ca) > 10_000 and set(ca) == set(cb)
+    assert all(ca[n] <= cb[n] for n in ca)
+    assert sum(cb.values()) > sum(ca.values())

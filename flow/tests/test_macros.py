@@ -1,0 +1,96 @@
+"""SRAM macros in place and route (flow/macros.py, flow/pnr.py macro_settings): the macros a
+netlist instantiates, the column placement computed from them, the Tcl that places them,
+and the stage scripts' macro steps under the OpenROAD stand-ins."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from flow.macros import MacroInstance, column_placement, netlist_macros, placement_tcl
+from moekda.errors import UserError
+
+NETLIST = """
+module \\layer.datapath.kda.delta.mem (clk);
+  input clk;
+  fakeram45_64x32 bank0_r0_c0 (
+    .clk(clk)
+  );
+  DFF_X1 _1_ (.CK(clk));
+  fakeram45_64x32 bank1_r0_c0 (
+    .clk(clk)
+  );
+endmodule
+module layer(clk);
+  input clk;
+  \\layer.datapath.kda.delta.mem  mem (.clk(clk));
+endmodule
+"""
+SIZES = {"fakeram45_64x32": (20.14, 61.6)}
+
+
+def test_the_netlist_macros_are_named_by_their_instance_path():
+    found = netlist_macros(NETLIST, SIZES)
+    assert [(m.path, m.master) for m in found] == [("datapath/kda/delta/mem/bank0_r0_c0", "fakeram45_64x32"),
+                                                   ("datapath/kda/delta/mem/bank1_r0_c0", "fakeram45_64x32")]
+    assert found[0].width_um == 20.14 and found[0].height_um == 61.6
+
+
+def _macros(n):
+    return [MacroInstance(f"m{i}", "fakeram45_64x32", 20.14, 61.6) for i in range(n)]
+
+
+def test_macros_fill_columns_from_the_left_edge_with_halos():
+    halo = 5.0
+    placed = column_placement(_macros(5), core_height_um=200.0, halo_um=halo)
+    # 61.6 + 10 = 71.6 per macro: two fit in 200 um (5 + 71.6 + 61.6 + 5 = 143.2; a third would end at 214.8)
+    xs = [x for _, x, _ in placed]
+    ys = [y for _, _, y in placed]
+    assert ys == [5.0, 76.6, 5.0, 76.6, 5.0]
+    assert xs[0] == xs[1] == 5.0 and xs[2] == xs[3] == pytest.approx(5 + 20.14 + 10 + 10) and xs[4] > xs[2]
+    # no two macros (with their halos) overlap, and every one is inside the core's height
+    boxes = [(x - halo, y - halo, x + m.width_um + halo, y + m.height_um + halo) for m, x, y in placed]
+    for i, a in enumerate(boxes):
+        assert a[3] <= 200.0 + halo
+        for b in boxes[i + 1:]:
+            assert a[2] <= b[0] + 1e-9 or b[2] <= a[0] + 1e-9 or a[3] <= b[1] + 1e-9 or b[3] <= a[1] + 1e-9
+
+
+def test_a_macro_taller_than_the_core_is_refused():
+    with pytest.raises(UserError, match="does not fit the core"):
+        column_placement(_macros(1), core_height_um=60.0, halo_um=5.0)
+
+
+def test_the_placement_tcl_places_each_macro_mirrored_from_the_core_corner():
+    text = placement_tcl("model-tiny-sram", column_placement(_macros(2), 200.0, 5.0))
+    lines = [line for line in text.splitlines() if line.startswith("place_macro")]
+    assert len(lines) == 2
+    assert lines[1] == "place_macro -macro_name {m1} -location [list [expr {$x0 + 5.0}] [expr {$y0 + 76.6}]] -orientation MY"
+    assert re.search(r"getCoreArea", text)
+
+
+def test_macro_settings_of_a_netlist_with_and_without_macros(tmp_path):
+    from flow.paths import BuildPaths
+    from flow.pnr import PnrPaths, macro_settings
+    from moekda.config import load_config
+    from pdk.kit import PLATFORM, find_kit
+    try:
+        kit = find_kit()
+    except Exception as e:
+        pytest.skip(f"no kit: {e}")
+    if not kit.macros:
+        pytest.skip("the kit has no macros")
+    cfg = load_config("model-tiny-sram")
+    paths = PnrPaths(BuildPaths.for_config(cfg, "layer", build_root=tmp_path))
+    netlist = tmp_path / "n.v"
+    netlist.write_text("module layer(clk);\n  input clk;\nendmodule\n")
+    plain = macro_settings(cfg, kit, paths, netlist, PLATFORM, 1e5)
+    assert plain["MACRO_LEFS"] == () and plain["MACRO_PLACEMENT"] == ""
+    netlist.write_text(NETLIST)
+    s = macro_settings(cfg, kit, paths, netlist, PLATFORM, 1e5)
+    assert [p.name for p in s["MACRO_LEFS"]] == ["fakeram45_64x32.lef"]
+    assert [p.name for p in s["MACRO_LIBS"]] == ["fakeram45_64x32.lib"]
+    tcl = s["MACRO_PLACEMENT"].read_text()
+    assert tcl.count("place_macro") == 2 and "datapath/kda/delta/mem/bank1_r0_c0" in tcl
+    with pytest.raises(UserError, match="cell area"):
+        macro_settings(cfg, kit, paths, netlist, PLATFORM, None)
