@@ -12,16 +12,16 @@ Where they go is ``pnr.macro_placement``:
   (bank, row, column of hw/kda/state.py), mirrored (MY) so that their pins, which the
   abstracts put on metal3 along the macro's left edge, face the core's logic; a column
   holds as many as fit the core's height with ``pnr.macro_halo_um`` between them, the
-  next column stands a halo and a routing channel (``macro_channel_um``) to the right.  The
+  next column stands a halo and a routing channel (``MACRO_CHANNEL_UM``) to the right.  The
   Tcl file (``place_macro`` per macro, at offsets from the core's lower-left corner, read
-  at run time) is written into the run's directory and named in its record.
+  at run time) is written into the run's directory (``pnr/macro_placement.tcl``).
 * ``"auto"``: OpenROAD's ``rtl_macro_placer`` with the halo (thousands of CPU-seconds on
   large designs: the fallback for a netlist whose macros the column does not suit).
 * a path (relative to the repository): a committed Tcl file of ``place_macro`` lines.
 
 Every macro is LOCKED where it stands (``place_macro`` does it), so global placement
 never moves it; ``tapcell`` cuts the rows under a macro and its halo; the power grid gives
-the macros metal5/metal6 straps (pdk/kit.py ``pdn_macro_grid``, ORFS's
+the macros metal5/metal6 straps (pdk/kit.py ``pdn_macro_*``, ORFS's
 grid_strategy-M1-M4-M7).
 """
 from __future__ import annotations
@@ -35,7 +35,6 @@ from moekda.errors import UserError
 # a routing channel between two columns of macros, beyond both halos: the right column's
 # back faces the left column's pins, whose nets leave through it
 MACRO_CHANNEL_UM = 10.0
-PLACEMENTS = ("column", "auto")
 
 
 @dataclass(frozen=True)
