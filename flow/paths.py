@@ -20,6 +20,8 @@ from moekda.config import REPO_ROOT, Config
 BUILD_ROOT = REPO_ROOT / "build"
 # committed measurements (bench, sweeps, context sweeps, place-and-route records)
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
+# the committed metric rules each bench record is checked against (flow/rules.py)
+RULES_DIR = REPO_ROOT / "bench" / "rules"
 
 
 @dataclass(frozen=True)

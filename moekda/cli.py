@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("moekda.cmd_demo", "a committed trained model on its task: accuracy at float, integer and the chip's RTL, cycles per token"),
     "generate": ("moekda.cmd_generate", "text from a character model (byte vocabulary), generated on the chip's RTL"),
     "bench": ("moekda.cmd_bench", "measured cycles/token vs roofline, Fmax, area, energy -> bench/results/"),
+    "rules": ("moekda.cmd_rules", "check a bench record against its committed metric rules (bench/rules/), or update them"),
     "context": ("moekda.cmd_context", "cycles and bytes per token of each layer kind from context 16 to 4096; the hybrid's cache saving"),
     "sweep": ("moekda.cmd_sweep", "design-space sweep (rtl, synth, STA, cycles) in parallel -> Pareto table and plot"),
     "pnr": ("moekda.cmd_pnr", "OpenROAD place and route on Nangate45 (--check: static checks without OpenROAD)"),

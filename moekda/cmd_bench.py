@@ -1,6 +1,6 @@
 """`moekda bench`: measured cycles, roofline, synthesis figures -> bench/results/<cfg>.json + .md
 
-    moekda bench -c tiny [--tokens 4096] [--speed-tokens 4 | 0] [--synth] [--out DIR]
+    moekda bench -c tiny [--tokens 4096] [--speed-tokens 4 | 0] [--synth] [--out DIR] [--no-rules]
 
 One stall-free Verilator run of --tokens tokens (checked bit for bit against the
 integer model) gives cycles per token, the per-token cycles at contexts 16
@@ -8,7 +8,9 @@ and 4096 and Verilator's speed; a short run of --speed-tokens on the other
 simulator (Icarus) gives its speed (0: no such run; Icarus simulates
 model-small at about 9 cycles/s, 2 h for its LOAD and one token); the
 chip top's metrics.json (from `moekda synth`, run first with --synth) gives
-Fmax, area and power.  docs/bench.md explains every number.
+Fmax, area and power.  The record is then checked against the config's committed metric
+rules (bench/rules/<config>.json, flow/rules.py): a violated rule fails the command (exit 1).
+docs/bench.md explains every number.
 """
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ def configure(p):
     p.add_argument("--sim", choices=("verilator", "icarus"), default="verilator",
                    help="simulator of the long run (default verilator)")
     p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results/)")
+    p.add_argument("--no-rules", action="store_true",
+                   help="do not check the record against the config's metric rules (bench/rules/<config>.json; "
+                        "a violated rule otherwise fails the command, exit 1)")
 
 
 def run(args) -> int:
@@ -77,4 +82,8 @@ def run(args) -> int:
     j, md = bench.write(rec, args.out or bench.RESULTS_DIR)
     print(md.read_text())
     print(f"wrote {j} and {md}")
-    return 0
+    if args.no_rules:
+        return 0
+    # the record against the committed rules (flow/rules.py): a regression fails `make bench`
+    from flow import rules
+    return rules.report(cfg.name, rec, record_file=j, prog="moekda bench", missing_ok=True)

@@ -276,7 +276,9 @@ def test_no_speed_run_leaves_the_other_simulator_out(tmp_path, monkeypatch):
                 "build_s": 1.0, "sim_cycles": 16000, "sim_s": 1.2, "cycles_per_s": 13333.0}
     monkeypatch.setattr(bench, "simulate", fake_simulate)
     monkeypatch.setattr(bench, "synth_metrics", lambda cfg: (None, "no synthesis"))
-    assert main(["bench", "-c", "tiny", "--tokens", "16", "--speed-tokens", "0", "--out", str(tmp_path)]) == 0
+    # (--no-rules: without synthesis the record has none of the figures tiny's rules check)
+    assert main(["bench", "-c", "tiny", "--tokens", "16", "--speed-tokens", "0", "--out", str(tmp_path),
+                 "--no-rules"]) == 0
     assert calls == [(16, "verilator")]
     rec = json.loads((tmp_path / "tiny.json").read_text())
     assert set(rec["sim"]) == {"long", "verilator"}
