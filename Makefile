@@ -98,7 +98,8 @@ vectors: $(STAMP)
 # (model-tiny, model-small with its state in flip-flops and in SRAM, model-tiny-kda-mla) into
 # bench/results/.  Contexts are sequence positions: with two sequence slots, 8192 tokens reach
 # context 4096 in both.  model-small has no Icarus speed run (--speed-tokens 0): Icarus takes
-# hours for its LOAD and one token.
+# hours for its LOAD and one token.  Each record is checked against its committed metric
+# rules (bench/rules/<config>.json, flow/rules.py): a regression stops make bench (exit 1).
 # a committed trained model on its task: float, integer and RTL accuracy, cycles per token
 # (no training framework); GL=1 also runs a few tokens on the synthesised netlist (slow)
 demo: $(STAMP)
