@@ -65,8 +65,10 @@ class MatVecFormats:
     """The widths the engine needs, from a Config (one source of truth)."""
 
     def __init__(self, lanes: int, act_bits: int = 8, weight_bits: int = 8, acc_bits: int = 32,
-                 mult_bits: int = 16, clock_period_ns: float = 1.0, out_widths=None, tag_shape=None):
-        """``out_widths``: the signed widths a row may be saturated to, chosen per row by the
+                 mult_bits: int = 16, *, clock_period_ns: float, out_widths=None, tag_shape=None):
+        """``clock_period_ns``: the config's hw.clock_period_ns, which sets the pipeline depth (no
+        default: a caller that forgets it must fail, not get some other clock's pipeline).
+        ``out_widths``: the signed widths a row may be saturated to, chosen per row by the
         beat's ``out_sel`` (index into the tuple); default one width, ``act_bits``, and no
         ``out_sel`` field.  ``tag_shape``: a value carried from a row's ``last`` beat to its
         result (``tag``), for consumers that route results by it; default none."""

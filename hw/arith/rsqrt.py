@@ -37,8 +37,8 @@ def rsqrt_out_layout(fm: Formats) -> data.StructLayout:
 
 
 class Rsqrt(wiring.Component):
-    def __init__(self, fm: Formats, in_bits: int, clock_period_ns: float = 1.0):
-        """``clock_period_ns`` (hw.clock_period_ns) sets the depth of the product pipeline."""
+    def __init__(self, fm: Formats, in_bits: int, clock_period_ns: float):
+        """``clock_period_ns`` (hw.clock_period_ns, required) sets the depth of the product pipeline."""
         self.fm = fm
         self.clock_period_ns = clock_period_ns
         self.in_bits = in_bits

@@ -51,7 +51,7 @@ def residual_layout(mult_bits: int = 16, shift_bits: int = SHIFT_BITS) -> data.S
 
 
 class ResidualAdd(wiring.Component):
-    def __init__(self, a_bits: int, b_bits: int, out_bits: int, n: int, clock_period_ns: float = 1.0,
+    def __init__(self, a_bits: int, b_bits: int, out_bits: int, n: int, clock_period_ns: float,
                  mult_bits: int = 16, shift_bits: int = SHIFT_BITS):
         self.a_bits, self.b_bits, self.out_bits, self.n = a_bits, b_bits, out_bits, n
         self.mult_bits, self.shift_bits = mult_bits, shift_bits

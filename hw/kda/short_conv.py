@@ -61,7 +61,7 @@ def conv_acc_bits(in_bits: int, weight_bits: int, kernel: int) -> int:
 
 class ShortConv(wiring.Component):
     def __init__(self, channels: int, kernel: int, in_bits: int = 8, weight_bits: int = 8,
-                 clock_period_ns: float = 1.0, layers: int = 1):
+                 *, clock_period_ns: float, layers: int = 1):
         if channels < 2 or kernel < 1 or layers < 1:
             raise ValueError(f"short conv: needs channels >= 2, kernel >= 1 and layers >= 1, "
                              f"got ({channels}, {kernel}, {layers})")

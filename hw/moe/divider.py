@@ -28,7 +28,7 @@ from hw.arith.pipeline import plan_pipeline
 
 
 class SequentialDivider(wiring.Component):
-    def __init__(self, num_bits: int, den_bits: int, clock_period_ns: float = 4.0):
+    def __init__(self, num_bits: int, den_bits: int, clock_period_ns: float):
         self.num_bits, self.den_bits = num_bits, den_bits
         d = plan_pipeline(clock_period_ns)
         step_ns = d.delays.adder(den_bits + 2) + d.delays.mux_level

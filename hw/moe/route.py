@@ -36,7 +36,7 @@ from hw.moe.topk import index_bits, selection_layout
 class RouteWeights(wiring.Component):
     def __init__(self, n_experts: int, k: int, key_bits: int, score_bits: int, *, wn_frac: int,
                  rs_bits: int, rs_frac: int, div_num_bits: int, div_den_bits: int, weight_bits: int,
-                 counter_bits: int = 32, clock_period_ns: float = 1.0):
+                 counter_bits: int = 32, clock_period_ns: float):
         self.plan = plan_pipeline(clock_period_ns)
         self.clock_period_ns = clock_period_ns
         self.counter_bits = counter_bits

@@ -14,6 +14,10 @@ from amaranth.sim import Simulator
 from hw.kda.state import StateMemory, state_address, state_geometry, state_word
 from hw.arith.lut import LookupTable, check_table, tabulate
 from hw.kda.short_conv import ShortConv
+from moekda.config import load_config
+
+# the blocks here keep their own sizes, not a config's; their clock is tiny's
+TINY_CLOCK_NS = load_config("tiny").hw.clock_period_ns
 
 
 def run(dut, bench, *processes):
@@ -279,7 +283,7 @@ def test_short_conv_matches_reference_under_stalls(C, K, L):
         layers[:4] = [L - 1, 0, L - 1, L - 1]     # a layer twice in a row, and back to one
         restarts = {0, 5, 6, 13} | {t for t in range(T) if layers[t] == 0 and t > 16}
     want = conv_reference(w, tokens, restarts, layers).reshape(-1)
-    dut = ShortConv(C, K, layers=L)
+    dut = ShortConv(C, K, clock_period_ns=TINY_CLOCK_NS, layers=L)
     got = []
     stall = random.Random(K)
 

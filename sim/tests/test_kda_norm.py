@@ -31,7 +31,8 @@ def test_normalizer_matches_model(name, qk_bits):
     out_bits = [fm.qk_bits, fm.qk_bits, fm.act_bits]
     ss_bits = 2 * (in_bits - 1) + clog2(n + 1) + 1
     # the parameter fields: eps as wide as the sum of squares, s 5 bits (hw/image/param_map.py)
-    dut = Normalizer(fm, n, in_bits, ss_bits, out_bits, norm_layout(ss_bits, fm.mult_bits, 5))
+    dut = Normalizer(fm, n, in_bits, ss_bits, out_bits, norm_layout(ss_bits, fm.mult_bits, 5),
+                     clock_period_ns=cfg.hw.clock_period_ns)
     rng = np.random.default_rng(3)
     a8, a16 = 1 << (fm.qkv_bits - 1), 1 << (fm.o_bits - 1)
     cases = []

@@ -23,7 +23,7 @@ def test_rsqrt_matches_model(width_name):
     cfg = load_config(sim_config("small"))     # small's widths are the widest; MOEKDA_CONFIG's when set
     fm = formats_for(cfg)
     in_bits = derived_widths(cfg)[width_name]
-    dut = Rsqrt(fm, in_bits)
+    dut = Rsqrt(fm, in_bits, cfg.hw.clock_period_ns)
     rng = np.random.default_rng(in_bits)
     # every bit length, its edges, and random values of random magnitude
     vals = [1, 2, 3, (1 << in_bits) - 1]

@@ -7,8 +7,12 @@ import pytest
 from amaranth.lib import data
 
 from hw.arith.matvec import MatVecFormats
+from moekda.config import load_config
 from sim.cocotb.streams import LayoutCodec
 from sim.models.matvec import Beat
+
+# the layouts do not depend on the clock, but an engine's formats take one
+PERIOD = load_config("tiny").hw.clock_period_ns
 
 
 def _amaranth_pack(layout, value: dict) -> int:
@@ -18,7 +22,7 @@ def _amaranth_pack(layout, value: dict) -> int:
 
 @pytest.mark.parametrize("lanes", [1, 4, 16])
 def test_beat_packing_matches_amaranth(lanes):
-    fmt = MatVecFormats(lanes=lanes)
+    fmt = MatVecFormats(lanes=lanes, clock_period_ns=PERIOD)
     layout = fmt.beat_layout()
     codec = LayoutCodec(layout)
     rng = random.Random(lanes)
@@ -33,7 +37,7 @@ def test_beat_packing_matches_amaranth(lanes):
 
 
 def test_dataclass_items_and_signed_results():
-    fmt = MatVecFormats(lanes=2)
+    fmt = MatVecFormats(lanes=2, clock_period_ns=PERIOD)
     beat = Beat(w=(-128, 127), x=(1, -1), first=True, last=False, mult=5, shift=3)
     assert LayoutCodec(fmt.beat_layout()).pack(beat) == _amaranth_pack(
         fmt.beat_layout(), {"w": [-128, 127], "x": [1, -1], "first": 1, "last": 0, "mult": 5, "shift": 3})
@@ -43,9 +47,9 @@ def test_dataclass_items_and_signed_results():
 
 def test_out_of_range_value_is_refused():
     with pytest.raises(ValueError, match="out of range"):
-        LayoutCodec(MatVecFormats(lanes=1).result_layout()).pack({"y": 128, "acc": 0})
+        LayoutCodec(MatVecFormats(lanes=1, clock_period_ns=PERIOD).result_layout()).pack({"y": 128, "acc": 0})
 
 
 def test_too_wide_formats_refused():
     with pytest.raises(ValueError, match="requant_mult_bits"):
-        MatVecFormats(lanes=4, acc_bits=48, mult_bits=31)
+        MatVecFormats(lanes=4, acc_bits=48, mult_bits=31, clock_period_ns=PERIOD)
