@@ -173,9 +173,12 @@ class Violation:
         return f"{self.metric} = {_num(self.value)} violates rule {self.compare} {_num(self.bound)}"
 
 
-def check(record: dict, rules: dict, rules_file: Path, record_file: Path | None = None) -> list[Violation]:
+def check(record: dict, rules: dict, rules_file: Path, record_file: Path | None = None,
+          unmeasured: list[str] | None = None) -> list[Violation]:
     """The rules ``record`` breaks.  A record of another config, or one that lacks a metric a
-    rule names, is a UserError (the check cannot be made), not a violation."""
+    rule names, is a UserError (the check cannot be made), not a violation; unless
+    ``unmeasured`` is a list: then such a metric is appended to it and not checked (a fresh
+    bench run without a step that needs another tool, e.g. OpenROAD for the simulated energy)."""
     where = display_path(rules_file)
     rec_name = display_path(record_file) if record_file else "the record"
     if record.get("config") != rules["config"]:
@@ -184,6 +187,9 @@ def check(record: dict, rules: dict, rules_file: Path, record_file: Path | None 
     out = []
     for name, rule in rules["rules"].items():
         value = record.get(name)
+        if value is None and unmeasured is not None:
+            unmeasured.append(name)
+            continue
         if not _is_number(value):
             hint = METRICS[name].hint.replace("CONFIG", rules["config"])
             raise UserError(f"{rec_name} has no {name} ({'missing' if value is None else repr(value)}), "
@@ -197,18 +203,24 @@ def check(record: dict, rules: dict, rules_file: Path, record_file: Path | None 
 def report(config: str, record: dict, rules_file: Path | None = None, record_file: Path | None = None,
            prog: str = "moekda rules", missing_ok: bool = False) -> int:
     """Check ``record`` against the config's rules and say so: one line per violated rule and a
-    summary; 0 when every rule holds, 1 when one does not.  ``missing_ok``: a config with no
-    rules file passes with a note (the bench of a config nobody has ruled yet)."""
+    summary; 0 when every rule holds, 1 when one does not.  ``missing_ok`` (a fresh bench run):
+    a config with no rules file passes with a note (nobody has ruled it yet), and so does a
+    metric the run did not measure (named in a note: the committed record must have it)."""
     rules_file = rules_file or rules_path(config)
     if missing_ok and not rules_file.exists():
         print(f"{prog}: {config}: no rules file {display_path(rules_file)}, metrics not checked "
               f"(`moekda rules -c {config} --update` writes one from the record)")
         return 0
     rules = load_rules(rules_file)
-    bad = check(record, rules, rules_file, record_file)
-    n = len(rules["rules"])
+    unmeasured: list[str] | None = [] if missing_ok else None
+    bad = check(record, rules, rules_file, record_file, unmeasured)
+    n = len(rules["rules"]) - len(unmeasured or [])
+    for name in unmeasured or []:
+        hint = METRICS[name].hint.replace("CONFIG", config)
+        print(f"{prog}: {config}: {name} not measured by this run, its rule not checked"
+              + (f" ({hint})" if hint else ""))
     if not bad:
-        print(f"{prog}: {config}: all {n} metric rules of {display_path(rules_file)} hold")
+        print(f"{prog}: {config}: all {n} checked metric rules of {display_path(rules_file)} hold")
         return 0
     for v in bad:
         print(f"{prog}: {config}: {v.line()} ({display_path(rules_file)})", file=sys.stderr)

@@ -115,6 +115,19 @@ def test_a_metric_the_record_lacks_is_one_line(tmp_path, capsys):
     _one_line_error(capsys, ["rules", "-c", "tiny", "--record", str(path)], "has no area_um2", "--synth")
 
 
+def test_a_bench_run_notes_a_metric_it_did_not_measure_and_checks_the_rest(tmp_path, capsys):
+    rec, ruled = _tiny()
+    rules_file = tmp_path / "tiny.json"
+    rules_file.write_text(json.dumps(ruled))
+    fresh = {k: v for k, v in rec.items() if k != "energy_per_token_nj_simulated"}
+    assert rules.report("tiny", fresh, rules_file=rules_file, prog="moekda bench", missing_ok=True) == 0
+    out = capsys.readouterr().out
+    assert "energy_per_token_nj_simulated not measured by this run" in out and "moekda power -c tiny" in out
+    # what it does measure is still checked
+    worse = {**fresh, "area_um2": _past("area_um2", ruled["rules"]["area_um2"])}
+    assert rules.report("tiny", worse, rules_file=rules_file, prog="moekda bench", missing_ok=True) == 1
+
+
 def test_a_record_of_another_config_is_refused(tmp_path, capsys):
     rec, _ = _tiny()
     path = tmp_path / "x.json"
