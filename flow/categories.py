@@ -1,7 +1,7 @@
 """Area by functional category (issue 7): the one table that maps the chip's
 instance hierarchy onto the categories the area report is asked for.
 
-A category owns instance paths (``kda/engine``, ``norm1/rsqrt``; ``(top)`` is
+A category owns instance paths (``kda/engine``, ``norm/rsqrt``; ``(top)`` is
 the top module's own logic) by pattern: one ``/``-separated segment per
 level, shell wildcards inside a segment, and a final ``**`` for "this
 instance and everything below it".  Each instance's OWN cells (not its
@@ -45,7 +45,7 @@ CATEGORIES: tuple[Category, ...] = (
     Category("kda_state", "KDA state",
              ("kda/delta/mem/**",)),
     Category("norms", "norms (RMSNorm, q/k/o norms, rsqrt)",
-             ("norm1/**", "norm2/**", "kda/norm/**")),
+             ("norm/**", "kda/norm/**")),
     Category("kda_datapath", "KDA datapath",
              ("kda", "kda/delta/**", "kda/conv/**", "kda/lut_*/**", "kda/silu_sigmoid/**")),
     Category("router_topk", "router and top-k",

@@ -53,7 +53,7 @@ def test_kda_state_is_the_state_memory_alone(tiny_instances):
     ("kda/lut_*/**", "kda/lut_silu_q", True),
     ("kda/lut_*/**", "kda/lut_silu_q/rom", True),
     ("moe/engine*/**", "moe/engine_up/dot_product", True),
-    ("norm1/**", "kda/norm1", False),
+    ("norm/**", "kda/norm", False),
 ])
 def test_pattern_rules(pattern, path, hit):
     assert _matches(pattern, path) is hit

@@ -12,7 +12,7 @@ feeds it each layer of a token in turn, with that layer's parameter block in ``b
 Block diagram::
 
       stage A (token mixer)                               stage B (channel mixer)
-  i -> XA -> norm1 -> NA -> KdaUnit -> res1 -> XA(h) -> HQ => HB -> norm2 -> NB -> MoEUnit -> res2 -> HB(y) -> o
+  i -> XA -> norm -> NA -> KdaUnit -> res1 -> XA(h) -> HQ => HB -> norm -> NB -> MoEUnit -> res2 -> HB(y) -> o
                                |                                             |
                           kda_wport                                      moe_wport
                      (or MlaUnit: mla_wport, cport)
@@ -213,12 +213,12 @@ class LayerDatapath(wiring.Component):
         wiring.connect(m, moe.wport, wiring.flipped(self.moe_wport))
         ss_bits = derived_widths(cfg)["ss_rmsnorm"]
         period = cfg.hw.clock_period_ns
-        m.submodules.norm1 = norm1 = Normalizer(fm, d, rb, ss_bits, [a], param_layout(cfg, "attn_norm"),
-                                                clock_period_ns=period)
-        m.d.comb += norm1.norms[0].eq(P.attn_norm)
-        m.submodules.norm2 = norm2 = Normalizer(fm, d, rb, ss_bits, [a], param_layout(cfg, "mlp_norm"),
-                                                clock_period_ns=period)
-        m.d.comb += norm2.norms[0].eq(P.mlp_norm)
+        # one RMSNorm for both stages, shared in time (issue 45): mode 0 is stage A's
+        # attn_norm, mode 1 stage B's mlp_norm.  A run is 2 d + rsqrt + ~10 cycles, a few
+        # per cent of a token, and the two stages' runs rarely meet (docs/chip.md)
+        m.submodules.norm = norm = Normalizer(fm, d, rb, ss_bits, [a, a], param_layout(cfg, "attn_norm"),
+                                              clock_period_ns=period)
+        m.d.comb += [norm.norms[0].eq(P.attn_norm), norm.norms[1].eq(P.mlp_norm)]
         m.submodules.res1 = res1 = ResidualAdd.for_config(cfg, a, d)
         m.submodules.res2 = res2 = ResidualAdd.for_config(cfg, moe.out_bits, d)
         m.d.comb += res1.params.eq(P.res1)
@@ -260,19 +260,32 @@ class LayerDatapath(wiring.Component):
         layer_q, tag_q, slot_q = Signal(layer_bits(cfg)), Signal(SEQ_BITS), Signal(slot_bits(cfg))
         lat_q = ChunkedCounter(32, name="lat_q")
 
-        # norm1 early: once the KDA has taken NA (stage A past SEND), norm1 normalises the
-        # token waiting on ``i`` straight from the stream's payload (held stable while
-        # valid, the stream rule), so the next token goes to the KDA right at acceptance and
-        # its weight reads fill the port while stage B's RMSNorm runs (docs/chip.md)
-        pre_start, pre_run, pre_done = Signal(), Signal(), Signal()
-        # (the source is chosen per element by the pre_run register, ahead of the index mux:
-        # no extra level after it; norm1 reads nothing in its start cycle)
-        m.d.comb += norm1.rd_x.eq(Array(Mux(pre_run, self.i.payload.x[n], XA[n]) for n in range(d))[norm1.rd_idx])
-        with m.If(norm1.wr_en):
-            m.d.sync += Array(NA)[norm1.wr_idx].eq(norm1.wr_y)
-        m.d.comb += norm2.rd_x.eq(Array(HB)[norm2.rd_idx])
-        with m.If(norm2.wr_en):
-            m.d.sync += Array(NB)[norm2.wr_idx].eq(norm2.wr_y)
+        # stage A's RMSNorm early: once the KDA has taken NA (stage A past SEND), the norm
+        # normalises the token waiting on ``i`` straight from the stream's payload (held
+        # stable while valid, the stream rule), so the next token goes to the KDA right at
+        # acceptance and its weight reads fill the port (docs/chip.md)
+        pre_want, pre_start, pre_run, pre_done = Signal(), Signal(), Signal(), Signal()
+        # the shared norm's owner: a stage asks in its NORM_START (the early run asks by
+        # pre_want) and starts it when it is idle.  Stage B goes first: its RMSNorm holds
+        # up the MoE's weight reads now, an early run only the next token's, and that one
+        # still ends long before the KDA is done with the current token
+        req_a, req_b, grant_a, grant_b = Signal(), Signal(), Signal(), Signal()
+        owner_b = Signal()                      # the run under way is stage B's
+        free = ~norm.busy
+        m.d.comb += [grant_b.eq(free & req_b), grant_a.eq(free & req_a & ~req_b),
+                     pre_start.eq(free & pre_want & ~req_b),
+                     norm.start.eq(grant_a | grant_b | pre_start), norm.mode.eq(req_b)]
+        with m.If(norm.start):
+            m.d.sync += owner_b.eq(grant_b)
+        # (the source is chosen per element by the owner and pre_run registers, ahead of
+        # the index mux: no extra level after it; the norm reads nothing in its start cycle)
+        m.d.comb += norm.rd_x.eq(Array(Mux(owner_b, HB[n], Mux(pre_run, self.i.payload.x[n], XA[n]))
+                                       for n in range(d))[norm.rd_idx])
+        with m.If(norm.wr_en):
+            with m.If(owner_b):
+                m.d.sync += Array(NB)[norm.wr_idx].eq(norm.wr_y)
+            with m.Else():
+                m.d.sync += Array(NA)[norm.wr_idx].eq(norm.wr_y)
         # residual adds: they select element idx themselves (registered one-hot select) and write it
         # back a fixed number of cycles later, so the sum replaces its own input (x by h,
         # h by y); the block's output stays on its stream (ready low) until the last write
@@ -309,7 +322,7 @@ class LayerDatapath(wiring.Component):
         accept = self.i.valid & self.i.ready
         with m.FSM(name="stage_a") as stage_a:
             with m.State("IDLE"):
-                m.d.comb += self.i.ready.eq(~pre_run)          # not while norm1 runs early
+                m.d.comb += self.i.ready.eq(~pre_run)          # not while its RMSNorm runs early
                 with m.If(accept):
                     m.d.sync += [Cat(*XA).eq(self.i.payload.x), first.eq(self.i.payload.first),
                                  tag_a.eq(self.i.payload.tag), layer_a.eq(self.i.payload.layer),
@@ -322,7 +335,7 @@ class LayerDatapath(wiring.Component):
                         m.next = "SEND"
                     with m.Else():
                         m.next = "NORM_START"
-            norm_unit_residual(m, d, norm1, mix_in, mix_out, res1, then="HOLD", name="stage_a")
+            norm_unit_residual(m, d, norm, req_a, grant_a, mix_in, mix_out, res1, then="HOLD", name="stage_a")
             with m.State("HOLD"):                         # h waits for HQ (full only while
                 if self.attn_res:                         # stage B is busy)
                     m.d.comb += [self.ha.valid.eq(~q_full & ~q_wait), enq.eq(self.ha.valid & self.ha.ready)]
@@ -336,7 +349,8 @@ class LayerDatapath(wiring.Component):
             with m.State("IDLE"):
                 with m.If(handoff):
                     m.next = "NORM_START"
-            done_b = norm_unit_residual(m, d, norm2, moe.tokens, moe.out, res2, then="OUTPUT", name="stage_b")
+            done_b = norm_unit_residual(m, d, norm, req_b, grant_b, moe.tokens, moe.out, res2, then="OUTPUT",
+                                        name="stage_b")
             with m.State("OUTPUT"):
                 m.d.comb += self.o.valid.eq(1)
                 with m.If(self.o.ready):
@@ -345,17 +359,16 @@ class LayerDatapath(wiring.Component):
         kda_has_na = Signal()
         m.d.comb += kda_has_na.eq(stage_a.ongoing("WAIT") | stage_a.ongoing("RES") |
                                   stage_a.ongoing("RES_DRAIN") | stage_a.ongoing("HOLD"))
-        m.d.comb += pre_start.eq(kda_has_na & self.i.valid & ~pre_run & ~pre_done & ~norm1.busy)
+        m.d.comb += pre_want.eq(kda_has_na & self.i.valid & ~pre_run & ~pre_done)
         with m.If(pre_start):
-            m.d.comb += norm1.start.eq(1)
             m.d.sync += pre_run.eq(1)
         # a token withdrawn from ``i`` (never on a well-behaved stream; a producer reset, or
         # the top gating valid) voids the early result, even if valid is back with another
-        # token before norm1 ends
+        # token before the early run ends
         pre_ok = Signal()
         with m.If(pre_start):
             m.d.sync += pre_ok.eq(1)
-        with m.If(pre_run & ~norm1.busy):
+        with m.If(pre_run & ~norm.busy):
             m.d.sync += [pre_run.eq(0), pre_done.eq(pre_ok & self.i.valid)]
         with m.If(accept | ~self.i.valid | self.params_change):   # used, withdrawn, or parameters change
             m.d.sync += [pre_done.eq(0), pre_ok.eq(0)]
@@ -382,9 +395,10 @@ class LayerDatapath(wiring.Component):
         return m
 
 
-def norm_unit_residual(m, d: int, norm, unit_in, unit_out, res, then: str, name: str) -> Signal:
+def norm_unit_residual(m, d: int, norm, req, grant, unit_in, unit_out, res, then: str, name: str) -> Signal:
     """The states one stage runs per token, inside the caller's FSM, from NORM_START to
-    ``then``: RMSNorm of the stage's vector, the block (``unit_in`` takes the normalised
+    ``then``: RMSNorm of the stage's vector on the shared ``norm`` (``req`` asks for it,
+    ``grant`` starts it for this stage), the block (``unit_in`` takes the normalised
     vector, ``unit_out`` gives the branch output), then the residual add over all d
     elements.  Returns ``done``: high in the cycle the last sum is written back, which
     is also when the block's output is released."""
@@ -392,9 +406,11 @@ def norm_unit_residual(m, d: int, norm, unit_in, unit_out, res, then: str, name:
     done = Signal()
     m.d.comb += res.idx.eq(idx)
     with m.State("NORM_START"):
-        m.d.comb += norm.start.eq(1)
-        m.next = "NORM_WAIT"
+        m.d.comb += req.eq(1)
+        with m.If(grant):
+            m.next = "NORM_WAIT"
     with m.State("NORM_WAIT"):
+        # busy from the cycle after the grant: no other run can start before this one ends
         with m.If(~norm.busy):
             m.next = "SEND"
     with m.State("SEND"):

@@ -42,7 +42,7 @@ def norm_layout(eps_bits: int, mult_bits: int, s_bits: int = 5) -> data.StructLa
 
 class Normalizer(wiring.Component):
     def __init__(self, fm: Formats, n: int, in_bits: int, ss_bits: int, out_bits, params,
-                 clock_period_ns: float = 1.0):
+                 clock_period_ns: float):
         """``out_bits``: one output width per mode (the number of modes); ``params``: the
         layout of one mode's (eps_int, m, s), e.g. ``param_layout(cfg, "kda.q_norm")``
         (or ``norm_layout``), from which the widths are taken; ``clock_period_ns``
