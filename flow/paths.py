@@ -51,8 +51,6 @@ class BuildPaths:
     def metrics(self) -> Path: return self.reports / "metrics.json"
     @property
     def logs(self) -> Path: return self.root / "logs" / (self.top if self.block else "")
-    @property
-    def pnr_dir(self) -> Path: return self.root / "pnr"
 
     # synthesis and STA inputs/outputs (flow/synth.py, flow/sta.py)
     @property

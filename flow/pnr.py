@@ -76,15 +76,41 @@ def stage_named(name: str) -> Stage:
     raise KeyError(f"{name}: no such pnr stage ({', '.join(s.name for s in STAGES)})")
 
 
+# The run's settings that trade quality of result for wall time, by mode, with ORFS's
+# variable names.  "signoff" is the flow as it is measured and recorded; "fast"
+# (`moekda pnr --fast`) is for exploring a floorplan or a config: global placement
+# without timing (no repair_design per timing iteration: tiny's global placement is
+# most of an hour of them), no repair on the global route's parasitics, and the
+# detailed router stopped after DETAILED_ROUTE_END_ITERATION passes (OpenROAD's own
+# default is 64) with whatever violations are left.  Its files are kept apart
+# (pnr-fast/), so both can sit side by side.
+PNR_MODES: dict[str, dict[str, int]] = {
+    "signoff": {"GPL_TIMING_DRIVEN": 1, "GPL_ROUTABILITY_DRIVEN": 1, "SKIP_INCREMENTAL_REPAIR": 0,
+                "DETAILED_ROUTE_END_ITERATION": 64},
+    "fast": {"GPL_TIMING_DRIVEN": 0, "GPL_ROUTABILITY_DRIVEN": 1, "SKIP_INCREMENTAL_REPAIR": 1,
+             "DETAILED_ROUTE_END_ITERATION": 20},
+}
+
+
 @dataclass(frozen=True)
 class PnrPaths:
-    """Every file of a place-and-route run, under build/<config>/pnr/."""
+    """Every file of a place-and-route run, under build/<config>/pnr/ (a fast run's
+    under pnr-fast/, its logs pnr-fast_<stage>.log, its metrics its own)."""
     build: BuildPaths
+    mode: str = "signoff"
+
+    def __post_init__(self):
+        if self.mode not in PNR_MODES:
+            raise ValueError(f"pnr mode {self.mode!r}: one of {', '.join(PNR_MODES)}")
+
+    @property
+    def _name(self) -> str: return "pnr" if self.mode == "signoff" else f"pnr-{self.mode}"
 
     @property
     def root(self) -> Path:
+        base = self.build.root / self._name
         # a block run (a top other than the chip's) gets its own directory, as its reports do
-        return self.build.pnr_dir / self.build.top if self.build.block else self.build.pnr_dir
+        return base / self.build.top if self.build.block else base
     @property
     def reports(self) -> Path: return self.root / "reports"
     @property
@@ -92,7 +118,14 @@ class PnrPaths:
     def odb(self, stage: Stage) -> Path: return self.root / f"{stage.step}_{stage.name}.odb"
     @property
     def stages_json(self) -> Path: return self.root / "stages.json"
-    def log(self, stage: Stage) -> Path: return self.build.log(f"pnr_{stage.name}")
+    def log(self, stage: Stage) -> Path: return self.build.log(f"{self._name}_{stage.name}")
+    @property
+    def metrics(self) -> Path:
+        """Where the run's metrics go: the build's metrics.json (beside synthesis's, what
+        bench and the report read) for sign-off, the run's own file otherwise."""
+        return self.build.metrics if self.mode == "signoff" else self.root / "metrics.json"
+    @property
+    def summary(self) -> Path: return self.build.reports / f"{self._name}.md"
     @property
     def final_odb(self) -> Path: return self.root / f"{self.build.top}.odb"
     @property
@@ -126,6 +159,8 @@ def pnr_settings(cfg: Config, kit: Kit, paths: PnrPaths, netlist: Path, sdc: Pat
     macros = macro_settings(cfg, kit, paths, netlist, platform, design_area_um2)
     settings: dict[str, object] = {
         "DESIGN_NAME": paths.build.top,
+        "FLOW_MODE": paths.mode,
+        **PNR_MODES[paths.mode],
         "TECH_LEF": kit.tech_lef,
         "CELL_LEF": kit.cell_lef,
         "LIB_FILES": (kit.liberty, *macros.pop("MACRO_LIBS")),
@@ -433,11 +468,15 @@ def summary_table(metrics: dict[str, object]) -> list[str]:
     return lines
 
 
+def stage_files_line(paths: PnrPaths) -> str:
+    return (f"Post-route values; every stage's report is in `{paths.reports.relative_to(paths.build.root)}/`, "
+            f"its log in `logs/{paths._name}_<stage>.log`.")
+
+
 def summary_markdown(metrics: dict[str, object], paths: PnrPaths) -> str:
     """The place-and-route section of the report page (reports/pnr.md), from the merged metrics."""
-    lines = ["## Place and route (OpenROAD, Nangate45)", "",
-             "Post-route values; every stage's report is in `pnr/reports/`, its log in `logs/pnr_<stage>.log`.",
-             "", *summary_table(metrics)]
+    lines = ["## Place and route (OpenROAD, Nangate45)" + ("" if paths.mode == "signoff" else f", {paths.mode} mode"),
+             "", stage_files_line(paths), "", *summary_table(metrics)]
     outputs = [p for p in (paths.final_odb, paths.final_def, paths.final_netlist, paths.final_spef, paths.gds)
                if p.is_file()]
     lines += ["", "Outputs: " + ", ".join(f"`{p.relative_to(paths.build.root)}`" for p in outputs) + "."]
@@ -457,20 +496,23 @@ def openroad_version(openroad: str) -> str:
     return (proc.stdout or proc.stderr).strip().splitlines()[0] if proc.returncode == 0 else "unknown"
 
 
-def record(cfg: Config, build: BuildPaths, out_dir: Path, openroad_version_text: str) -> list[Path]:
-    """bench/results/pnr-<cfg>[-<top>].{json,md,png} from the last run's metrics.json and picture,
-    with the command, this repository's commit and the OpenROAD version."""
+def record(cfg: Config, build: BuildPaths, out_dir: Path, openroad_version_text: str,
+           mode: str = "signoff") -> list[Path]:
+    """bench/results/pnr-<cfg>[-<top>][-<mode>].{json,md,png} from the last run's metrics.json
+    and picture, with the command, this repository's commit and the OpenROAD version."""
     from flow.provenance import provenance
-    paths = PnrPaths(build)
-    if not build.metrics.is_file():
-        raise UserError(f"pnr --record: no {build.metrics}; run `moekda pnr` first")
-    metrics = json.loads(build.metrics.read_text())
+    paths = PnrPaths(build, mode)
+    if not paths.metrics.is_file():
+        raise UserError(f"pnr --record: no {paths.metrics}; run `moekda pnr` first")
+    metrics = json.loads(paths.metrics.read_text())
     if "finish__timing__setup__ws" not in metrics:
-        raise UserError(f"pnr --record: {build.metrics} holds no post-route metrics; run `moekda pnr` first")
-    name = f"pnr-{cfg.name}" + (f"-{build.top}" if build.block else "")
-    command = f"make synth pnr drc CONFIG={cfg.name}" + (f" TOP={build.top}" if build.block else "")
+        raise UserError(f"pnr --record: {paths.metrics} holds no post-route metrics; run `moekda pnr` first")
+    fast = mode != "signoff"
+    name = f"pnr-{cfg.name}" + (f"-{build.top}" if build.block else "") + (f"-{mode}" if fast else "")
+    command = (f"make synth pnr drc CONFIG={cfg.name}" + (f" TOP={build.top}" if build.block else "")
+               if not fast else f"moekda pnr -c {cfg.name} --{mode}" + (f" --top {build.top}" if build.block else ""))
     rec = {"config": cfg.name, "config_hash": cfg.hash(), "top": build.top,
-           "clock_period_ns": cfg.hw.clock_period_ns,
+           "clock_period_ns": cfg.hw.clock_period_ns, "mode": mode, "mode_settings": PNR_MODES[mode],
            **provenance(command, openroad=openroad_version_text),
            # the commit the run itself was made at (the record may be written later)
            "run_commit": metrics.get("pnr__git_commit", "unknown"),
@@ -482,9 +524,10 @@ def record(cfg: Config, build: BuildPaths, out_dir: Path, openroad_version_text:
     md = [f"# Place and route: {cfg.name}" + (f", {build.top}" if build.block else ""), "",
           f"`{command}` at commit `{str(rec['run_commit'])[:12]}`"
           + (" (working tree changed)" if rec["run_working_tree_changed"] else "")
-          + f", {rec['date']}, {openroad_version_text}.", "",
-          "Post-route values; every stage's report is in `pnr/reports/`, its log in `logs/pnr_<stage>.log`.",
-          "", *summary_table(metrics), "",
+          + f", {rec['date']}, {openroad_version_text}."
+          + ("" if not fast else f"  Mode {mode}: " + ", ".join(f"{k} {v}" for k, v in PNR_MODES[mode].items())
+             + " (flow/pnr.py PNR_MODES)."), "",
+          stage_files_line(paths), "", *summary_table(metrics), "",
           "| stage | wall time s |", "|---|---|"]
     md += [f"| {s.name} | {metrics[f'pnr__{s.name}__runtime__s']:,.0f} |" for s in STAGES
            if f"pnr__{s.name}__runtime__s" in metrics]
@@ -524,13 +567,14 @@ def synth_area(build: BuildPaths) -> float | None:
 
 
 def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: int = 2,
-            first: str | None = None, last: str | None = None,
+            first: str | None = None, last: str | None = None, mode: str = "signoff",
             progress: Callable[[str], None] = print) -> dict[str, object]:
     """Run the stages (from `first` on, reusing the earlier stages' databases, to `last`), then,
     after the final stage, collect the metrics into metrics.json and reports/pnr.md and make
-    the GDS and its picture.  A run that stops earlier returns the stages' wall times."""
+    the GDS and its picture.  A run that stops earlier returns the stages' wall times.
+    ``mode``: a key of PNR_MODES (files of a non-sign-off run are kept apart, PnrPaths)."""
     check_inputs(build.netlist, build.sdc, kit)
-    paths = PnrPaths(build).make_dirs()
+    paths = PnrPaths(build, mode).make_dirs()
     names = [s.name for s in STAGES]
     start = names.index(stage_named(first).name) if first else 0
     stop = names.index(stage_named(last).name) + 1 if last else len(STAGES)
@@ -557,11 +601,11 @@ def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: in
     nets = spef_net_count(paths.final_spef)
     metrics["finish__parasitics__extracted__nets"] = nets
     if STAGES[-1].name == "final" and nets == 0:
-        merge_metrics(build.metrics, metrics)
+        merge_metrics(paths.metrics, metrics)
         raise UserError(f"pnr: {paths.final_spef} holds no extracted nets (see {paths.log(STAGES[-1])}): "
                         "post-route timing and power would be of unloaded wires")
     # first: a GDS problem must not lose them; a new layout makes the last DRC and power stale
-    merged = merge_metrics(build.metrics, metrics, drop=("drc__", "finish__power__activity", "route__", "finish__"))
+    merged = merge_metrics(paths.metrics, metrics, drop=("drc__", "finish__power__activity", "route__", "finish__"))
     gds_error = None
     try:
         from flow.gds import def_to_gds, gds_to_png
@@ -570,9 +614,8 @@ def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: in
         progress(f"pnr: GDS {paths.gds}, picture {paths.png}")
     except UserError as e:
         gds_error = e
-    summary = build.reports / "pnr.md"
-    summary.write_text(summary_markdown(merged, paths))
-    progress(f"pnr: metrics merged into {build.metrics}; report section {summary}")
+    paths.summary.write_text(summary_markdown(merged, paths))
+    progress(f"pnr: metrics merged into {paths.metrics}; report section {paths.summary}")
     if gds_error is not None:
         raise UserError(f"pnr: routed and reported, but no GDS: {gds_error}")
     return metrics

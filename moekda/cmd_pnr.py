@@ -21,6 +21,10 @@ def configure(p):
     p.add_argument("--record", action="store_true",
                    help="do not run OpenROAD: write the last run's metrics, stage times and picture to "
                         "bench/results/pnr-<config>.{json,md,png} with the commit and OpenROAD version")
+    p.add_argument("--fast", action="store_true",
+                   help="exploration mode (flow/pnr.py PNR_MODES): no timing-driven global placement, no "
+                        "repair after global routing, detailed routing capped; files under pnr-fast/, kept "
+                        "apart from the sign-off run's (with --record: bench/results/pnr-<config>-fast.*)")
     p.add_argument("--from", dest="first", choices=[s.name for s in STAGES], default=None,
                    help="start at this stage, reusing the earlier stages' databases")
     p.add_argument("--to", dest="last", choices=[s.name for s in STAGES], default=None,
@@ -40,15 +44,16 @@ def run(args) -> int:
             top, block = resolve_top(args.top)
         except UserError:
             top, block = "layer", False     # no chip top known yet: the scripts do not depend on it
-        return _check(cfg, BuildPaths.for_config(cfg, top=top, block=block))
+        return _check(cfg, BuildPaths.for_config(cfg, top=top, block=block), "fast" if args.fast else "signoff")
     from flow.pnr import STAGES, find_openroad, run_pnr
     openroad = find_openroad()      # first: without OpenROAD, stop before anything else
     top, block = resolve_top(args.top)   # the same top and build layout as `moekda synth`
     build = BuildPaths.for_config(cfg, top=top, block=block)
+    mode = "fast" if args.fast else "signoff"
     if args.record:
         from flow.paths import RESULTS_DIR
         from flow.pnr import openroad_version, record
-        for path in record(cfg, build, RESULTS_DIR, openroad_version(openroad)):
+        for path in record(cfg, build, RESULTS_DIR, openroad_version(openroad), mode=mode):
             print(f"wrote {path}")
         return 0
     try:
@@ -57,7 +62,8 @@ def run(args) -> int:
         raise UserError(str(e)) from None
     if args.threads < 1:
         raise UserError(f"--threads {args.threads}: allowed range is 1 or more")
-    metrics = run_pnr(cfg, build, kit, openroad, threads=args.threads, first=args.first, last=args.last)
+    metrics = run_pnr(cfg, build, kit, openroad, threads=args.threads, first=args.first, last=args.last,
+                      mode=mode)
     if args.last and args.last != STAGES[-1].name:
         return 0
     for name in ("finish__design__instance__area", "finish__timing__setup__ws", "finish__timing__hold__ws",
@@ -66,8 +72,8 @@ def run(args) -> int:
     return 0
 
 
-def _check(cfg, build) -> int:
-    """The static checks of flow/openroad/check.py on this config's settings."""
+def _check(cfg, build, mode: str) -> int:
+    """The static checks of flow/openroad/check.py on this config's settings in ``mode``."""
     from flow.openroad.check import CheckError, check_kit_names, check_sdc_with_sta, run_stub_stages
     from flow.pnr import PnrPaths, pnr_settings, synth_area, write_config_tcl
     from pdk.kit import KitError, find_kit
@@ -81,7 +87,7 @@ def _check(cfg, build) -> int:
     with tempfile.TemporaryDirectory(prefix="moekda-pnr-check-") as tmp:
         tmp = Path(tmp)
         # the check writes nothing under build/: its own copy of the pnr directory tree
-        paths = PnrPaths(type(build)(root=tmp / "build", top=build.top, block=build.block)).make_dirs()
+        paths = PnrPaths(type(build)(root=tmp / "build", top=build.top, block=build.block), mode).make_dirs()
         netlist, sdc = build.netlist, build.sdc
         if not have_synth:
             # stand-in files so the scripts' reads resolve; the SDC check below is skipped

@@ -8,8 +8,10 @@ load_design global_route
 set_propagated_clock [all_clocks]
 set_routing_resources
 
+# the pass limit is the mode's (flow/pnr.py PNR_MODES): OpenROAD's default 64 for
+# sign-off; the fast mode stops earlier with what violations remain
 set route_args [list -output_drc [report_file 5_route_drc.rpt] -drc_report_iter_step 5 \
-                     -save_guide_updates -verbose 1]
+                     -droute_end_iter $::cfg(DETAILED_ROUTE_END_ITERATION) -save_guide_updates -verbose 1]
 detailed_route {*}$route_args
 
 set iterations 0

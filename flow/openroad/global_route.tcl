@@ -17,26 +17,29 @@ global_route -congestion_report_file [report_file 5_global_route_congestion.rpt]
 estimate_parasitics -global_routing
 report_stage 5_global_route_pre_repair globalroute_pre_repair
 
-# the placement parasitics CTS was repaired on are not the global route's.  Every
+# the placement parasitics CTS was repaired on are not the global route's (the fast
+# mode, SKIP_INCREMENTAL_REPAIR, keeps CTS's repair and goes on to the antennas).  Every
 # global_route call sets the congestion rule anew from its own flags (26Q3's
 # GlobalRouter.tcl), so the incremental ones repeat -allow_congestion: without it the
 # tiny layer's re-route after repair_design stopped with GRT-0232 at 328 overflowing edges
-repair_design -verbose
-global_route -start_incremental -allow_congestion
-detailed_placement
-global_route -end_incremental -allow_congestion \
-  -congestion_report_file [report_file 5_congestion_post_repair_design.rpt]
+if {!$::cfg(SKIP_INCREMENTAL_REPAIR)} {
+  repair_design -verbose
+  global_route -start_incremental -allow_congestion
+  detailed_placement
+  global_route -end_incremental -allow_congestion \
+    -congestion_report_file [report_file 5_congestion_post_repair_design.rpt]
 
-estimate_parasitics -global_routing
-repair_timing -setup -hold -repair_tns 100 -verbose
-global_route -start_incremental -allow_congestion
-detailed_placement
-check_placement -verbose
-global_route -end_incremental -allow_congestion \
-  -congestion_report_file [report_file 5_congestion_post_repair_timing.rpt]
+  estimate_parasitics -global_routing
+  repair_timing -setup -hold -repair_tns 100 -verbose
+  global_route -start_incremental -allow_congestion
+  detailed_placement
+  check_placement -verbose
+  global_route -end_incremental -allow_congestion \
+    -congestion_report_file [report_file 5_congestion_post_repair_timing.rpt]
 
-estimate_parasitics -global_routing
-repair_timing -setup -sequence "reroute" -skip_last_gasp -repair_tns 0 -verbose
+  estimate_parasitics -global_routing
+  repair_timing -setup -sequence "reroute" -skip_last_gasp -repair_tns 0 -verbose
+}
 
 # repair_antennas resets the congestion rule from its own flags too: without it the
 # estimate below found no usable routes (EST-0005) on the congested tiny layer

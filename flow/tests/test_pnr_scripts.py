@@ -16,7 +16,7 @@ import pytest
 from flow.openroad.check import CheckError, check_kit_names, read_lef_names, run_stub_stages
 from flow.openroad.commands import COMMANDS, MISSING_HELP, OPENROAD_VERSION, parse_help
 from flow.paths import BuildPaths
-from flow.pnr import STAGES, PnrPaths, pnr_settings, stage_named, tcl_word, write_config_tcl
+from flow.pnr import PNR_MODES, STAGES, PnrPaths, pnr_settings, stage_named, tcl_word, write_config_tcl
 from moekda.config import config_from_dict, load_config
 from pdk.kit import PLATFORM, find_kit
 
@@ -30,9 +30,9 @@ def kit():
     return find_kit()
 
 
-def _setup(tmp: Path, cfg, kit, **overrides):
+def _setup(tmp: Path, cfg, kit, mode="signoff", **overrides):
     build = BuildPaths(root=tmp / "build" / cfg.name, top="layer")
-    paths = PnrPaths(build).make_dirs()
+    paths = PnrPaths(build, mode).make_dirs()
     netlist, sdc = tmp / "layer.netlist.v", tmp / "layer.sdc"
     netlist.write_text("module layer(); endmodule\n")
     sdc.write_text("")
@@ -225,6 +225,27 @@ def test_every_global_route_call_allows_congestion(tiny_runs):
         assert "-allow_congestion" in c.options, (c.name, c.options)
 
 
+def test_fast_mode_drops_timing_driven_placement_and_route_repair_and_caps_the_router(tmp_path, kit, tiny_runs):
+    cfg = load_config("tiny")
+    paths, _ = _setup(tmp_path, cfg, kit, mode="fast")
+    fast = {r.stage.name: r for r in run_stub_stages(paths.config_tcl, tmp_path / "stubs")}
+    sign = tiny_runs[3]
+    assert paths.root == paths.build.root / "pnr-fast" and paths.metrics == paths.root / "metrics.json"
+    assert paths.log(stage_named("cts")).name == "pnr-fast_cts.log"
+    gpl = {m: _first(r["global_place"], "global_placement").options for m, r in (("fast", fast), ("signoff", sign))}
+    assert "-timing_driven" in gpl["signoff"] and "-timing_driven" not in gpl["fast"]
+    assert "-routability_driven" in gpl["fast"]
+    assert not fast["global_route"].named("repair_design") and not fast["global_route"].named("repair_timing")
+    assert fast["global_route"].named("repair_antennas")
+    for mode, runs in (("fast", fast), ("signoff", sign)):
+        drt = _first(runs["detail_route"], "detailed_route").options
+        assert int(drt["-droute_end_iter"]) == PNR_MODES[mode]["DETAILED_ROUTE_END_ITERATION"]
+    # CTS keeps its repair in both: hold after the clock tree is a correctness matter
+    assert fast["cts"].named("repair_timing") == sign["cts"].named("repair_timing")
+    with pytest.raises(ValueError, match="one of signoff, fast"):
+        PnrPaths(paths.build, "quick")
+
+
 # ---- the kit has every name the scripts use ------------------------------------------------
 
 def test_every_site_layer_and_cell_exists_in_the_kit(tiny_runs, kit):
@@ -272,7 +293,7 @@ def _broken_copy(tmp: Path, script: str, old: str, new: str) -> Path:
 
 
 @pytest.mark.parametrize("script, old, new, error", [
-    ("global_place.tcl", "global_placement -density", "global_placement -densty", "unknown option -densty"),
+    ("global_place.tcl", "[list -density", "[list -densty", "unknown option -densty"),
     ("cts.tcl", "repair_clock_inverters", "repair_clock_inverter", "unknown command: repair_clock_inverter"),
     ("pdn.tcl", "$::cfg(PDN_PIN_LAYER)", "$::cfg(PDN_PIN_LAYERS)", "no such element in array"),
     ("floorplan.tcl", "read_lef $::cfg(CELL_LEF)", "read_lef $::cfg(CELL_LEF).missing", "no such file"),
