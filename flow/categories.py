@@ -45,7 +45,8 @@ CATEGORIES: tuple[Category, ...] = (
     Category("kda_state", "KDA state",
              ("kda/delta/mem/**",)),
     Category("norms", "norms (RMSNorm, q/k/o norms, rsqrt)",
-             ("norm/**", "kda/norm/**")),
+             ("norm/**", "kda/norm/**",
+              "norm1/**", "norm2/**")),   # the layer's two RMSNorms before they were shared (1448559): older netlists
     Category("kda_datapath", "KDA datapath",
              ("kda", "kda/delta/**", "kda/conv/**", "kda/lut_*/**", "kda/silu_sigmoid/**")),
     Category("router_topk", "router and top-k",

@@ -126,6 +126,10 @@ class PnrPaths:
         return self.build.metrics if self.mode == "signoff" else self.root / "metrics.json"
     @property
     def summary(self) -> Path: return self.build.reports / f"{self._name}.md"
+    def pictures(self, stage: Stage | None = None) -> tuple[Path, Path]:
+        """The blocks and density pictures (flow/layout_plot.py) of the routed layout, or of a stage."""
+        stem = self.build.top + (f"-{stage.name}" if stage else "")
+        return self.root / f"{stem}-blocks.png", self.root / f"{stem}-density.png"
     @property
     def final_odb(self) -> Path: return self.root / f"{self.build.top}.odb"
     @property
@@ -536,8 +540,48 @@ def record(cfg: Config, build: BuildPaths, out_dir: Path, openroad_version_text:
         shutil.copyfile(paths.png, out_dir / f"{name}.png")
         written.append(out_dir / f"{name}.png")
         md += ["", f"![layout]({name}.png)"]
+    for picture, what in zip(paths.pictures(), ("blocks", "density")):
+        if picture.is_file():
+            target = out_dir / f"{name}-{what}.png"
+            shutil.copyfile(picture, target)
+            written.append(target)
+            md += ["", f"![{what}]({target.name})"]
     written[1].write_text("\n".join(md) + "\n")
     return written
+
+
+# ---- pictures a person reads ------------------------------------------------------------
+
+def layout_pictures(cfg: Config, kit: Kit, paths: PnrPaths, def_path: Path, stage: Stage | None = None,
+                    platform: Platform = PLATFORM) -> list[Path]:
+    """The blocks and density pictures (flow/layout_plot.py) of a DEF of this run."""
+    from flow.layout_plot import draw_pictures, bin_placement, lef_sizes, read_def_placement
+    from flow.synth import macros_used
+    netlist = paths.build.netlist
+    macros = macros_used([netlist.read_text()], kit) if netlist.is_file() else []
+    sizes = lef_sizes([kit.cell_lef, *(m.lef for m in macros)])
+    binned = bin_placement(read_def_placement(def_path), sizes, {m.name for m in macros},
+                           {kit.tapcell, *platform.fill_cells})
+    title = f"{cfg.name}, " + (f"after {stage.name}" if stage else "routed") + \
+        ("" if paths.mode == "signoff" else f" ({paths.mode})")
+    blocks, density = paths.pictures(stage)
+    return draw_pictures(binned, title, blocks, density, cfg.pnr.place_density)
+
+
+def stage_pictures(cfg: Config, kit: Kit, openroad: str, paths: PnrPaths, stage: Stage) -> list[Path]:
+    """The pictures of a stage's database: OpenROAD writes its DEF first (a placement to look at
+    before the next hours of the flow)."""
+    odb = paths.odb(stage)
+    if not odb.is_file():
+        raise UserError(f"pnr --pictures {stage.name}: no {odb}; run the flow to that stage first")
+    def_path = paths.root / f"{stage.step}_{stage.name}.def"
+    script = paths.root / "write_def.tcl"
+    script.write_text(f"read_db {{{odb}}}\nwrite_def {{{def_path}}}\n")
+    proc = subprocess.run([openroad, "-exit", "-no_init", str(script)], capture_output=True, text=True)
+    if proc.returncode != 0 or not def_path.is_file():
+        raise UserError(f"pnr --pictures: OpenROAD could not write {def_path}: "
+                        + " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-2:]))
+    return layout_pictures(cfg, kit, paths, def_path, stage)
 
 
 # ---- the whole run -----------------------------------------------------------------
@@ -614,6 +658,10 @@ def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: in
         progress(f"pnr: GDS {paths.gds}, picture {paths.png}")
     except UserError as e:
         gds_error = e
+    try:
+        progress("pnr: " + ", ".join(str(p) for p in layout_pictures(cfg, kit, paths, paths.final_def)))
+    except UserError as e:
+        gds_error = gds_error or e
     paths.summary.write_text(summary_markdown(merged, paths))
     progress(f"pnr: metrics merged into {paths.metrics}; report section {paths.summary}")
     if gds_error is not None:

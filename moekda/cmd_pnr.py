@@ -25,6 +25,10 @@ def configure(p):
                    help="exploration mode (flow/pnr.py PNR_MODES): no timing-driven global placement, no "
                         "repair after global routing, detailed routing capped; files under pnr-fast/, kept "
                         "apart from the sign-off run's (with --record: bench/results/pnr-<config>-fast.*)")
+    p.add_argument("--pictures", metavar="STAGE", choices=[s.name for s in STAGES], default=None,
+                   help="do not run the flow: draw the blocks and placement-density pictures of a finished "
+                        "stage's database (pnr/<top>-<stage>-{blocks,density}.png; the routed layout gets "
+                        "them at the end of every run)")
     p.add_argument("--from", dest="first", choices=[s.name for s in STAGES], default=None,
                    help="start at this stage, reusing the earlier stages' databases")
     p.add_argument("--to", dest="last", choices=[s.name for s in STAGES], default=None,
@@ -60,6 +64,11 @@ def run(args) -> int:
         kit = find_kit(("liberty", "tech_lef", "cell_lef", "gds"))
     except KitError as e:
         raise UserError(str(e)) from None
+    if args.pictures:
+        from flow.pnr import PnrPaths, stage_named, stage_pictures
+        for path in stage_pictures(cfg, kit, openroad, PnrPaths(build, mode), stage_named(args.pictures)):
+            print(f"wrote {path}")
+        return 0
     if args.threads < 1:
         raise UserError(f"--threads {args.threads}: allowed range is 1 or more")
     metrics = run_pnr(cfg, build, kit, openroad, threads=args.threads, first=args.first, last=args.last,

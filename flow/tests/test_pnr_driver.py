@@ -271,13 +271,16 @@ def test_the_record_of_a_run_names_its_commit_and_tool(synthesised, tmp_path):
         record(cfg, build, tmp_path / "results", "OpenROAD test")
     run_pnr(cfg, build, find_kit(("liberty", "tech_lef", "cell_lef", "gds")), fake, progress=lambda _: None)
     files = record(cfg, build, tmp_path / "results", "OpenROAD 26Q3-test")
-    assert [f.name for f in files] == ["pnr-tiny.json", "pnr-tiny.md", "pnr-tiny.png"]
+    # the GDS picture and the pictures of blocks and density (flow/layout_plot.py) the run drew
+    assert [f.name for f in files] == ["pnr-tiny.json", "pnr-tiny.md", "pnr-tiny.png", "pnr-tiny-blocks.png",
+                                       "pnr-tiny-density.png"]
     rec = json.loads(files[0].read_text())
     assert rec["command"] == "make synth pnr drc CONFIG=tiny" and rec["openroad_version"] == "OpenROAD 26Q3-test"
     assert len(rec["run_commit"]) == 40 and rec["metrics"]["route__drc_errors"] == 2
     assert "synth__design__instance__area__stdcell" in rec["metrics"]
     text = files[1].read_text()
     assert "| routing DRC violations | 2 |" in text and "| total |" in text and "![layout](pnr-tiny.png)" in text
+    assert "![blocks](pnr-tiny-blocks.png)" in text and "![density](pnr-tiny-density.png)" in text
 
 
 def test_the_global_routers_overflow_is_read_from_its_log(tmp_path):
