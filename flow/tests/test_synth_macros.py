@@ -24,7 +24,7 @@ TOP = "state_sram"
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    cfg = load_config("tiny-sram")
+    cfg = load_config("tiny")
     kit = find_kit()
     paths = BuildPaths.for_config(cfg, TOP, build_root=tmp_path_factory.mktemp("build"), block=True).make_dirs()
     m = cfg.model

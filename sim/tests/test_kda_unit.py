@@ -121,7 +121,7 @@ needs_verilator = pytest.mark.skipif(not simulator_available("verilator"), reaso
 
 def test_kda_tiny_icarus_short_with_clear():
     """Quick: 12 tokens, a new sequence at token 5, all stalls on (MOEKDA_CONFIG's config under
-    `make sim CONFIG=x`, as every run here of tiny or small; tiny-sram is its own variant)."""
+    `make sim CONFIG=x`, as every run here of tiny or small; tiny-flops is its own variant)."""
     run_kda(sim_config("tiny"), "icarus", 12, first=(0, 5))
 
 
@@ -132,11 +132,11 @@ def test_kda_one_netlist_runs_two_models():
     run_kda(sim_config("tiny"), "icarus", 4, seed=3)
 
 
-def test_kda_tiny_sram_icarus_short_with_clear():
-    """The state in SRAM macros (configs/tiny-sram.toml: hw.state_memory = "sram"): the RTL
-    instantiates the fakeram45 cells and carries their behavioural model; the same outputs,
-    12 tokens with every stall on and a new sequence at token 5."""
-    run_kda("tiny-sram", "icarus", 12, first=(0, 5))
+def test_kda_tiny_flops_icarus_short_with_clear():
+    """The state in flip-flops (configs/tiny-flops.toml: hw.state_memory = "flops"; tiny has it
+    in SRAM macros, whose RTL instantiates the fakeram45 cells and carries their behavioural
+    model): the same outputs, 12 tokens with every stall on and a new sequence at token 5."""
+    run_kda("tiny-flops", "icarus", 12, first=(0, 5))
 
 
 # model-tiny's tokens: a sequence through the four layers in order (each layer's first token
@@ -219,9 +219,10 @@ def test_kda_512_tokens_verilator(config):
 @needs_verilator
 @pytest.mark.verilator
 @pytest.mark.slow
-def test_kda_tiny_sram_512_tokens_verilator():
-    """The SRAM state over >= 512 tokens, stalls and back-pressure everywhere, a clear mid-run."""
-    run_kda("tiny-sram", "verilator", 512, first=(0, 300), seed=1)
+def test_kda_tiny_flops_512_tokens_verilator():
+    """The flip-flop state (tiny-flops) over >= 512 tokens, stalls and back-pressure everywhere,
+    a clear mid-run (tiny's SRAM state runs the same in test_kda_512_tokens_verilator)."""
+    run_kda("tiny-flops", "verilator", 512, first=(0, 300), seed=1)
 
 
 @needs_verilator
@@ -243,8 +244,8 @@ def test_kda_small_sram_verilator():
 def test_kda_sram_cycles_constant_and_near_flops():
     """Without stalls: every token the same cycles, and the SRAM schedule's bubbles (at most
     one cycle each time issue resumes after waiting for u) cost at most a few per token."""
-    flops = run_kda("tiny", "verilator", 16, stall=False, seed=1)
-    sram = run_kda("tiny-sram", "verilator", 16, stall=False, seed=1)
+    flops = run_kda("tiny-flops", "verilator", 16, stall=False, seed=1)
+    sram = run_kda("tiny", "verilator", 16, stall=False, seed=1)
     assert len(set(sram)) == 1, sram
     assert 0 <= sram[0] - flops[0] <= 8, (flops[0], sram[0])
 
@@ -279,11 +280,12 @@ def random_layer_order(layers: int, tokens: int, seed: int) -> tuple[list[int], 
 def test_kda_model_tiny_256_tokens_verilator():
     """model-tiny's four layers over 256 tokens in a random order, stalls and back-pressure
     everywhere, restarts of single layers and a reset mid-run; then, without stalls, every
-    token the cycles of tiny's one-layer unit (the layers share the schedule)."""
+    token the cycles of the one-layer unit with the same state memory, tiny-flops (the layers
+    share the schedule; tiny's SRAM state costs the unit one cycle, docs/chip.md)."""
     order, first = random_layer_order(4, 256, seed=3)
     run_model_kda("model-tiny", "verilator", order, first, reset_in=128, seed=1)
     cycles = run_model_kda("model-tiny", "verilator", [3, 1, 0, 2, 2, 0, 1, 3], [], stall=False, seed=1)
-    assert set(cycles) == set(run_kda("tiny", "verilator", 8, stall=False, seed=1)), cycles
+    assert set(cycles) == set(run_kda("tiny-flops", "verilator", 8, stall=False, seed=1)), cycles
 
 
 @needs_verilator
