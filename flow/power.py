@@ -230,9 +230,11 @@ def power_from_saif(build, kit, openroad: str, routed: bool, first, last, period
         coverage[name] = (written, missing)
         tables += [name, table]
         blocks.append(work / f"blocks_{name}.tsv")
+    macros = macros_used([text], kit)
     settings = {
-        "LIB_FILES": [kit.liberty, *(m.liberty for m in macros_used([text], kit))],
-        "TECH_LEF": kit.tech_lef, "CELL_LEF": kit.cell_lef,
+        "LIB_FILES": [kit.liberty, *(m.liberty for m in macros)],
+        # a netlist with SRAM macros links only with their LEF masters too (ORD-2013)
+        "TECH_LEF": kit.tech_lef, "CELL_LEF": kit.cell_lef, "MACRO_LEFS": [m.lef for m in macros],
         "DESIGN_KIND": "odb" if routed else "verilog",
         "DESIGN": pnr.final_odb if routed else build.netlist,
         "TOP": build.top,

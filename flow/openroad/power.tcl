@@ -16,6 +16,9 @@ if {$::pwr(DESIGN_KIND) eq "odb"} {
 } else {
   read_lef $::pwr(TECH_LEF)
   read_lef $::pwr(CELL_LEF)
+  foreach lef $::pwr(MACRO_LEFS) {
+    read_lef $lef
+  }
   read_verilog $::pwr(DESIGN)
   link_design $::pwr(TOP)
 }

@@ -162,7 +162,7 @@ def test_the_stop_is_read_from_the_bench_log(tmp_path):
 
 @pytest.mark.parametrize("kind", ["odb", "verilog"])
 def test_power_tcl_runs_under_the_openroad_stand_ins(tmp_path, monkeypatch, kind):
-    files = {name: tmp_path / name for name in ("lib.lib", "tech.lef", "cell.lef", "design", "c.sdc",
+    files = {name: tmp_path / name for name in ("lib.lib", "tech.lef", "cell.lef", "ram.lef", "design", "c.sdc",
                                                 "d.spef", "a.saif", "b.saif")}
     for f in files.values():
         f.write_text("x\n")
@@ -171,7 +171,8 @@ def test_power_tcl_runs_under_the_openroad_stand_ins(tmp_path, monkeypatch, kind
     cfg = tmp_path / "power_config.tcl"
     cfg.write_text("\n".join([
         f"set ::pwr(LIB_FILES) [list {{{files['lib.lib']}}}]", f"set ::pwr(TECH_LEF) {{{files['tech.lef']}}}",
-        f"set ::pwr(CELL_LEF) {{{files['cell.lef']}}}", f"set ::pwr(DESIGN_KIND) {kind}",
+        f"set ::pwr(CELL_LEF) {{{files['cell.lef']}}}", f"set ::pwr(MACRO_LEFS) [list {{{files['ram.lef']}}}]",
+        f"set ::pwr(DESIGN_KIND) {kind}",
         f"set ::pwr(DESIGN) {{{files['design']}}}", "set ::pwr(TOP) layer",
         f"set ::pwr(SDC_FILE) {{{files['c.sdc']}}}", f"set ::pwr(SPEF) {{{files['d.spef']}}}",
         "set ::pwr(DEFAULT_ACTIVITY) 0.1",
@@ -185,6 +186,9 @@ def test_power_tcl_runs_under_the_openroad_stand_ins(tmp_path, monkeypatch, kind
     names = [c.name for c in run.calls]
     assert names.index("set_power_activity") < names.index("sta::set_power_pin_activity") < names.index("report_power")
     assert ("read_db" in names) == (kind == "odb") and ("link_design" in names) == (kind == "verilog")
+    # a netlist with SRAM macros links with their LEF masters too (tiny's KDA state)
+    lefs = [c.positionals[0] for c in run.named("read_lef")]
+    assert lefs == ([] if kind == "odb" else [str(files[n]) for n in ("tech.lef", "cell.lef", "ram.lef")])
     # one power per cell per run, summed by parent into each run's table
     assert names.count("sta::instance_power") == 2
     assert (tmp_path / "first.tsv").read_text() == "datapath/kda\tcell\t0.0\n"
