@@ -142,10 +142,13 @@ def _colours(keys: list[str]):
     return {k: (0.55, 0.55, 0.55) if k == UNMAPPED else to_rgb(PALETTE[i % len(PALETTE)]) for i, k in enumerate(keys)}
 
 
+MACRO_FACE = (0.92, 0.92, 0.92)
+
+
 def _outline_macros(ax, b: Binned, label: bool):
     from matplotlib.patches import Rectangle
     for name, cell, x, y, w, h in b.macros:
-        ax.add_patch(Rectangle((x, y), w, h, fill=True, facecolor=(0.92, 0.92, 0.92), edgecolor="black",
+        ax.add_patch(Rectangle((x, y), w, h, fill=True, facecolor=MACRO_FACE, edgecolor="black",
                                linewidth=0.8, zorder=3))
         if label:
             ax.text(x + w / 2, y + h / 2, name.rsplit("/", 1)[-1], rotation=90, ha="center", va="center",
@@ -172,16 +175,16 @@ def draw_pictures(b: Binned, title: str, blocks_png: Path, density_png: Path,
         c = np.array(colours[k])
         # fuller bins darker: mix the colour with white by the fill
         rgb[sel] = 1 - (1 - c) * shade[sel, None]
-    present = [k for i, k in enumerate(b.keys) if b.area[i].sum() > 0]
+    per_key = b.area.sum(axis=(1, 2))
     names = titles()
     written = []
     fig, ax = plt.subplots(figsize=(12, 7.5))
     ax.imshow(rgb, origin="lower", extent=b.extent, interpolation="nearest")
     _outline_macros(ax, b, label=len(b.macros) <= 40)
-    handles = [Patch(color=colours[k], label=f"{names[k]} ({b.area[b.keys.index(k)].sum():,.0f} um2)")
-               for k in present]
+    handles = [Patch(color=colours[k], label=f"{names[k]} ({a:,.0f} um2)")
+               for k, a in zip(b.keys, per_key) if a > 0]
     if b.macros:
-        handles.append(Patch(facecolor=(0.92, 0.92, 0.92), edgecolor="black",
+        handles.append(Patch(facecolor=MACRO_FACE, edgecolor="black",
                              label=f"SRAM macros ({len(b.macros)}, {sum(w * h for *_, w, h in b.macros):,.0f} um2)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
     ax.set_title(f"{title}: cells by block\n(per {b.bin_um:.1f} um bin the category with the most cell area; "

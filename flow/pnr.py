@@ -104,11 +104,11 @@ class PnrPaths:
             raise ValueError(f"pnr mode {self.mode!r}: one of {', '.join(PNR_MODES)}")
 
     @property
-    def _name(self) -> str: return "pnr" if self.mode == "signoff" else f"pnr-{self.mode}"
+    def dir_name(self) -> str: return "pnr" if self.mode == "signoff" else f"pnr-{self.mode}"
 
     @property
     def root(self) -> Path:
-        base = self.build.root / self._name
+        base = self.build.root / self.dir_name
         # a block run (a top other than the chip's) gets its own directory, as its reports do
         return base / self.build.top if self.build.block else base
     @property
@@ -118,14 +118,14 @@ class PnrPaths:
     def odb(self, stage: Stage) -> Path: return self.root / f"{stage.step}_{stage.name}.odb"
     @property
     def stages_json(self) -> Path: return self.root / "stages.json"
-    def log(self, stage: Stage) -> Path: return self.build.log(f"{self._name}_{stage.name}")
+    def log(self, stage: Stage) -> Path: return self.build.log(f"{self.dir_name}_{stage.name}")
     @property
     def metrics(self) -> Path:
         """Where the run's metrics go: the build's metrics.json (beside synthesis's, what
         bench and the report read) for sign-off, the run's own file otherwise."""
         return self.build.metrics if self.mode == "signoff" else self.root / "metrics.json"
     @property
-    def summary(self) -> Path: return self.build.reports / f"{self._name}.md"
+    def summary(self) -> Path: return self.build.reports / f"{self.dir_name}.md"
     def pictures(self, stage: Stage | None = None) -> tuple[Path, Path]:
         """The blocks and density pictures (flow/layout_plot.py) of the routed layout, or of a stage."""
         stem = self.build.top + (f"-{stage.name}" if stage else "")
@@ -163,7 +163,6 @@ def pnr_settings(cfg: Config, kit: Kit, paths: PnrPaths, netlist: Path, sdc: Pat
     macros = macro_settings(cfg, kit, paths, netlist, platform, design_area_um2)
     settings: dict[str, object] = {
         "DESIGN_NAME": paths.build.top,
-        "FLOW_MODE": paths.mode,
         **PNR_MODES[paths.mode],
         "TECH_LEF": kit.tech_lef,
         "CELL_LEF": kit.cell_lef,
@@ -474,7 +473,7 @@ def summary_table(metrics: dict[str, object]) -> list[str]:
 
 def stage_files_line(paths: PnrPaths) -> str:
     return (f"Post-route values; every stage's report is in `{paths.reports.relative_to(paths.build.root)}/`, "
-            f"its log in `logs/{paths._name}_<stage>.log`.")
+            f"its log in `logs/{paths.dir_name}_<stage>.log`.")
 
 
 def summary_markdown(metrics: dict[str, object], paths: PnrPaths) -> str:
@@ -650,20 +649,21 @@ def run_pnr(cfg: Config, build: BuildPaths, kit: Kit, openroad: str, threads: in
                         "post-route timing and power would be of unloaded wires")
     # first: a GDS problem must not lose them; a new layout makes the last DRC and power stale
     merged = merge_metrics(paths.metrics, metrics, drop=("drc__", "finish__power__activity", "route__", "finish__"))
-    gds_error = None
+    # the GDS and the pictures are each drawn even if the other fails; the run says which
+    missing = []
     try:
         from flow.gds import def_to_gds, gds_to_png
         def_to_gds(paths.final_def, kit, paths.gds)
         gds_to_png(paths.gds, paths.png, kit)
         progress(f"pnr: GDS {paths.gds}, picture {paths.png}")
     except UserError as e:
-        gds_error = e
+        missing.append(f"no GDS: {e}")
     try:
         progress("pnr: " + ", ".join(str(p) for p in layout_pictures(cfg, kit, paths, paths.final_def)))
     except UserError as e:
-        gds_error = gds_error or e
+        missing.append(f"no layout pictures: {e}")
     paths.summary.write_text(summary_markdown(merged, paths))
     progress(f"pnr: metrics merged into {paths.metrics}; report section {paths.summary}")
-    if gds_error is not None:
-        raise UserError(f"pnr: routed and reported, but no GDS: {gds_error}")
+    if missing:
+        raise UserError("pnr: routed and reported, but " + "; ".join(missing))
     return metrics

@@ -43,17 +43,17 @@ def run(args) -> int:
     from moekda.cmd_synth import resolve_top
 
     cfg = load_config(args.config)
+    mode = "fast" if args.fast else "signoff"
     if args.check:
         try:
             top, block = resolve_top(args.top)
         except UserError:
             top, block = "layer", False     # no chip top known yet: the scripts do not depend on it
-        return _check(cfg, BuildPaths.for_config(cfg, top=top, block=block), "fast" if args.fast else "signoff")
+        return _check(cfg, BuildPaths.for_config(cfg, top=top, block=block), mode)
     from flow.pnr import STAGES, find_openroad, run_pnr
     openroad = find_openroad()      # first: without OpenROAD, stop before anything else
     top, block = resolve_top(args.top)   # the same top and build layout as `moekda synth`
     build = BuildPaths.for_config(cfg, top=top, block=block)
-    mode = "fast" if args.fast else "signoff"
     if args.record:
         from flow.paths import RESULTS_DIR
         from flow.pnr import openroad_version, record

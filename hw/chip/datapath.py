@@ -215,7 +215,8 @@ class LayerDatapath(wiring.Component):
         period = cfg.hw.clock_period_ns
         # one RMSNorm for both stages, shared in time (issue 45): mode 0 is stage A's
         # attn_norm, mode 1 stage B's mlp_norm.  A run is 2 d + rsqrt + ~10 cycles, a few
-        # per cent of a token, and the two stages' runs rarely meet (docs/chip.md)
+        # per cent of a token; when both stages want it, one waits (the arbitration below;
+        # no cycle per token lost on tiny, docs/chip.md)
         m.submodules.norm = norm = Normalizer(fm, d, rb, ss_bits, [a, a], param_layout(cfg, "attn_norm"),
                                               clock_period_ns=period)
         m.d.comb += [norm.norms[0].eq(P.attn_norm), norm.norms[1].eq(P.mlp_norm)]
