@@ -103,8 +103,8 @@ def _check(cfg, build, mode: str) -> int:
             netlist, sdc = tmp / "netlist.v", tmp / "constraints.sdc"
             netlist.write_text(f"module {build.top}(); endmodule\n")
             sdc.write_text("")
-        write_config_tcl(pnr_settings(cfg, kit, paths, netlist, sdc,
-                                      design_area_um2=synth_area(build) if have_synth else None), paths.config_tcl)
+        settings = pnr_settings(cfg, kit, paths, netlist, sdc, design_area_um2=synth_area(build) if have_synth else None)
+        write_config_tcl(settings, paths.config_tcl)
         from flow.openroad.commands import OPENROAD_VERSION
         try:
             runs = run_stub_stages(paths.config_tcl, tmp / "stubs")
@@ -116,7 +116,7 @@ def _check(cfg, build, mode: str) -> int:
                   f"cells, {len(used['lib_pins'])} tie pins found in {kit.tech_lef.name} and "
                   f"{kit.cell_lef.name}: ok")
             if have_synth:
-                out = check_sdc_with_sta(kit.liberty, build.netlist, build.top, build.sdc, tmp)
+                out = check_sdc_with_sta(settings["LIB_FILES"], build.netlist, build.top, build.sdc, tmp)
                 note = re.search(r"There (?:is|are) (\d+) unconstrained endpoints?", out)
                 print(f"constraints: {build.sdc} loads on {build.netlist.name} in OpenSTA without warnings: ok"
                       + (f" ({note.group(1)} registers with a constant D are unconstrained)" if note else ""))

@@ -72,7 +72,8 @@ def stub_tcl(commands: dict[str, Command] = COMMANDS) -> str:
              "fill_inst": {"getMaster": "fill_master"},
              "master": {"getName": "INV_X1", "getWidth": "380", "getHeight": "2800"},
              "fill_master": {"getName": "FILLCELL_X4", "getWidth": "1520", "getHeight": "2800"},
-             "rect": {"dx": "20000", "dy": "20000"}}
+             # the core's corner: the generated macro placement (flow/macros.py) is relative to it
+             "rect": {"dx": "20000", "dy": "20000", "xMin": "4000", "yMin": "4000"}}
     for obj, methods in fakes.items():
         assert set(methods) <= ODB_METHODS, set(methods) - ODB_METHODS
         table = " ".join(f"{m} {v}" for m, v in methods.items())
@@ -331,15 +332,16 @@ def run_sta(script: str, workdir: Path, sta: str | None = None) -> str:
     return out
 
 
-def check_sdc_with_sta(liberty: Path, netlist: Path, top: str, sdc: Path, workdir: Path,
+def check_sdc_with_sta(libraries, netlist: Path, top: str, sdc: Path, workdir: Path,
                        metrics_out: Path | None = None) -> str:
     """Load the constraints on a netlist in OpenSTA: no warning or error, every register clocked.
-    With metrics_out, also run metrics.tcl's timing_power_metrics there."""
+    ``libraries``: every Liberty file the netlist's cells come from (the flow's LIB_FILES: the
+    kit's and any SRAM macro's).  With metrics_out, also run metrics.tcl's timing_power_metrics there."""
     metrics = ""
     if metrics_out is not None:
         metrics = (f"source {{{SCRIPT_DIR / 'metrics.tcl'}}}\n"
                    f"write_metrics {{{metrics_out}}} [timing_power_metrics synth]\n")
-    script = (f"read_liberty {{{liberty}}}\n"
+    script = ("".join(f"read_liberty {{{lib}}}\n" for lib in libraries) +
               f"read_verilog {{{netlist}}}\n"
               f"link_design {top}\n"
               f"read_sdc {{{sdc}}}\n"

@@ -253,4 +253,4 @@ COMMANDS: dict[str, Command] = {
 
 # Object methods the metrics procs call on odb objects (dbBlock, dbInst, dbMaster, Rect).
 ODB_METHODS: frozenset[str] = frozenset(
-    "getDbUnitsPerMicron getInsts getMaster getName getWidth getHeight getCoreArea getDieArea dx dy".split())
+    "getDbUnitsPerMicron getInsts getMaster getName getWidth getHeight getCoreArea getDieArea dx dy xMin yMin".split())

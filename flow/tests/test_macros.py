@@ -94,3 +94,36 @@ def test_macro_settings_of_a_netlist_with_and_without_macros(tmp_path):
     assert tcl.count("place_macro") == 2 and "datapath/kda/delta/mem/bank1_r0_c0" in tcl
     with pytest.raises(UserError, match="cell area"):
         macro_settings(cfg, kit, paths, netlist, PLATFORM, None)
+
+
+def test_the_stage_scripts_place_the_macros_under_the_openroad_stand_ins(tmp_path):
+    """`moekda pnr --check` on a netlist with macros (tiny's SRAM state): the generated
+    placement reads the core's corner from the database and places every macro, LOCKED
+    before tapcell cuts the rows (it stopped at `$core xMin` before the stand-ins had it)."""
+    import shutil
+    from flow.openroad.check import run_stub_stages
+    from flow.paths import BuildPaths
+    from flow.pnr import PnrPaths, pnr_settings, write_config_tcl
+    from moekda.config import load_config
+    from pdk.kit import find_kit
+    if shutil.which("tclsh") is None:
+        pytest.skip("tclsh not installed")
+    try:
+        kit = find_kit()
+    except Exception as e:
+        pytest.skip(f"no kit: {e}")
+    if not kit.macros:
+        pytest.skip("the kit has no macros")
+    cfg = load_config("model-tiny-sram")
+    paths = PnrPaths(BuildPaths.for_config(cfg, "layer", build_root=tmp_path)).make_dirs()
+    netlist, sdc = tmp_path / "n.v", tmp_path / "n.sdc"
+    netlist.write_text(NETLIST)
+    sdc.write_text("")
+    write_config_tcl(pnr_settings(cfg, kit, paths, netlist, sdc, design_area_um2=1e5), paths.config_tcl)
+    runs = {r.stage.name: r for r in run_stub_stages(paths.config_tcl, tmp_path / "stubs")}
+    placed = runs["floorplan"].named("place_macro")
+    assert [c.options["-macro_name"] for c in placed] == ["datapath/kda/delta/mem/bank0_r0_c0",
+                                                        "datapath/kda/delta/mem/bank1_r0_c0"]
+    # offsets from the stand-in core's corner (4000 dbu at 2000 per um: 2 um)
+    assert all(float(c.options["-location"].split()[0]) >= 2.0 for c in placed)
+    assert not runs["floorplan"].named("rtl_macro_placer")
