@@ -226,9 +226,15 @@ def macro_settings(cfg: Config, kit: Kit, paths: PnrPaths, netlist: Path, platfo
                               "MACRO_PLACEMENT": "", "MACRO_HALO": cfg.pnr.macro_halo_um,
                               "PDN_MACRO_HALO": platform.pdn_macro_halo_um,
                               "PDN_MACRO_STRAPS": platform.pdn_macro_straps,
-                              "PDN_MACRO_CONNECTS": platform.pdn_macro_connects}
+                              "PDN_MACRO_CONNECTS": platform.pdn_macro_connects,
+                              "CTS_SINK_CLUSTERING": 1}
     if not used:
         return out
+    # OpenROAD's sink clustering fails on a clock whose macro tree holds the SRAM
+    # macros and the clock gates ("CTS-0080 Sink not found", model-tiny-sram at
+    # 26Q3-1551, any -macro_clustering_size): with macros the tree is a plain H-tree
+    # down to 15 sinks a leaf, which CTS builds (docs/pnr.md, "Clock tree with macros")
+    out["CTS_SINK_CLUSTERING"] = 0
     how = cfg.pnr.macro_placement
     if how == "auto":
         out["MACRO_PLACEMENT"] = "auto"

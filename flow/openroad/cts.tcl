@@ -6,7 +6,12 @@ load_design detail_place
 repair_clock_inverters
 # CTS picks its buffers (CLKBUF_X3 here): forcing BUF_X4 cost 21 % more clock power
 # on the matvec block than ORFS's run of it (docs/orfs.md)
-clock_tree_synthesis -sink_clustering_enable -repair_clock_nets
+# sink clustering is off with SRAM macros (flow/pnr.py macro_settings says why)
+if {$::cfg(CTS_SINK_CLUSTERING)} {
+  clock_tree_synthesis -sink_clustering_enable -repair_clock_nets
+} else {
+  clock_tree_synthesis -repair_clock_nets
+}
 set_propagated_clock [all_clocks]
 
 estimate_parasitics -placement
