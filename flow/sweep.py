@@ -180,6 +180,7 @@ def write_config(cfg_dict: dict) -> str:
 def run_point(cfg_dict: dict, tokens: int, simulator: str, root: str) -> dict:
     """rtl + synth + STA + cycle count of one config; writes and returns its result."""
     from flow import bench
+    from hw import cost
     from flow.paths import BuildPaths
     from flow.rtl import write_rtl
     from flow.synth_flow import FlowOptions, Steps, synth_and_sta
@@ -214,7 +215,7 @@ def run_point(cfg_dict: dict, tokens: int, simulator: str, root: str) -> dict:
     res = drv.run(RunPlan(tokens=tokens, stall=False, seed=1), simulator=simulator, name="sweep")
     if not res.match:
         raise RuntimeError(f"point {cfg.hash()}: simulation does not match the model: {res.problems[0]}")
-    tr = bench.traffic(cfg)
+    tr = cost.traffic(cfg)
     cpt = res.cycles_per_token
     rec = {"config_hash": cfg.name, "config": cfg.to_dict(), "rtl__fingerprint": m["rtl__fingerprint"],
            "rtl__verilog_digest": m["rtl__verilog_digest"], "rtl__generator": generator,
@@ -223,7 +224,7 @@ def run_point(cfg_dict: dict, tokens: int, simulator: str, root: str) -> dict:
            "clock_period_ns": cfg.hw.clock_period_ns,
            "area_um2": m["synth__design__instance__area"], "fmax_mhz": m["fmax"], "wns_ns": m["timing__setup__ws"],
            "power_w": m["power__total"], "cycles_per_token": cpt, "roofline_bound": tr.bound,
-           "utilisation": bench.utilisation(tr.bound, cpt), "sim_tokens": tokens, "simulator": simulator,
+           "utilisation": cost.utilisation(tr.bound, cpt), "sim_tokens": tokens, "simulator": simulator,
            **bench.at_fmax(tr.macs, cpt, m["fmax"], m["synth__design__instance__area"], m["power__total"],
                            cfg.hw.clock_period_ns),
            "wall_s": round(time.monotonic() - t0, 1)}

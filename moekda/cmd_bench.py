@@ -45,6 +45,7 @@ def run(args) -> int:
     import sys
 
     from flow import bench
+    from hw import cost
 
     cfg = load_config(args.config)
     if not MIN_TOKENS <= args.tokens <= MAX_TOKENS:
@@ -60,7 +61,7 @@ def run(args) -> int:
             raise UserError(f"moekda synth -c {args.config} failed (exit {rc}); see build/{cfg.name}/logs/")
         synth, note = bench.synth_metrics(cfg)
 
-    tr = bench.traffic(cfg)
+    tr = cost.traffic(cfg)
     print(f"moekda bench: {cfg.name}: roofline {tr.bound:.1f} cycles/token ({tr.bound_by})", flush=True)
     print(f"  long run: {args.tokens} tokens on {args.sim}", flush=True)
     long_run = bench.simulate(args.config, args.tokens, args.sim)

@@ -32,7 +32,7 @@ def run(args) -> int:
     from flow.pnr import find_openroad
     from flow.power import design_files, power_from_saif
     from pdk.kit import KitError, find_kit
-    from sim.cocotb.tb_layer import CLOCK_NS
+    from sim.cocotb.clocking import CLOCK_NS
     from sim.driver import RunPlan, chip_driver
 
     if not 1 <= args.tokens <= MAX_TOKENS:

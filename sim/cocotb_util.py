@@ -189,7 +189,7 @@ CYCLE_SLACK = 2000
 
 def roofline_cycles(cfg) -> float:
     """The layer's analytic cycles per token (flow/bench.py): the expectation the limits scale."""
-    from flow.bench import traffic
+    from hw.cost import traffic
     return traffic(cfg).bound
 
 

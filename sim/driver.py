@@ -829,7 +829,7 @@ def _sim_time(results_xml: Path) -> tuple[int, float]:
     """(clock cycles simulated, wall seconds) of the bench from cocotb's results file."""
     import xml.etree.ElementTree as ET
 
-    from sim.cocotb.tb_layer import CLOCK_NS
+    from sim.cocotb.clocking import CLOCK_NS
     try:
         case = next(ET.parse(results_xml).iter("testcase"))
     except (OSError, ET.ParseError, StopIteration):

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from flow import bench
+from hw import cost
 from moekda.config import load_config
 
 
@@ -35,7 +36,7 @@ def _hand_traffic(cfg):
 @pytest.mark.parametrize("name", ["tiny", "small"])
 def test_traffic_matches_the_shapes(name):
     cfg = load_config(name)
-    tr = bench.traffic(cfg)
+    tr = cost.traffic(cfg)
     assert (tr.macs, tr.weight_bytes, tr.dense_bytes) == _hand_traffic(cfg)
     assert tr.weight_bytes < tr.dense_bytes          # top_k < n_experts: MoE saves bytes
 
@@ -43,24 +44,24 @@ def test_traffic_matches_the_shapes(name):
 def test_small_pads_the_rank_columns():
     """small's gate_rank (8) is half a 16-byte beat: the up-projections fetch padding,
     so the port moves more bytes than the MAC lanes use."""
-    tr = bench.traffic(load_config("small"))
+    tr = cost.traffic(load_config("small"))
     assert tr.weight_bytes - tr.macs == 2 * 64 * (16 - 8)
 
 
 def test_roofline_takes_the_slower_resource():
-    assert bench.roofline_cycles(1000, 400, lanes=10, port_bytes=8) == 100      # MACs: 100 > 50
-    assert bench.roofline_cycles(1000, 4000, lanes=10, port_bytes=8) == 500     # port: 500 > 100
-    tr = bench.Traffic(macs=1000, weight_bytes=4000, dense_bytes=9000, lanes=10, port_bytes=8)
+    assert cost.roofline_cycles(1000, 400, lanes=10, port_bytes=8) == 100      # MACs: 100 > 50
+    assert cost.roofline_cycles(1000, 4000, lanes=10, port_bytes=8) == 500     # port: 500 > 100
+    tr = cost.Traffic(macs=1000, weight_bytes=4000, dense_bytes=9000, lanes=10, port_bytes=8)
     assert tr.bound == 500 and tr.bound_by == "weight port"
     with pytest.raises(ValueError):
-        bench.roofline_cycles(1, 1, lanes=0, port_bytes=1)
+        cost.roofline_cycles(1, 1, lanes=0, port_bytes=1)
 
 
 def test_utilisation():
-    assert bench.utilisation(900, 1000) == pytest.approx(0.9)
-    assert bench.utilisation(916, 1550.5) == pytest.approx(916 / 1550.5)
+    assert cost.utilisation(900, 1000) == pytest.approx(0.9)
+    assert cost.utilisation(916, 1550.5) == pytest.approx(916 / 1550.5)
     with pytest.raises(ValueError):
-        bench.utilisation(1, 0)
+        cost.utilisation(1, 0)
 
 
 def test_window_mean_ends_at_the_context_position():
@@ -106,7 +107,7 @@ def _long_run(tokens, per_token):
 
 def test_record_goals_and_markdown(tmp_path):
     cfg = load_config("small")
-    tr = bench.traffic(cfg)
+    tr = cost.traffic(cfg)
     long_run = _long_run(4096, {16: 4000.0, 256: 4000.0, 1024: 4000.0, 4096: 4060.0})
     long_run["cycles_per_token"] = tr.bound / 0.95
     rec = bench.assemble(cfg, tr, long_run, {}, None, "not synthesised")
@@ -122,7 +123,7 @@ def test_record_goals_and_markdown(tmp_path):
 
 def test_short_run_is_flagged():
     cfg = load_config("tiny")
-    rec = bench.assemble(cfg, bench.traffic(cfg), _long_run(256, {16: 10.0, 256: 10.0}), {}, None, "")
+    rec = bench.assemble(cfg, cost.traffic(cfg), _long_run(256, {16: 10.0, 256: 10.0}), {}, None, "")
     assert rec["context_far"] == 256 and not rec["meets_min_tokens"]
     assert "fewer than the 1024" in bench.markdown(rec)
     assert not math.isnan(rec["utilisation"])
@@ -134,7 +135,7 @@ def test_model_traffic_is_its_layers_head_and_fetches():
     shared expert's size); per layer the FETCH of its block's two halves (the beat the split
     falls in read by both) shared by the hw.sequences tokens that go through it together;
     the embedding row and the tied LM head (V rows of d)."""
-    from flow.bench import traffic
+    from hw.cost import traffic
     from hw.image.memory_map import memory_map
     from hw.image.param_map import fetch_halves, layer_block_bytes
     from moekda.config import load_config
@@ -156,7 +157,7 @@ def test_model_traffic_is_its_layers_head_and_fetches():
 def test_the_kda_state_lanes_are_a_roofline_limit():
     """The bound is the slowest of MAC lanes, weight port and KDA state lanes: every layer's
     H d_k d_v state entries pass twice (update, read) through hw.state_lanes a cycle."""
-    from flow.bench import Traffic, state_cycles
+    from hw.cost import Traffic, state_cycles
     from moekda.config import load_config
     tr = Traffic(macs=40, weight_bytes=40, dense_bytes=80, lanes=4, port_bytes=4, state_cycles=50)
     assert tr.bound == 50 and tr.bound_by == "KDA state lanes"
@@ -175,7 +176,7 @@ def test_the_depth_unit_counts_in_macs_bytes_and_the_bound():
     values through the residual add and the normaliser's two passes, 3 d a value, and the
     engine's beats) is one of the roofline's resources and the bound when it is slowest.
     The chip's MACS counter checks the engine beats (sim/tests/test_attnres_chip.py)."""
-    from flow.bench import Traffic, traffic
+    from hw.cost import Traffic, traffic
     from hw.attnres.kept import depth_cycles_per_token, depth_engine_beats_per_token, depth_macs_per_token
     from hw.chip.model import model_engine_macs_per_token, model_macs_per_token
     from moekda.config import config_from_dict
@@ -202,7 +203,7 @@ def test_the_depth_unit_counts_in_macs_bytes_and_the_bound():
 def test_model_traffic_counts_an_mla_layers_matrices():
     """A hybrid's MLA layer reads its six matrices (hw/image/memory_map.py mla_tensors) in
     place of a KDA layer's nine, and has no KDA state."""
-    from flow.bench import state_cycles, traffic
+    from hw.cost import state_cycles, traffic
     from hw.image.memory_map import memory_map, mla_tensors
     from hw.image.param_map import fetch_halves
     from moekda.config import config_from_dict
@@ -236,7 +237,7 @@ def test_post_route_figures_come_from_the_committed_record(tmp_path):
     (tmp_path / "pnr-tiny.json").write_text(json.dumps(_pnr_record(cfg)))
     pr, note = bench.pnr_figures(cfg, tmp_path)
     assert note == "" and pr["fmax_mhz"] == pytest.approx(875.0) and pr["energy_per_token_activity_nj"] == pytest.approx(860)
-    rec = bench.assemble(cfg, bench.traffic(cfg), _long_run(256, {16: 10.0}), {}, None, "", pr, note)
+    rec = bench.assemble(cfg, cost.traffic(cfg), _long_run(256, {16: 10.0}), {}, None, "", pr, note)
     # the measured cycles at the routed Fmax: 875e6 / 1000 cycles per token
     assert rec["post_route"]["tokens_per_s_post_route"] == pytest.approx(875e3)
     text = bench.markdown(rec)
@@ -246,7 +247,7 @@ def test_post_route_figures_come_from_the_committed_record(tmp_path):
     (tmp_path / "pnr-tiny.json").write_text(json.dumps(other))
     pr, note = bench.pnr_figures(cfg, tmp_path)
     assert pr is None and "config hash" in note
-    assert "config hash" in bench.markdown(bench.assemble(cfg, bench.traffic(cfg), _long_run(256, {16: 10.0}),
+    assert "config hash" in bench.markdown(bench.assemble(cfg, cost.traffic(cfg), _long_run(256, {16: 10.0}),
                                                          {}, None, "", pr, note))
 
 
@@ -291,7 +292,7 @@ def test_no_speed_run_leaves_the_other_simulator_out(tmp_path, monkeypatch):
 def test_model_small_goal_holds_with_either_state_memory(name):
     """Issue 14's 95 % goal is model-small's, whichever memory holds the KDA state."""
     cfg = load_config(name)
-    tr = bench.traffic(cfg)
+    tr = cost.traffic(cfg)
     long_run = _long_run(256, {16: 48000.0})
     for util, ok in ((0.96, True), (0.94, False)):
         long_run["cycles_per_token"] = tr.bound / util

@@ -5,6 +5,10 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, FallingEdge
 
+# The benches' clock period: simulation time only.  A bench measures cycles, never
+# nanoseconds; the chip's real clock is the config's hw.clock_period_ns (synthesis, STA).
+CLOCK_NS = 10
+
 
 class CycleCount:
     """Starts the clock and counts its cycles (``value``, read at the falling edge)."""

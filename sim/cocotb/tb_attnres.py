@@ -30,12 +30,10 @@ from hw.image.memory_map import sequence_slots
 from hw.image.param_map import region_value
 from moekda.config import load_config
 from moekda.formats import formats_for
-from sim.cocotb.clocking import CycleCount, reset_pulse
+from sim.cocotb.clocking import CLOCK_NS, CycleCount, reset_pulse
 from sim.cocotb.streams import LayoutCodec, StreamDriver, StreamMonitor
 from sim.cocotb.weight_memory import WeightMemory
 from sim.cocotb_util import cycle_limit, over_limit, tb_param
-
-CLOCK_NS = 10
 
 
 def depth_model(cfg, seed: int):

@@ -19,12 +19,10 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from hw.chip.embed import token_id_layout
 from hw.chip.layer import token_in_layout
 from hw.image.memory_map import memory_map
-from sim.cocotb.clocking import CycleCount, reset_pulse
+from sim.cocotb.clocking import CLOCK_NS, CycleCount, reset_pulse
 from sim.cocotb.streams import EdgeStreamSink, LayoutCodec, StreamDriver
 from sim.cocotb.weight_memory import WeightMemory
 from sim.cocotb_util import cycle_limit, over_limit, tb_param
-
-CLOCK_NS = 10
 CORNERS = (-128, 127, -1, 0, 1)
 
 

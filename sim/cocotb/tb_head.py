@@ -29,12 +29,10 @@ from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge
 from hw.chip.head import head_beats_per_token, head_weights, logit_layout, next_layout
 from hw.image.param_map import region_value
 from moekda.formats import formats_for
-from sim.cocotb.clocking import reset_pulse
+from sim.cocotb.clocking import CLOCK_NS, reset_pulse
 from sim.cocotb.streams import EdgeStreamSink, LayoutCodec, StreamDriver
 from sim.cocotb.weight_memory import WeightMemory
 from sim.cocotb_util import cycle_limit, over_limit, tb_param
-
-CLOCK_NS = 10
 
 
 # ---- the case: model, inputs, expected outputs (also imported by sim/tests/test_head.py) ----

@@ -53,11 +53,9 @@ from hw.chip.csr import (CHIP_ID, COUNTERS, CTRL_CLEAR, CTRL_LOAD, CTRL_LOGITS, 
                          STATUS, config_words)
 from hw.chip.layer import engine_macs_per_token, token_in_layout, token_out_layout
 from moekda.config import config_from_dict
+from sim.cocotb.clocking import CLOCK_NS
 from sim.cocotb.streams import EdgeStreamSink, EdgeStreamSource, LayoutCodec
 from sim.cocotb_util import cycle_limit, over_limit, roofline_cycles
-
-
-CLOCK_NS = 10
 
 
 class ChipIO:

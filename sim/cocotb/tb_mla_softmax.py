@@ -21,11 +21,9 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from hw.mla.softmax import RESOLVE, mla_softmax
 from moekda.config import load_config
 from moekda.formats import derived_widths, formats_for
-from sim.cocotb.clocking import CycleCount, reset_pulse
+from sim.cocotb.clocking import CLOCK_NS, CycleCount, reset_pulse
 from sim.cocotb.streams import EdgeStreamSink, LayoutCodec, StreamDriver
 from sim.cocotb_util import cycle_limit, over_limit, tb_param
-
-CLOCK_NS = 10
 
 
 def softmax_heads(cfg, n: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:

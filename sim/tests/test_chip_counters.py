@@ -105,7 +105,7 @@ def test_engine_macs_are_the_analytic_macs_plus_padding_lanes():
     """The counter's per-token growth against flow/bench.py's analytic MACs: equal where
     every row fills whole beats (tiny), the padding lanes more where it does not (small's
     f_up / g_up rows of gate_rank 8 on 16 lanes: 2 x 64 rows x 8 lanes)."""
-    from flow.bench import traffic
+    from hw.cost import traffic
     from hw.chip.layer import engine_macs_per_token, padding_macs_per_token
     for name, pad in (("tiny", 0), ("small", 2 * 64 * 8)):
         cfg = load_config(name)

@@ -36,3 +36,27 @@ def test_nothing_imports_the_training_extra():
     for top in ("moekda", "hw", "sim", "flow", "pdk"):
         for p in (REPO_ROOT / top).rglob("*.py"):
             assert not {m for m in _imports(p) if m == "train" or m.startswith("train.")}, p
+
+
+def _imported_tops(top: str, banned: tuple[str, ...]) -> dict[str, list[str]]:
+    """Modules of ``banned`` packages that the non-test files of ``top`` import."""
+    bad = {}
+    for p in (REPO_ROOT / top).rglob("*.py"):
+        if "tests" in p.parts:
+            continue
+        found = sorted(m for m in _imports(p) if m.split(".")[0] in banned)
+        if found:
+            bad[str(p.relative_to(REPO_ROOT))] = found
+    return bad
+
+
+def test_hw_imports_neither_sim_nor_flow():
+    """hw/ is below the simulation and the flow: the cost model (hw/cost.py) is the chip's
+    own, read by the benches and the flow, never the other way round."""
+    assert _imported_tops("hw", ("sim", "flow")) == {}
+
+
+def test_sim_imports_no_flow():
+    """The benches and the driver read the roofline from hw/cost.py; importing flow.bench
+    closed the circle flow.bench -> sim.driver -> sim.cocotb_util -> flow.bench (issue 49)."""
+    assert _imported_tops("sim", ("flow",)) == {}

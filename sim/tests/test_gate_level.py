@@ -130,7 +130,7 @@ def test_activity_runs_are_prefixes_of_one_simulation():
     a = driver.activity(plan, netlist, root / "a.saif", 2, name="activity_a")
     b = driver.activity(plan, netlist, root / "b.saif", 4, name="activity_b")
     assert (a.tokens, b.tokens) == (2, 4) and 0 < a.time_ps < b.time_ps
-    from sim.cocotb.tb_layer import CLOCK_NS
+    from sim.cocotb.clocking import CLOCK_NS
     assert full.out_cycles is not None and len(full.out_cycles) == 4
     # the stop is at the edge the token was taken; the bench counts that edge's cycle
     assert abs(a.time_ps - (b.time_ps - (full.out_cycles[3] - full.out_cycles[1]) * CLOCK_NS * 1000)) <= CLOCK_NS * 1000
