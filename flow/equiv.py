@@ -237,11 +237,11 @@ BLOCKS = {"arbiter": _arbiter, "csr": _csr, "topk": _topk, "residual": _residual
 def block_rtl(name: str, cfg, out: Path) -> Path:
     """The block's Verilog (module ``name``) as the flow's RTL step writes a top."""
     from amaranth.back import verilog
-    from hw.tops import _flat_ports
+    from hw.tops import flat_ports
     from amaranth.hdl import Value
     block = BLOCKS[name](cfg)
     out.parent.mkdir(parents=True, exist_ok=True)
-    text = verilog.convert(block, name=name, ports=[Value.cast(v) for v in _flat_ports(block)], emit_src=False)
+    text = verilog.convert(block, name=name, ports=[Value.cast(v) for v in flat_ports(block)], emit_src=False)
     if not out.is_file() or out.read_text() != text:
         out.write_text(text)
     return out

@@ -15,7 +15,8 @@ from amaranth.lib import wiring
 
 
 
-def _flat_ports(component: wiring.Component):
+def flat_ports(component: wiring.Component):
+    """The component's port signals, as amaranth.back.verilog wants them."""
     for _path, _member, value in component.signature.flatten(component):
         yield Value.cast(value)   # a View (struct payload) stands for its signal
 
@@ -23,7 +24,7 @@ def _flat_ports(component: wiring.Component):
 def _matvec(cfg):
     from hw.arith.matvec import MatVecEngine
     engine = MatVecEngine(cfg)
-    return engine, list(_flat_ports(engine))
+    return engine, list(flat_ports(engine))
 
 
 def _moe(cfg):
@@ -31,50 +32,60 @@ def _moe(cfg):
     from hw.moe.unit import MoEUnit
     unit = MoEUnit(cfg)   # model-free: the per-model values come in on ``params``
     # stream payloads are data.Views: their underlying signals are the ports
-    return unit, [Value.cast(v) for v in _flat_ports(unit)]
+    return unit, [Value.cast(v) for v in flat_ports(unit)]
 
 
 def _kda(cfg):
     from amaranth.hdl import Value
     from hw.kda.unit import default_kda
     unit = default_kda(cfg)
-    return unit, [Value.cast(v) for v in _flat_ports(unit)]
+    return unit, [Value.cast(v) for v in flat_ports(unit)]
+
+
+def layer_for_config(cfg):
+    """The chip for ``cfg``: one netlist for every model (the model is the image it LOADs):
+    the layer chip (hw/chip/layer.py), or the model chip (hw/chip/model.py) for a config
+    with a vocabulary."""
+    if cfg.model.is_layer_chip:
+        from hw.chip.layer import LayerTop
+        return LayerTop(cfg)
+    from hw.chip.model import ModelTop
+    return ModelTop(cfg)
 
 
 def _layer(cfg):
-    from hw.chip.layer import layer_for_config
     chip = layer_for_config(cfg)
-    return chip, [Value.cast(v) for v in _flat_ports(chip)]
+    return chip, [Value.cast(v) for v in flat_ports(chip)]
 
 
 def _embed(cfg):
     from hw.chip.embed import Embedding
     block = Embedding(cfg)      # ConfigError (one line) for a config without a vocabulary
-    return block, [Value.cast(v) for v in _flat_ports(block)]
+    return block, [Value.cast(v) for v in flat_ports(block)]
 
 
 def _mla_softmax(cfg):
     from hw.mla.softmax import mla_softmax
     unit = mla_softmax(cfg)     # ConfigError (one line) for a config without an MLA layer
-    return unit, [Value.cast(v) for v in _flat_ports(unit)]
+    return unit, [Value.cast(v) for v in flat_ports(unit)]
 
 
 def _mla(cfg):
     from hw.mla.unit import default_mla
     unit = default_mla(cfg)     # ConfigError (one line) for a config without an MLA layer
-    return unit, [Value.cast(v) for v in _flat_ports(unit)]
+    return unit, [Value.cast(v) for v in flat_ports(unit)]
 
 
 def _attnres(cfg):
     from hw.attnres.unit import default_attnres
     unit = default_attnres(cfg)   # ConfigError (one line) for a config without Attention Residuals
-    return unit, [Value.cast(v) for v in _flat_ports(unit)]
+    return unit, [Value.cast(v) for v in flat_ports(unit)]
 
 
 def _head(cfg):
     from hw.chip.head import Head
     block = Head(cfg)           # ConfigError (one line) for a config without a vocabulary
-    return block, [Value.cast(v) for v in _flat_ports(block)]
+    return block, [Value.cast(v) for v in flat_ports(block)]
 
 
 TOPS: dict[str, Callable] = {

@@ -376,15 +376,12 @@ class LayerDriver:
 
     # ---- the RTL --------------------------------------------------------------------
     def verilog(self) -> str:
-        """The chip of the config (the layer chip, or the model chip: hw/chip/layer.py
+        """The chip of the config (the layer chip, or the model chip: hw/tops.py
         layer_for_config) as module ``layer``."""
         from amaranth.back import verilog
-        from hw.chip.layer import layer_for_config
-        from hw.tops import _flat_ports
-        from amaranth.hdl import Value
+        from hw.tops import flat_ports, layer_for_config
         chip = layer_for_config(self.cfg)
-        return verilog.convert(chip, name="layer", ports=[Value.cast(v) for v in _flat_ports(chip)],
-                               emit_src=False)
+        return verilog.convert(chip, name="layer", ports=list(flat_ports(chip)), emit_src=False)
 
     def build(self, simulator: str, waves: bool = False, netlist: Path | None = None,
               verilog_file: Path | None = None, saif: bool = False) -> Path:

@@ -205,12 +205,3 @@ def weight_port_slices(m, cfg, inner, outer, prefix: str = "") -> None:
     connect(m, req_slice.o, wiring.flipped(outer.req))
     connect(m, wiring.flipped(outer.resp), resp_slice.i)
     connect(m, resp_slice.o, inner.resp)
-
-
-def layer_for_config(cfg):
-    """The chip for ``cfg``: one netlist for every model (the model is the image it LOADs):
-    the layer chip, or the model chip (hw/chip/model.py) for a config with a vocabulary."""
-    if cfg.model.is_layer_chip:
-        return LayerTop(cfg)
-    from hw.chip.model import ModelTop
-    return ModelTop(cfg)

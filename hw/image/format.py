@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hw.image.memory_map import HEADER_MIN_BYTES, header_bytes
 from hw.image.param_map import (attn_res_outputs, attn_res_residuals, fixed_value_differs, model_param_maps,
                                 model_structural, params_bytes)
 
@@ -39,7 +40,6 @@ MAGIC = int.from_bytes(b"MKDI", "little")
 VERSION = 2              # 2: a model's layer parameter blocks are padded to one size
 HEADER_WORDS = ("MAGIC", "VERSION", "CONFIG_HASH", "LENGTH", "CHECKSUM", "X_SCALE", "Y_SCALE")
 HOST_SCALES = {"X_SCALE": "scales.x", "Y_SCALE": "scales.y"}   # header word -> QLayer.to_flat() name
-HEADER_MIN_BYTES = 32          # 8 words: room for later fields without moving the regions
 
 
 class ImageError(ValueError):
@@ -66,10 +66,6 @@ class ImageLayout:
 
 def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
-
-
-def header_bytes(port_bytes: int) -> int:
-    return _round_up(HEADER_MIN_BYTES, port_bytes)
 
 
 def image_layout(cfg, weights_bytes: int | None = None) -> ImageLayout:

@@ -227,8 +227,17 @@ class MemoryMap:
         return "\n".join(lines)
 
 
+# The image's address plan: header, parameter region, matrices.  The header's fields are
+# the file format's (hw/image/format.py); its size is fixed here, where the regions start.
+HEADER_MIN_BYTES = 32          # 8 words: room for later fields without moving the regions
+
+
+def header_bytes(port_bytes: int) -> int:
+    """The header's bytes: HEADER_MIN_BYTES rounded up to a whole port beat."""
+    return -(-HEADER_MIN_BYTES // port_bytes) * port_bytes
+
+
 def memory_map(cfg) -> MemoryMap:
-    from hw.image.format import header_bytes
     from hw.image.param_map import params_bytes
     from moekda.config import require_image_model
     require_image_model(cfg)
