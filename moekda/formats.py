@@ -1,11 +1,11 @@
 """The number formats of the integer layer, derived once from Config.formats and Config.model.
 
-Read by the numpy integer model (sim/models/int_*.py), the quantiser and the
+Read by the numpy integer model (model/int_*.py), the quantiser and the
 RTL generator (hw/).  Nothing else states a width.  The *fixed* choices below
 (fractional bits of the sigmoid outputs, the decay, the routing weights, the
 rsqrt constants) were picked by the accuracy measurement of docs/numerics.md;
 *calibrated* quantities (tensor scales, fractional-bit positions of k, q, v and
-the state) live in the quantised parameters (sim/models/quantize.py), because
+the state) live in the quantised parameters (model/quantize.py), because
 they depend on the weights and the data, not on the hardware.
 
 Notation: Qa.b signed = a integer bits (incl. sign) and b fractional bits;
@@ -53,7 +53,7 @@ class Formats:
     rsqrt_frac: int = 14        # rsqrt mantissa y: Q2.14 unsigned, value in (1, 2]
     rsqrt_seed_bits: int = 5    # seed LUT index = top 5 bits of the normalised input: 24 entries
     rsqrt_newton_steps: int = 2
-    # Gated MLA's online softmax (issue 15; sim/models/int_mla.py): scores in base 2
+    # Gated MLA's online softmax (issue 15; model/int_mla.py): scores in base 2
     mla_exp_frac: int = 8       # u = score * log2(e) with 8 fractional bits; the 2**-f table has 256 entries
     mla_u_bits: int = 24        # u, signed, saturating (|score| < 2**15 / log2 e, far beyond any softmax's use)
     mla_p_frac: int = 15        # softmax weight p = 2**-(n + f / 256) as U1.15 (32768 = 1.0)

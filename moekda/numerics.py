@@ -82,7 +82,7 @@ def quantize_multiplier(scale: float, mult_bits: int = 16, max_shift: int = 62) 
 
 
 # ---------------------------------------------------------------------------
-# Added for the integer layer model (sim/models/int_*.py).  Every function is
+# Added for the integer layer model (model/int_*.py).  Every function is
 # integer in, integer out; the float work (table contents, constants) happens
 # once in the builders marked "builder", whose *outputs* are stored integers.
 # ---------------------------------------------------------------------------

@@ -17,13 +17,13 @@ half an output LSB of 1 below z = -11 and of exp(lb) above z = 5, so its codes a
 on z = ALPHA_Z_MID = -3.
 
 SiLU is not scale-free and its input range is the model's, so it has no table of its own: it
-is x * sigmoid(x) (``QSilu``, sim/models/int_ops.py int_silu; hw/arith/silu.py).  The code c
+is x * sigmoid(x) (``QSilu``, model/int_ops.py int_silu; hw/arith/silu.py).  The code c
 keeps the model's scale; a loaded requantisation makes the sigmoid's input code in the fixed
 format above, the fixed table ``SILU_SIGMOID`` (sigmoid as U0.unit_frac, the same function as
 beta's) gives sigmoid(x), and the product c * sigmoid(x) is SiLU at the scale of c times
 2**-unit_frac, shifted to the output's format.
 
-``fixed_table(cfg, name)`` is the one definition: the quantiser (sim/models/quantize.py)
+``fixed_table(cfg, name)`` is the one definition: the quantiser (model/quantize.py)
 builds the integer model's tables with it, the image writer checks a model's tables equal
 it (hw/image/param_map.py structural), and the RTL instantiates it as constants.
 """
@@ -71,7 +71,7 @@ def silu_sigmoid_in_bits(fm: Formats) -> int:
 
 def silu_sigmoid(fm: Formats) -> np.ndarray:
     """``SILU_SIGMOID``'s entries (sigmoid as U0.unit_frac over +-8 at silu_sigmoid_in_bits):
-    what the integer model's SiLU reads (sim/models/int_ops.py int_silu); read-only."""
+    what the integer model's SiLU reads (model/int_ops.py int_silu); read-only."""
     return _sigmoid_table(silu_sigmoid_in_bits(fm), fm.unit_frac)
 
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from flow import bench, rules
+from flow import rules
+from studies import bench
 from flow.paths import RESULTS_DIR, RULES_DIR
 from moekda.cli import main
 from moekda.config import REPO_ROOT

@@ -13,7 +13,7 @@ From this one list:
   bank), and every block reads its values from a slice of it: the blocks'
   ``params`` ports have the Amaranth layout ``param_layout`` builds from the
   same list, so the bit positions in the image and in the register are the
-  same by construction (sim/tests/test_param_map.py checks it);
+  same by construction (model/tests/test_param_map.py checks it);
 * docs/chip.md's table of what is where.
 
 Packing: fields in list order, each element ``bits`` wide, elements of an
@@ -244,7 +244,7 @@ def _token_fields(cfg, kind: str) -> list[ParamField]:
 
     norm("attn_norm", dw["ss_rmsnorm"], "attention RMSNorm")
     if kind == "mla":
-        # ---- Gated MLA (QMLA; sim/models/int_mla.py)
+        # ---- Gated MLA (QMLA; model/int_mla.py)
         for lin in MLA_LINEARS:
             requant(f"mla.{lin}.m", f"mla.{lin}.s", f"mla {lin} requantisation")
         norm("mla.kv_norm", mla_norm_ss_bits(cfg), "mla latent RMSNorm")
@@ -365,7 +365,7 @@ def head_param_fields(cfg) -> list[ParamField]:
 
 
 def attn_res_param_fields(cfg) -> list[ParamField]:
-    """Attention Residuals' run-time parameters (QAttnRes, sim/models/int_attn_res.py; model.attn_res
+    """Attention Residuals' run-time parameters (QAttnRes, model/int_attn_res.py; model.attn_res
     "full" or "block"), read by the depth unit (hw/attnres/): each mix's logit requantiser (one
     per query: sub-layers 1 .. N, then the output), the keys' normaliser and x_0's requantiser.
     The queries are a matrix (hw/image/memory_map.py ``attn_res.queries``); the sub-layers'

@@ -1,6 +1,6 @@
 """The MoE channel mixer: one int8 token in, one int8 token out, weights streamed.
 
-Implements ``sim.models.int_moe.int_moe_step`` bit for bit, and on a model
+Implements ``model.int_moe.int_moe_step`` bit for bit, and on a model
 whose config has dense layers (``model.mixers``) ``int_dense_step`` for the
 tokens of those layers.  The RTL is a function of the config alone: the weight
 matrices live in the external weight memory (hw/image/memory_map.py) and are

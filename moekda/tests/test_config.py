@@ -168,7 +168,7 @@ def test_stack_defaults_and_round_trip():
     assert d["model"]["mixers"] == ["dense", "moe", "moe"]          # lists, as TOML writes them
     back = config_from_dict({"name": "t", **d})
     assert back == other
-    from flow.sweep import to_toml                                  # the sweep writes configs as TOML
+    from studies.sweep import to_toml                                  # the sweep writes configs as TOML
     import tomllib
     assert config_from_dict(tomllib.loads(to_toml({"name": "t", **d}))) == other
 
@@ -303,7 +303,7 @@ def test_the_image_holds_the_hybrid_and_the_chip_refuses_attn_res_without_a_voca
     require_chip_model(mla)                 # the model chip runs MLA layers
     hy = config_from_dict(base(model={"n_layers": 4, "layers": ["kda", "kda", "kda", "mla"], "kv_rank": 8,
                                       "attn_res": "block", "moe_latent": 8}))
-    require_image_model(hy)                 # the image holds Attention Residuals (sim/tests/test_model_image.py)
+    require_image_model(hy)                 # the image holds Attention Residuals (model/tests/test_model_image.py)
     with pytest.raises(ConfigError) as e:
         require_chip_model(hy)
     assert str(e.value) == ('config t: model.attn_res = "block" runs on the model chip only, which needs '
