@@ -17,7 +17,7 @@ import pytest
 import flow.paths
 from flow.paths import BuildPaths
 from flow.sdc import write_sdc
-from moekda.cli import main
+from cli import main
 from moekda.config import REPO_ROOT, load_config
 
 TOP = "matvec"

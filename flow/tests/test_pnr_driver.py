@@ -21,7 +21,7 @@ from flow.paths import BuildPaths
 from flow.pnr import (STAGES, PnrPaths, stage_named, count_drc_violations, find_openroad, merge_metrics, read_metrics_file,
                       run_pnr)
 from moekda import cli
-from moekda.cli import UserError
+from cli import UserError
 from moekda.config import load_config
 from pdk.kit import find_kit
 

@@ -136,14 +136,14 @@ def test_256_tokens_fresh_pairs(name):
 
 
 def test_accuracy_command_writes_reports(tmp_path, capsys):
-    from moekda.cli import main
+    from cli import main
     assert main(["accuracy", "-c", "tiny", "-n", "32", "-o", str(tmp_path)]) == 0
     assert (tmp_path / "accuracy.json").is_file() and (tmp_path / "accuracy.md").is_file()
     assert "y_matched" in capsys.readouterr().out
 
 
 def test_accuracy_command_pairs_table(tmp_path, capsys):
-    from moekda.cli import main
+    from cli import main
     assert main(["accuracy", "-c", "tiny", "-n", "32", "--param-seed", "7", "--eval-seed", "8",
                  "--pairs", "2", "-o", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -152,7 +152,7 @@ def test_accuracy_command_pairs_table(tmp_path, capsys):
 
 
 def test_accuracy_command_rejects_bad_length(capsys):
-    from moekda.cli import main
+    from cli import main
     assert main(["accuracy", "-c", "tiny", "-n", "0"]) == 2
     assert "--tokens = 0: allowed range" in capsys.readouterr().err
 
@@ -160,7 +160,7 @@ def test_accuracy_command_rejects_bad_length(capsys):
 def test_accuracy_command_points_a_latent_moe_model_to_the_model_tool(capsys):
     """A LatentMoE config (model-tiny-hybrid) is not a layer the table is built for: one line
     naming the field and the tool that evaluates it, exit 2 (it was a traceback)."""
-    from moekda.cli import main
+    from cli import main
     assert main(["accuracy", "-c", "model-tiny-hybrid", "-n", "8"]) == 2
     err = capsys.readouterr().err
     assert "model.moe_latent" in err and "model.model_accuracy" in err and "Traceback" not in err

@@ -16,7 +16,7 @@ import struct
 import numpy as np
 import pytest
 
-from moekda.cli import main
+from cli import main
 from moekda.config import load_config
 from model.params import load_params, random_params, save_params
 from model.vectors import export_vectors, load_vectors

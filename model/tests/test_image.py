@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from hw.image.format import ImageError, check_image, image_layout, word_sum
-from moekda.cli import main
+from cli import main
 from moekda.config import load_config
 from model.image import qlayer_from_image, qlayer_image, random_layer_image, with_word
 from model.quantize import quantize_random_layer

@@ -45,7 +45,7 @@ def test_block_vectors_replay(vec):
 
 
 def test_vectors_command(tmp_path, capsys):
-    from moekda.cli import main
+    from cli import main
     assert main(["vectors", "-c", "tiny", "-n", "4", "-o", str(tmp_path)]) == 0
     assert load_vectors(tmp_path)["layer"]["x"].shape == (4, load_config("tiny").model.d_model)
     with pytest.raises(FileNotFoundError, match="no params.npz"):

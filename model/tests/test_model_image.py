@@ -105,14 +105,14 @@ def test_bad_model_images_refused():
 
 def test_cli_model_image(tmp_path):
     out = tmp_path / "m.img"
-    r = subprocess.run([sys.executable, "-m", "moekda", "image", "-c", "model-tiny", "--seed", "1", "-o", str(out)],
+    r = subprocess.run([sys.executable, "-m", "cli", "image", "-c", "model-tiny", "--seed", "1", "-o", str(out)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "4 layers" in r.stdout and out.stat().st_size == image_layout(load_config("model-tiny")).length
-    r = subprocess.run([sys.executable, "-m", "moekda", "image", "-c", "model-tiny", "--check", str(out)],
+    r = subprocess.run([sys.executable, "-m", "cli", "image", "-c", "model-tiny", "--check", str(out)],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "good image for model-tiny" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "moekda", "image", "-c", "model-small", "--check", str(out)],
+    r = subprocess.run([sys.executable, "-m", "cli", "image", "-c", "model-small", "--check", str(out)],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "made for config hash" in r.stderr and "\n" not in r.stderr.strip()
 

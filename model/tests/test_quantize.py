@@ -134,7 +134,7 @@ def test_safetensors_checkpoint_loads_and_quantises(tiny, tmp_path):
 
 
 def test_checkpoint_option_errors_are_one_line(tmp_path, capsys):
-    from moekda.cli import main
+    from cli import main
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     assert main(["accuracy", "-c", "tiny", "-n", "8", "--params", str(tmp_path / "bad.npz"), "-o", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -142,7 +142,7 @@ def test_checkpoint_option_errors_are_one_line(tmp_path, capsys):
 
 
 def test_checkpoint_option_runs(tiny, tmp_path):
-    from moekda.cli import main
+    from cli import main
     from model.params import save_params
     cfg, p, qp = tiny
     save_params(p, tmp_path / "p.npz")

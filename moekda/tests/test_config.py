@@ -63,14 +63,14 @@ def test_hash_changes_with_values_only():
 def test_cli_bad_config_is_one_line_and_nonzero(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "bad"\n[hw]\nlanes = 1000\n')
-    r = subprocess.run([sys.executable, "-m", "moekda", "config", "-c", str(bad)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "cli", "config", "-c", str(bad)], capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip() == "moekda config: error: hw.lanes = 1000: allowed range is 1 to 256"
     assert "Traceback" not in r.stderr
 
 
 def test_cli_unknown_config_lists_known():
-    r = subprocess.run([sys.executable, "-m", "moekda", "config", "-c", "nosuch"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "cli", "config", "-c", "nosuch"], capture_output=True, text=True)
     assert r.returncode == 2 and "known configs:" in r.stderr and "tiny" in r.stderr
 
 
@@ -225,7 +225,7 @@ def test_tied_embedding_counts_once():
 def test_cli_bad_stack_value_exit_2(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "bad"\n[model]\nn_layers = 2\nmixers = ["moe"]\n')
-    r = subprocess.run([sys.executable, "-m", "moekda", "config", "-c", str(bad)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "cli", "config", "-c", str(bad)], capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip() == ("moekda config: error: model.mixers has 1 entry: must have one per layer, "
                                 "model.n_layers = 2")

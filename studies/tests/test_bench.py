@@ -257,7 +257,7 @@ def test_post_route_figures_come_from_the_committed_record(tmp_path):
     (["bench", "-c", "tiny", "--speed-tokens", "1025"], ["--speed-tokens = 1025"]),
 ])
 def test_bad_bench_arguments_are_one_line(capsys, argv, words):
-    from moekda.cli import main
+    from cli import main
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
@@ -268,7 +268,7 @@ def test_no_speed_run_leaves_the_other_simulator_out(tmp_path, monkeypatch):
     """`moekda bench --speed-tokens 0`: one simulation (the long run's, on Verilator), no
     Icarus run; the record has that simulator only and its page no row for the other.  The
     simulation is a stand-in here (the command's flow is what is checked)."""
-    from moekda.cli import main
+    from cli import main
     calls = []
 
     def fake_simulate(config, tokens, simulator, seed=0):

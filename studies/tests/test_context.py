@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from studies import context
-from moekda.cli import main
+from cli import main
 from moekda.config import load_config
 
 HYB = "model-tiny-hybrid"

@@ -128,7 +128,7 @@ def test_sweep_without_ray_says_how_to_get_it(tmp_path):
     """Ray hidden (a ray module that fails to import, first on the path), as on a fresh set-up."""
     (tmp_path / "ray.py").write_text("raise ImportError('no ray here')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-m", "moekda", "sweep"], capture_output=True, text=True, timeout=60,
+    r = subprocess.run([sys.executable, "-m", "cli", "sweep"], capture_output=True, text=True, timeout=60,
                        env=env)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()

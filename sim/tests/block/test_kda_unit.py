@@ -190,7 +190,7 @@ def test_kda_verilog_is_model_free(tmp_path):
     cfg = load_config(config)
     text = top_verilog("kda", cfg)
     out = tmp_path / "kda.v"
-    subprocess.run([sys.executable, "-m", "moekda", "rtl", "-c", config, "--top", "kda", "-o", str(out)],
+    subprocess.run([sys.executable, "-m", "cli", "rtl", "-c", config, "--top", "kda", "-o", str(out)],
                    check=True, cwd=REPO_ROOT, capture_output=True)
     assert out.read_text() == text, "moekda rtl's kda.v differs from hw/tops.py's"
     assert f"input [{param_layout(cfg, 'kda').size - 1}:0] params;" in text

@@ -46,7 +46,7 @@ def _netlist(driver: LayerDriver, config: str = CONFIG):
              and paths.netlist.stat().st_mtime >= paths.rtl.stat().st_mtime
              and (os.environ.get("MOEKDA_GL_REUSE") == "1" or paths.rtl.read_text() == driver.verilog()))
     if not fresh:
-        subprocess.run([sys.executable, "-m", "moekda", "synth", "-c", config, "--top", "layer"],
+        subprocess.run([sys.executable, "-m", "cli", "synth", "-c", config, "--top", "layer"],
                        cwd=REPO_ROOT, check=True)
     assert paths.netlist.is_file(), f"no netlist at {paths.netlist}"
     return paths.rtl, paths.netlist

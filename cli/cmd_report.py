@@ -2,8 +2,8 @@
 raw reports of an earlier `moekda synth`, without rerunning any tool."""
 from __future__ import annotations
 
-from moekda.cli import UserError
-from moekda.cli.cmd_synth import resolve_top
+from cli import UserError
+from cli.cmd_synth import resolve_top
 from moekda.config import load_config
 
 

@@ -21,7 +21,7 @@ import json
 import time
 from pathlib import Path
 
-from moekda.cli import UserError
+from cli import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moekda.cli import UserError
+from cli import UserError
 from moekda.config import load_config
 
 
@@ -33,7 +33,7 @@ def configure(p):
 def run(args) -> int:
     from flow.orfs import write_orfs_design
     from flow.paths import BuildPaths
-    from moekda.cli.cmd_synth import resolve_top
+    from cli.cmd_synth import resolve_top
 
     if args.output is None:
         raise UserError("-o is required: the design directory to write (with --compare: the JSON file)")

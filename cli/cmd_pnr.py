@@ -38,9 +38,9 @@ def configure(p):
 def run(args) -> int:
     from flow.paths import BuildPaths
     from pdk.kit import KitError, find_kit
-    from moekda.cli import UserError
+    from cli import UserError
 
-    from moekda.cli.cmd_synth import resolve_top
+    from cli.cmd_synth import resolve_top
 
     cfg = load_config(args.config)
     mode = "fast" if args.fast else "signoff"
@@ -86,7 +86,7 @@ def _check(cfg, build, mode: str) -> int:
     from flow.openroad.check import CheckError, check_kit_names, check_sdc_with_sta, run_stub_stages
     from flow.pnr import PnrPaths, pnr_settings, synth_area, write_config_tcl
     from pdk.kit import KitError, find_kit
-    from moekda.cli import UserError
+    from cli import UserError
 
     try:
         kit = find_kit()

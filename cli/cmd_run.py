@@ -15,7 +15,7 @@ are run as for the layer chip.  The work is done by run/driver.py
 """
 from __future__ import annotations
 
-from moekda.cli import UserError
+from cli import UserError
 
 MAX_TOKENS = 100_000
 

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from moekda.cli import UserError
+from cli import UserError
 
 INSTALL_HINT = "pip install -e '.[sweep]' (or `make sweep`), or run with --local for a process pool"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from moekda.cli.cmd_synth import resolve_top
+from cli.cmd_synth import resolve_top
 from moekda.config import load_config
 from moekda.errors import UserError
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from moekda.cli import UserError
+from cli import UserError
 from moekda.config import load_config
 from moekda.formats import formats_for
 

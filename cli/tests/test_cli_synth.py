@@ -10,7 +10,7 @@ import pytest
 
 import flow.paths
 from flow.tests.designs import write_two_macs
-from moekda.cli import main
+from cli import main
 from moekda.config import REPO_ROOT
 
 

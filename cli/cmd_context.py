@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moekda.cli import UserError
+from cli import UserError
 from moekda.config import load_config
 
 MIN_TOKENS = 16

@@ -2,7 +2,7 @@
 cocotb tests and a driver; see model/vectors.py for the layout and the loader."""
 from __future__ import annotations
 
-from moekda.cli import UserError
+from cli import UserError
 from moekda.config import load_config
 
 
@@ -29,7 +29,7 @@ def run(args) -> int:
     out = Path(args.out) if args.out else BuildPaths.for_config(cfg).root / "vectors"
     qp = None
     if args.params:
-        from moekda.cli.cmd_accuracy import load_checkpoint
+        from cli.cmd_accuracy import load_checkpoint
         from model.quantize import quantize_layer
         # a checkpoint has no seed: calibrate on the profile the vectors' inputs are drawn with
         qp = quantize_layer(load_checkpoint(args.params, cfg), cfg, model_seed=args.param_seed)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moekda.cli import UserError
+from cli import UserError
 
 MAX_NEW = 4096
 

@@ -4,7 +4,7 @@ Runs after `moekda pnr`; needs the KLayout application (Debian's `klayout`).
 Violations per rule group go into metrics.json and reports/drc.md."""
 from __future__ import annotations
 
-from moekda.cli.cmd_synth import resolve_top
+from cli.cmd_synth import resolve_top
 from moekda.config import load_config
 from moekda.errors import UserError
 

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from moekda.cli import UserError
+from cli import UserError
 from moekda.config import load_config
 
 STEPS = ("rtl", "synth", "sta", "metrics", "report")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moekda.cli import UserError
+from cli import UserError
 
 
 def configure(p):

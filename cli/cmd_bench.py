@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moekda.cli import UserError
+from cli import UserError
 from moekda.config import load_config
 
 MIN_TOKENS = 16         # below bench.MIN_TOKENS (1024) the summary says the run is short
@@ -56,7 +56,7 @@ def run(args) -> int:
     synth, note = bench.synth_metrics(cfg)
     if synth is None and args.synth:
         print(f"moekda bench: {note}; running synth", flush=True)
-        rc = subprocess.call([sys.executable, "-m", "moekda", "synth", "-c", args.config])
+        rc = subprocess.call([sys.executable, "-m", "cli", "synth", "-c", args.config])
         if rc:
             raise UserError(f"moekda synth -c {args.config} failed (exit {rc}); see build/{cfg.name}/logs/")
         synth, note = bench.synth_metrics(cfg)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from moekda.cli import main
+from cli import main
 from sim.cocotb_util import simulator_available
 
 
