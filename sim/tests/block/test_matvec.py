@@ -137,7 +137,7 @@ def test_rtl_matches_model_long(config, seed):
 def test_accumulator_only_engine_matches_model_acc(period):
     """Amaranth simulation with a stalling consumer: acc bit-exact vs the model, y = 0,
     and the requantiser is not in the design."""
-        from hw.arith.matvec import AccResolver, MatVecEngine, MatVecFormats
+    from hw.arith.matvec import AccResolver, MatVecEngine, MatVecFormats
     fmt = MatVecFormats(lanes=4, clock_period_ns=period)
     dut = MatVecEngine(fmt, requantise=False)
     assert isinstance(dut.rq, AccResolver)
@@ -182,7 +182,7 @@ def test_width_select_and_tag_engine_matches_model(period, widths):
     handed back with the result, exactly ``latency`` cycles after the last beat,
     with gaps in the input (the consumer never stalls; there is no FIFO)."""
     from amaranth.hdl import unsigned
-        from hw.arith.matvec import MatVecEngine, MatVecFormats
+    from hw.arith.matvec import MatVecEngine, MatVecFormats
     fmt = MatVecFormats(lanes=4, clock_period_ns=period, out_widths=widths, tag_shape=unsigned(7))
     dut = MatVecEngine(fmt, always_ready=True)
     assert dut.fifo_depth == 0
