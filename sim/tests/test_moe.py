@@ -227,6 +227,9 @@ CASES = {
     # two beats) with every expert chosen and no shared expert (lat_up's sum starts from zero)
     "latent": ({"moe_latent": 8}, 16, False),
     "latent6_kE_no_shared": ({"moe_latent": 6, "top_k": 4, "n_shared": 0}, 16, True),
+    # SiTU-GLU (issue 47): the SITU table and the up cap, on the plain and the latent MoE
+    "situ": ({"glu": "situ"}, 24, False),
+    "situ_latent": ({"glu": "situ", "moe_latent": 8}, 16, False),
 }
 
 
