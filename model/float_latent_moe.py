@@ -16,19 +16,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.float_ops import moe_route, sigmoid, swiglu
+from model.float_ops import glu as glu_unit, moe_route, sigmoid
 from model.params import LatentMoEParams
 
 
-def latent_moe_step(p: LatentMoEParams, hn, top_k: int, routed_scaling: float, trace=None):
-    """LatentMoE on the normalised input hn (d,). Returns (out (d,), (idx, weights))."""
+def latent_moe_step(p: LatentMoEParams, hn, top_k: int, routed_scaling: float, trace=None, glu: str = "swiglu"):
+    """LatentMoE on the normalised input hn (d,). Returns (out (d,), (idx, weights)).  ``glu``:
+    the experts' gated unit (model.glu: "swiglu", or K3's "situ")."""
+    unit = glu_unit(glu)
     r_logit = p.w_router @ hn
     scores = sigmoid(r_logit)
     idx, w = moe_route(scores, p.router_bias, top_k, routed_scaling)
     z = p.w_lat_down @ hn
-    routed_latent = sum(wi * swiglu(p.w_gate[e], p.w_up[e], p.w_down[e], z) for e, wi in zip(idx, w))
+    routed_latent = sum(wi * unit(p.w_gate[e], p.w_up[e], p.w_down[e], z) for e, wi in zip(idx, w))
     routed = p.w_lat_up @ routed_latent
-    shared = sum(swiglu(p.sh_gate[j], p.sh_up[j], p.sh_down[j], hn) for j in range(p.sh_gate.shape[0]))
+    shared = sum(unit(p.sh_gate[j], p.sh_up[j], p.sh_down[j], hn) for j in range(p.sh_gate.shape[0]))
     if trace is not None:
         trace.update(r_logit=r_logit, score=scores, idx=idx, w=w, lat_z=z, lat_routed=routed_latent, moe_out=routed + shared)
     return routed + shared, (idx, w)

@@ -29,7 +29,8 @@ from model.float_latent_moe import latent_moe_step
 from model.float_mla import MLACache, mla_step
 # the elementwise functions, the router and the SwiGLU are shared with the MLA and LatentMoE
 # models (model/float_ops.py); imported from here by most callers
-from model.float_ops import L2_EPS, l2norm, moe_route, rms_unit, rmsnorm, sigmoid, silu, swiglu  # noqa: F401 (re-exported)
+from model.float_ops import (L2_EPS, glu, glu_act, l2norm, moe_route, rms_unit, rmsnorm, sigmoid, silu, situ,  # noqa: F401
+                                  situ_glu, swiglu)                                                    # (re-exported)
 from model.params import DenseParams, KDAParams, LayerParams, MoEParams
 
 def causal_conv_step(history, a, w):
@@ -163,17 +164,19 @@ def moe_step(p: MoEParams, cfg: Config, hn, trace=None, select=None):
         idx = np.asarray(select)
         w = scores[idx] / (scores[idx].sum() + 1e-20) * m.routed_scaling
     t["idx"], t["w"] = idx, w
-    routed = sum(wi * swiglu(p.w_gate[e], p.w_up[e], p.w_down[e], hn) for e, wi in zip(idx, w))
-    shared = sum(swiglu(p.sh_gate[j], p.sh_up[j], p.sh_down[j], hn) for j in range(m.n_shared))
+    unit = glu(m.glu)     # SwiGLU or K3's SiTU-GLU (model.glu)
+    routed = sum(wi * unit(p.w_gate[e], p.w_up[e], p.w_down[e], hn) for e, wi in zip(idx, w))
+    shared = sum(unit(p.sh_gate[j], p.sh_up[j], p.sh_down[j], hn) for j in range(m.n_shared))
     out = routed + shared
     t["moe_out"] = out
     return out, (idx, w)
 
 
 def dense_step(p: DenseParams, cfg: Config, hn, trace=None):
-    """A dense channel mixer on the normalised input hn (d,): one SwiGLU of width d_ff_dense.
-    Traced as ``moe_out`` (the channel mixer's output, whichever kind). Returns out (d,)."""
-    out = swiglu(p.w_gate, p.w_up, p.w_down, hn)
+    """A dense channel mixer on the normalised input hn (d,): one SwiGLU (or, model.glu = "situ",
+    SiTU-GLU) of width d_ff_dense.  Traced as ``moe_out`` (the channel mixer's output, whichever
+    kind). Returns out (d,)."""
+    out = glu(cfg.model.glu)(p.w_gate, p.w_up, p.w_down, hn)
     if trace is not None:
         trace["moe_out"] = out
     return out
@@ -187,7 +190,7 @@ def channel_mix(p: LayerParams, cfg: Config, hn, trace=None, select=None):
     if p.dense is not None:
         return dense_step(p.dense, cfg, hn, trace)
     if p.lmoe is not None:
-        return latent_moe_step(p.lmoe, hn, cfg.model.top_k, cfg.model.routed_scaling, trace)[0]
+        return latent_moe_step(p.lmoe, hn, cfg.model.top_k, cfg.model.routed_scaling, trace, cfg.model.glu)[0]
     return moe_step(p.moe, cfg, hn, trace, select)[0]
 
 

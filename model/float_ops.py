@@ -1,5 +1,5 @@
 """The float models' shared pieces: the elementwise functions, RMSNorm and L2 norm, the
-sigmoid-score router and the SwiGLU.  model/float_layer.py (KDA, MoE, the layer),
+sigmoid-score router and the gated units (SwiGLU, and K3's SiTU-GLU: ``glu``).  model/float_layer.py (KDA, MoE, the layer),
 float_mla.py and float_latent_moe.py build on them; float_layer re-exports them."""
 from __future__ import annotations
 
@@ -49,3 +49,39 @@ def swiglu(w_gate, w_up, w_down, x, trace=None, prefix=""):
         trace[prefix + "gate"], trace[prefix + "up"], trace[prefix + "act"] = gate, up, silu(gate)
         trace[prefix + "hid"] = hid
     return w_down @ hid
+
+
+def situ(g):
+    """SiTU(g) = 4 tanh(g/4) sigmoid(g) (Kimi K3's gate activation, bounded in (-0.27, 4))."""
+    return 4.0 * np.tanh(g / 4.0) * sigmoid(g)
+
+
+def situ_up(u):
+    """The up branch of SiTU-GLU: 25 tanh(u/25), bounded by 25."""
+    return 25.0 * np.tanh(u / 25.0)
+
+
+def situ_glu(w_gate, w_up, w_down, x, trace=None, prefix=""):
+    """K3's SiTU-GLU: W_2 (SiTU(W_1 x) * 25 tanh((W_3 x) / 25)), W_1 = w_gate, W_3 = w_up,
+    W_2 = w_down (the SwiGLU's three matrices in the SwiGLU's roles)."""
+    gate, up = w_gate @ x, w_up @ x
+    hid = situ(gate) * situ_up(up)
+    if trace is not None:
+        trace[prefix + "gate"], trace[prefix + "up"], trace[prefix + "act"] = gate, up, situ(gate)
+        trace[prefix + "hid"] = hid
+    return w_down @ hid
+
+
+GLUS = {"swiglu": swiglu, "situ": situ_glu}
+
+
+def glu(kind: str):
+    """The gated unit of ``model.glu`` (``kind``): swiglu or situ_glu."""
+    return GLUS[kind]
+
+
+def glu_act(kind: str, gate, up):
+    """The hidden vector act(gate) * branch(up) of gated unit ``kind``, elementwise."""
+    if kind == "situ":
+        return situ(gate) * situ_up(up)
+    return silu(gate) * up

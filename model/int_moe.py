@@ -24,7 +24,8 @@ import numpy as np
 from moekda.config import Config
 from moekda.formats import Formats, derived_widths
 from moekda.numerics import bit_length, requantize, round_shift, saturate, udiv_floor
-from model.int_ops import check_width, int_linear, int_lut, int_silu
+from moekda.tables import situ_in_bits
+from model.int_ops import check_width, int_cap, int_linear, int_lut, int_silu, int_situ
 from model.qparams import QDense, QExperts, QMoE
 
 
@@ -58,12 +59,24 @@ def int_expert(bank: QExperts, e: int, q: QMoE, fm: Formats, hn, trace=None):
     saturates rare tokens or leaves the bulk with 3-4 bits; the exponent costs a
     max-abs reduction and a leading-one detector over d_ff values, and folds into the
     down projection's shift.
+
+    SiTU-GLU (model.glu = "situ": ``q.silu`` is None), both branches bounded:
+
+      gate = engine(W_gate hn) -> code in SITU's fixed input format (situ_in_bits, +-16)
+      act  = SITU[gate]                                    int8 at the fixed scale 2**-SITU_OUT_FRAC
+      up   = engine(W_up hn) -> int8 at this expert's scale, then 25 tanh(u/25) at the same
+             scale as c * F(t) (int_cap, the expert's cap_t_m, cap_t_s)
+
+    and prod, sh, hid, out as above.
     """
     acc_g = check_width(hn @ bank.gate_w[e].T, fm.acc_bits, "expert gate accumulator")
     acc_u = check_width(hn @ bank.up_w[e].T, fm.acc_bits, "expert up accumulator")
-    gate = requantize(acc_g, int(bank.gate_m[e]), int(bank.gate_s[e]), fm.lut_in_bits)
-    act = int_silu(q.silu, gate, fm)
+    situ = q.silu is None
+    gate = requantize(acc_g, int(bank.gate_m[e]), int(bank.gate_s[e]), situ_in_bits(fm) if situ else fm.lut_in_bits)
+    act = int_situ(gate, fm) if situ else int_silu(q.silu, gate, fm)
     up = requantize(acc_u, int(bank.up_m[e]), int(bank.up_s[e]), fm.act_bits)
+    if situ:
+        up = int_cap(up, int(bank.cap_t_m[e]), int(bank.cap_t_s[e]), fm)
     prod = act * up
     # the per-token exponent (an array for a batch of tokens, one per row)
     sh = np.maximum(0, bit_length(np.max(np.abs(prod), axis=-1)) - (fm.hid_bits - 1))

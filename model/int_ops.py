@@ -12,7 +12,8 @@ import numpy as np
 from moekda.formats import Formats
 from moekda.numerics import (lut_lookup, requantize, requantize_rows, round_shift, rsqrt_fixed, sat_bounds,
                              saturate)
-from moekda.tables import silu_sigmoid, silu_sigmoid_in_bits
+from moekda.tables import (CAP_FRAC, cap_in_bits, cap_table, silu_sigmoid, silu_sigmoid_in_bits, situ_in_bits,
+                           situ_table)
 from model.qparams import QLinear, QLut, QNorm, QResidual, QSilu
 
 
@@ -54,6 +55,23 @@ def int_silu(silu: QSilu, code, fm: Formats):
     t = requantize(code, silu.t_m, silu.t_s, tb)
     sig = lut_lookup(silu_sigmoid(fm), t, tb)
     return requantize(code * sig, silu.m, silu.s, silu.out_bits)
+
+
+def int_situ(code, fm: Formats):
+    """SiTU of a gate code in the SITU table's fixed input format (moekda/tables.py): one read of
+    the config's table, int8 at the fixed scale 2**-SITU_OUT_FRAC."""
+    return lut_lookup(situ_table(fm), code, situ_in_bits(fm))
+
+
+def int_cap(code, t_m, t_s, fm: Formats):
+    """The up branch 25 tanh(u/25) of an int8 up code c at its own scale, as c * F(t):
+    t = requantize(c, t_m, t_s, cap_in_bits) is u in the CAP table's fixed input format, F its
+    U1.CAP_FRAC entry, and round_shift(c * F, CAP_FRAC) the capped value at c's scale
+    (|F| <= 1: no saturation).  ``t_m``, ``t_s`` broadcast against ``code``."""
+    code = np.asarray(code, dtype=np.int64)
+    tb = cap_in_bits(fm)
+    t = requantize(code, t_m, t_s, tb)
+    return round_shift(code * lut_lookup(cap_table(fm), t, tb), CAP_FRAC)
 
 
 def int_normalize(x, norm: QNorm, fm: Formats, out_bits: int):

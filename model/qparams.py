@@ -102,6 +102,10 @@ class QExperts:
     down_w: np.ndarray   # (n, d, d_ff)
     down_m: np.ndarray   # for the hidden at the product's scale; the per-token exponent is subtracted
     down_s: np.ndarray
+    # SiTU-GLU (model.glu = "situ", QMoE/QDense.silu None): the up code's requantisation to the
+    # CAP table's input t (moekda/tables.py), per expert as the up code's scale is; None for SwiGLU
+    cap_t_m: Optional[np.ndarray] = None
+    cap_t_s: Optional[np.ndarray] = None
 
 
 @dataclass
@@ -109,7 +113,8 @@ class QMoE:
     router: QLinear          # -> table code
     score: QLut              # code -> sigmoid as U0.score_frac
     bias: np.ndarray         # (E,) selection bias in score units, router_bias_bits signed
-    silu: QSilu              # expert gate code -> int8 at the code's scale (shared by all experts)
+    silu: Optional[QSilu]    # expert gate code -> int8 at the code's scale (shared by all experts); None:
+                             # SiTU-GLU (model.glu = "situ"), whose gate code indexes the config's SITU table
     routed: QExperts
     shared: QExperts
     rs: int                  # routed_scaling as U.rs_frac
@@ -134,8 +139,8 @@ class QDense:
       acc = sum_c (e_c(hn) << wn_frac)                 as the MoE's shared experts
       out = requantize(acc, comb_m, comb_s, resid_bits)
 
-    (no router, no routed experts)."""
-    silu: QSilu
+    (no router, no routed experts).  ``silu`` None: SiTU-GLU chunks (model.glu = "situ")."""
+    silu: Optional[QSilu]
     chunks: QExperts
     comb_m: int
     comb_s: int

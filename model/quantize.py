@@ -22,7 +22,8 @@ import numpy as np
 from moekda.config import Config
 from moekda.formats import Formats, formats_for
 from moekda.numerics import quantize_multiplier, shared_shift_multipliers
-from moekda.tables import ALPHA_Z_MID, fixed_in_scale, fixed_table, silu_sigmoid_in_bits, table_in_scale
+from moekda.tables import (ALPHA_Z_MID, SITU_OUT_FRAC, cap_clip, cap_in_scale, fixed_in_scale, fixed_table,
+                           silu_sigmoid_in_bits, situ_in_bits, situ_in_scale, table_in_scale)
 from model import float_layer as fl
 from model.params import (LayerParams, ModelParams, dense_chunks, random_inputs, random_model_params,
                                random_params, random_tokens)
@@ -136,12 +137,14 @@ def calibration_sequences(cfg: Config, n_seq: int = 4, n_tokens: int = 256, seed
     return [random_inputs(cfg, n_tokens, seed=seed + i, model_seed=model_seed) for i in range(n_seq)]
 
 
-def _experts_dense(w_gate, w_up, w_down, hn):
-    """Every expert on every calibration token: (gate, up, act, hid, out) arrays (n, T, .)."""
+def _experts_dense(w_gate, w_up, w_down, hn, glu: str = "swiglu"):
+    """Every expert on every calibration token: (gate, up, act, hid, out) arrays (n, T, .);
+    ``glu`` the gated unit (model.glu).  ``up`` is W_up hn before SiTU-GLU's cap (the up
+    code's range), ``act`` the gate's activation."""
     gate = np.einsum("efd,td->etf", w_gate, hn)
     up = np.einsum("efd,td->etf", w_up, hn)
-    act = fl.silu(gate)
-    hid = act * up
+    act = fl.situ(gate) if glu == "situ" else fl.silu(gate)
+    hid = fl.glu_act(glu, gate, up)
     out = np.einsum("edf,etf->etd", w_down, hid)
     return gate, up, act, hid, out
 
@@ -311,11 +314,12 @@ def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float
 
     # every expert on every calibration token: rarely chosen experts get scales too
     hn = tr["hn_unit"] * params.mlp_norm_w[None, :]
-    routed = _experts_dense(p.w_gate, p.w_up, p.w_down, hn)
-    shared = _experts_dense(p.sh_gate, p.sh_up, p.sh_down, hn)
-    s_gate, s_act, s_e, silu = _expert_scales(fm, [routed, shared])
+    glu = cfg.model.glu
+    routed = _experts_dense(p.w_gate, p.w_up, p.w_down, hn, glu)
+    shared = _experts_dense(p.sh_gate, p.sh_up, p.sh_down, hn, glu)
+    s_gate, s_act, s_e, silu = _expert_scales(fm, [routed, shared], glu)
     sc.update(e_gate=s_gate, e_act=s_act, e_out=s_e)
-    bank = lambda wg, wu, wd, dense: _expert_bank(wg, wu, wd, dense, wn, s_hn, s_gate, s_act, s_e, fm)
+    bank = lambda wg, wu, wd, dense: _expert_bank(wg, wu, wd, dense, wn, s_hn, s_gate, s_act, s_e, fm, glu)
 
     q = QMoE(router=router, score=score, bias=bias, silu=silu,
              routed=bank(p.w_gate, p.w_up, p.w_down, routed), shared=bank(p.sh_gate, p.sh_up, p.sh_down, shared),
@@ -347,13 +351,14 @@ def _quantize_latent_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn
     lat_down, _ = _linear(p.w_lat_down * wn, s_hn, sc["lat_z"], fm, A8)
     hn = tr["hn_unit"] * params.mlp_norm_w[None, :]
     z = tr["lat_z"].reshape(-1, p.w_lat_down.shape[0])
-    routed = _experts_dense(p.w_gate, p.w_up, p.w_down, z)
-    shared = _experts_dense(p.sh_gate, p.sh_up, p.sh_down, hn)
-    s_gate, s_act, s_e, silu = _expert_scales(fm, [routed, shared])
+    glu = cfg.model.glu
+    routed = _experts_dense(p.w_gate, p.w_up, p.w_down, z, glu)
+    shared = _experts_dense(p.sh_gate, p.sh_up, p.sh_down, hn, glu)
+    s_gate, s_act, s_e, silu = _expert_scales(fm, [routed, shared], glu)
     sc.update(e_gate=s_gate, e_act=s_act, e_out=s_e)
     ones = np.ones((1, z.shape[1]))
-    q_routed = _expert_bank(p.w_gate, p.w_up, p.w_down, routed, ones, sc["lat_z"], s_gate, s_act, s_e, fm)
-    q_shared = _expert_bank(p.sh_gate, p.sh_up, p.sh_down, shared, wn, s_hn, s_gate, s_act, s_e, fm)
+    q_routed = _expert_bank(p.w_gate, p.w_up, p.w_down, routed, ones, sc["lat_z"], s_gate, s_act, s_e, fm, glu)
+    q_shared = _expert_bank(p.sh_gate, p.sh_up, p.sh_down, shared, wn, s_hn, s_gate, s_act, s_e, fm, glu)
 
     sc["lat_routed"] = act_scale(tr["lat_routed"], mse=False)
     lat_m, lat_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["lat_routed"], fm)
@@ -380,11 +385,17 @@ def _router(w_router, router_bias, s_hn: float, cfg: Config, sc: dict):
     return router, score, bias
 
 
-def _expert_scales(fm: Formats, banks):
+def _expert_scales(fm: Formats, banks, glu: str = "swiglu"):
     """The scales common to a set of expert banks (SiLU input and output, expert output) and
-    their one SiLU table, from every expert's calibration activations (``_experts_dense``)."""
+    their one SiLU table, from every expert's calibration activations (``_experts_dense``).
+    SiTU-GLU (``glu = "situ"``): the gate code and SiTU's output have the config's fixed
+    scales (moekda/tables.py: SiTU is bounded, so its table needs no model scale) and there is
+    no QSilu (None)."""
     A8, LB = fm.act_bits, fm.lut_in_bits
     both = [np.concatenate([b[i].reshape(-1) for b in banks]) for i in range(5)]
+    if glu == "situ":
+        s_e = act_scale(both[4], fm.expert_out_bits, headroom=BRANCH_HEADROOM)
+        return situ_in_scale(fm), 2.0 ** -SITU_OUT_FRAC, s_e, None
     s_gate = act_scale(both[0], LB, headroom=SILU_HEADROOM)
     # SiLU (QSilu) at the gate code's own scale: |silu(x)| <= |x| for x > 0 and < 0.28 below,
     # so every value fits the code's width and nothing saturates on the tokens the headroom
@@ -403,15 +414,26 @@ def _silu(s_code: float, s_out: float, out_bits: int, fm: Formats) -> QSilu:
     return QSilu(t_m=t_m, t_s=t_s, m=m, s=s, out_bits=out_bits)
 
 
-def _expert_bank(wg, wu, wd, dense, wn, s_hn, s_gate, s_act, s_e, fm: Formats) -> QExperts:
+def _expert_bank(wg, wu, wd, dense, wn, s_hn, s_gate, s_act, s_e, fm: Formats, glu: str = "swiglu") -> QExperts:
     """A bank of SwiGLU experts (n, d_ff, d) with per-expert (m, s); ``dense``: their
-    calibration activations, ``wn`` the RMSNorm weight folded into gate and up."""
+    calibration activations, ``wn`` the RMSNorm weight folded into gate and up.  SiTU-GLU
+    (``glu = "situ"``): the gate code in SITU's input format, and per expert the up code's
+    requantisation to CAP's input (cap_t_m, cap_t_s); the up code's range is clipped at CAP's
+    (+-64, where 25 tanh(u/25) is within 0.4 of its bound)."""
     A8, LB = fm.act_bits, fm.lut_in_bits
-    cols = {k: [] for k in ("gate_w", "gate_m", "gate_s", "up_w", "up_m", "up_s", "down_w", "down_m", "down_s")}
+    situ = glu == "situ"
+    cols = {k: [] for k in ("gate_w", "gate_m", "gate_s", "up_w", "up_m", "up_s", "down_w", "down_m", "down_s",
+                            *(("cap_t_m", "cap_t_s") if situ else ()))}
     for e in range(wg.shape[0]):
-        s_up = act_scale(dense[1][e], mse=False)     # this expert's own range, never saturating
+        # this expert's own range, never saturating (SiTU-GLU: up to CAP's input range)
+        s_up = act_scale(dense[1][e], mse=False, clip=cap_clip() if situ else None)
         s_prod = s_act * s_up                           # the hidden at exponent 0 (int_expert)
-        for name, w, s_in, s_out, bits in (("gate", wg[e] * wn, s_hn, s_gate, LB), ("up", wu[e] * wn, s_hn, s_up, A8),
+        if situ:
+            t_m, t_s = _mult(s_up / cap_in_scale(fm), fm)
+            cols["cap_t_m"].append(t_m)
+            cols["cap_t_s"].append(t_s)
+        for name, w, s_in, s_out, bits in (("gate", wg[e] * wn, s_hn, s_gate, situ_in_bits(fm) if situ else LB),
+                                           ("up", wu[e] * wn, s_hn, s_up, A8),
                                            ("down", wd[e], s_prod, s_e, A8)):
             lin, _ = _linear(w, s_in, s_out, fm, bits)
             cols[f"{name}_w"].append(lin.w)
@@ -428,10 +450,11 @@ def _quantize_dense(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: flo
     wn = params.mlp_norm_w[None, :]
     g, u, dn = dense_chunks(params.dense, cfg)
     hn = tr["hn_unit"] * wn
-    acts = _experts_dense(g, u, dn, hn)
-    s_gate, s_act, s_e, silu = _expert_scales(fm, [acts])
+    glu = cfg.model.glu
+    acts = _experts_dense(g, u, dn, hn, glu)
+    s_gate, s_act, s_e, silu = _expert_scales(fm, [acts], glu)
     sc = {"e_gate": s_gate, "e_act": s_act, "e_out": s_e}
-    chunks = _expert_bank(g, u, dn, acts, wn, s_hn, s_gate, s_act, s_e, fm)
+    chunks = _expert_bank(g, u, dn, acts, wn, s_hn, s_gate, s_act, s_e, fm, glu)
     sc["moe_out"] = act_scale(tr["moe_out"], fm.resid_bits, headroom=BRANCH_HEADROOM)
     comb_m, comb_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["moe_out"], fm)
     return QDense(silu=silu, chunks=chunks, comb_m=comb_m, comb_s=comb_s), sc

@@ -34,6 +34,7 @@ def _field(default, lo=None, hi=None, choices=None, doc=""):
 
 LAYER_KINDS = ("kda", "mla")
 MIXER_KINDS = ("moe", "dense")
+GLU_KINDS = ("swiglu", "situ")
 ATTN_RES_MODES = ("none", "full", "block")
 
 
@@ -75,6 +76,12 @@ class ModelConfig:
     attn_res_block: int = _field(2, 1, 128, doc="block AttnRes: sub-layers (token mixer, channel mixer) per block")
     moe_latent: int = _field(0, 0, 4096, doc="LatentMoE: the routed experts' latent width, below d_model; "
                                              "0: the plain MoE")
+    # ---- K3 as released (issue 47, difference 5): the gated unit of every expert, shared expert
+    # and dense mixer.  swiglu: W_2 (SiLU(W_1 z) * W_3 z); situ: W_2 (SiTU(W_1 z) * 25 tanh(W_3 z / 25)),
+    # SiTU(g) = 4 tanh(g / 4) sigmoid(g)
+    glu: str = _field("swiglu", choices=GLU_KINDS,
+                      doc="the experts' and dense mixer's gated unit: swiglu (SiLU(gate) * up) or situ "
+                          "(K3's SiTU-GLU: 4 tanh(gate/4) sigmoid(gate) * 25 tanh(up/25))")
 
     def __post_init__(self):
         # the omitted per-layer lists and the dense width follow from the other fields
@@ -119,7 +126,8 @@ class HwConfig:
 # fields whose default is the chip as it was before the field existed: left out of
 # Config.to_dict at that default, so older configs keep their hash (and cache keys)
 _HW_LATER_DEFAULTS = {"state_memory": "flops", "sequences": 1}
-_MODEL_LATER_DEFAULTS = {"kv_rank": 0, "attn_res": "none", "attn_res_block": 2, "moe_latent": 0}
+_MODEL_LATER_DEFAULTS = {"kv_rank": 0, "attn_res": "none", "attn_res_block": 2, "moe_latent": 0,
+                         "glu": "swiglu"}
 _PNR_LATER_DEFAULTS = {"macro_placement": "column", "macro_halo_um": 5.0}
 
 

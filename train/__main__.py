@@ -81,6 +81,9 @@ def main(argv=None) -> int:
     if hybrid_parts(cfg.model):   # the JAX forward pass (train/model.py) is the chip's stack
         ap.error(f"--config {args.config}: {', '.join(hybrid_parts(cfg.model))}: training runs kda layers, "
                  f"model.attn_res = \"none\" and model.moe_latent = 0 so far")
+    if cfg.model.glu != "swiglu":   # train/model.py's experts and dense mixer are SwiGLU so far
+        ap.error(f"--config {args.config}: model.glu = \"{cfg.model.glu}\": training runs model.glu = \"swiglu\" "
+                 f"so far (train/model.py)")
     if cfg.model.vocab < 4:
         ap.error(f"--config {args.config}: model.vocab is {cfg.model.vocab}; allowed is a model config "
                  f"with vocab 4 or more (model-tiny, model-small)")

@@ -227,6 +227,9 @@ CASES = {
     # two beats) with every expert chosen and no shared expert (lat_up's sum starts from zero)
     "latent": ({"moe_latent": 8}, 16, False),
     "latent6_kE_no_shared": ({"moe_latent": 6, "top_k": 4, "n_shared": 0}, 16, True),
+    # SiTU-GLU (issue 47): the SITU table and the up cap, on the plain and the latent MoE
+    "situ": ({"glu": "situ"}, 24, False),
+    "situ_latent": ({"glu": "situ", "moe_latent": 8}, 16, False),
 }
 
 
@@ -379,7 +382,7 @@ def layer_order_coverage(layers, mixers) -> dict:
             "same_layer": any(a == b for a, b in pairs)}
 
 
-@pytest.mark.parametrize("rows", ["config", "one_beat_rows"])
+@pytest.mark.parametrize("rows", ["config", "one_beat_rows", "situ"])
 def test_moe_model_tiny_icarus(rows, tmp_path):
     """model-tiny's four layers (layer 0 dense, 1..3 MoE) on one unit: tokens of every layer in
     a mixed order, each with its layer index and that layer's parameters on the ports (random
@@ -388,9 +391,14 @@ def test_moe_model_tiny_icarus(rows, tmp_path):
     token; bit-exact with int_dense_step / int_moe_step of the token's layer, every weight
     request at the address the memory map gives that layer.  ``one_beat_rows``: a 16-byte
     port (every row one beat), so a segment's first beat ends a row and takes its (m, s)
-    from the bank of the segment just begun (the unit's registered bank)."""
+    from the bank of the segment just begun (the unit's registered bank).  ``situ``: the same
+    model with K3's SiTU-GLU (model.glu = "situ", issue 47) in the dense layer's chunks and
+    every expert."""
+    from moekda.config import with_settings
     from model.cases import model_config, quick_model
     cfg = model_config(sim_config("model-tiny"))
+    if rows == "situ":
+        cfg = with_settings(cfg, ['model.glu="situ"'])
     if cfg.model.is_layer_chip:
         pytest.skip(f"{cfg.name} is a layer chip: no layers to sequence (the cases above run it)")
     if rows == "one_beat_rows":
