@@ -67,14 +67,14 @@ def e2m1_decode(codes) -> np.ndarray:
 
 def e2m1_half_units(codes) -> np.ndarray:
     """E2M1 codes -> signed integers in units of 0.5: {0, +-1, +-2, +-3, +-4, +-6, +-8, +-12}
-    (4 significant... at most 2 significant bits times a power of two; |.| <= 12, 5 bits signed)."""
+    (a 2-bit significand 1..3 times 1, 2 or 4; |.| <= 12, 5 bits signed)."""
     c = np.asarray(codes, dtype=np.int64)
     if np.any((c < 0) | (c > 15)):
         raise ValueError("e2m1_half_units: code outside 0..15")
     return np.where(c >= 8, -1, 1) * E2M1_HALF[c & 7]
 
 
-def _rne_to_grid(a, lo_code, grid):
+def _rne_to_grid(a, grid):
     """Round magnitudes ``a`` (>= 0, finite) to ``grid`` (increasing, grid[0] = 0) at the
     nearest point, ties to the even index, saturating at grid[-1]; returns indices."""
     hi = np.clip(np.searchsorted(grid, a, side="left"), 1, len(grid) - 1)   # grid[hi-1] < a <= grid[hi]
@@ -91,7 +91,7 @@ def e2m1_encode(x) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     if not np.all(np.isfinite(x)):
         raise ValueError("e2m1_encode: NaN or Inf (E2M1 has neither)")
-    idx = _rne_to_grid(np.abs(x), 0, E2M1_HALF / 2.0)
+    idx = _rne_to_grid(np.abs(x), E2M1_HALF / 2.0)
     return (idx + np.where(np.signbit(x), 8, 0)).astype(np.int64)
 
 
@@ -111,8 +111,8 @@ def e4m3_decode(codes) -> np.ndarray:
     if np.any((c < 0) | (c > 255)):
         raise ValueError("e4m3_decode: code outside 0..255")
     mag = c & 0x7F
-    v = np.where(c >= 128, -1.0, 1.0) * E4M3_GRID[np.minimum(mag, 126)]
-    return np.where(mag == E4M3_NAN, np.nan, v)
+    sign = np.where(c >= 128, -1.0, 1.0)
+    return np.where(mag == E4M3_NAN, np.copysign(np.nan, sign), sign * E4M3_GRID[np.minimum(mag, 126)])
 
 
 def e4m3_encode(x) -> np.ndarray:
@@ -122,7 +122,7 @@ def e4m3_encode(x) -> np.ndarray:
     0x7F with its sign bit; +-Inf saturates."""
     x = np.asarray(x, dtype=np.float64)
     a = np.abs(np.where(np.isnan(x), 0.0, x))
-    idx = _rne_to_grid(np.minimum(a, 1e300), 0, E4M3_GRID)
+    idx = _rne_to_grid(np.minimum(a, 1e300), E4M3_GRID)
     code = idx + np.where(np.signbit(x), 128, 0)
     return np.where(np.isnan(x), E4M3_NAN + np.where(np.signbit(x), 128, 0), code).astype(np.int64)
 
