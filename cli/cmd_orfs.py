@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cli import UserError
-from moekda.config import load_config
+from moekda.config import load_config, require_chip_formats
 
 
 def configure(p):
@@ -38,6 +38,7 @@ def run(args) -> int:
     if args.output is None:
         raise UserError("-o is required: the design directory to write (with --compare: the JSON file)")
     cfg = load_config(args.config)
+    require_chip_formats(cfg)       # MXFP4 / MXFP8: numpy models only (issue 48)
     top, block = resolve_top(args.top)   # the same top and build layout as `moekda synth`
     if args.compare is not None:
         from flow.orfs import write_comparison

@@ -6,7 +6,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from moekda.config import load_config
+from moekda.config import load_config, require_chip_formats
 
 
 def configure(p):
@@ -43,6 +43,8 @@ def run(args) -> int:
     from cli.cmd_synth import resolve_top
 
     cfg = load_config(args.config)
+
+    require_chip_formats(cfg)       # MXFP4 / MXFP8: numpy models only (issue 48)
     mode = "fast" if args.fast else "signoff"
     if args.check:
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from cli.cmd_synth import resolve_top
-from moekda.config import load_config
+from moekda.config import load_config, require_chip_formats
 from moekda.errors import UserError
 
 MAX_TOKENS = 1024
@@ -40,6 +40,7 @@ def run(args) -> int:
     if not 1 <= args.warmup <= MAX_TOKENS:
         raise UserError(f"--warmup {args.warmup}: allowed range is 1 to {MAX_TOKENS} (the window starts at a token out)")
     cfg = load_config(args.config)
+    require_chip_formats(cfg)       # MXFP4 / MXFP8: numpy models only (issue 48)
     openroad = find_openroad()
     top, block = resolve_top(None)
     build = BuildPaths.for_config(cfg, top=top, block=block)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cli import UserError
-from moekda.config import load_config
+from moekda.config import load_config, require_chip_formats
 
 
 def configure(p):
@@ -26,6 +26,7 @@ def run(args) -> int:
     from flow.paths import BuildPaths
     from hw.tops import top_verilog
     cfg = load_config(args.config)
+    require_chip_formats(cfg)       # MXFP4 / MXFP8: numpy models only (issue 48)
     out = args.output or BuildPaths.for_config(cfg, top=args.top).rtl
     try:
         text = top_verilog(args.top, cfg)

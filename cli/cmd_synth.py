@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from cli import UserError
-from moekda.config import load_config
+from moekda.config import load_config, require_chip_formats
 
 STEPS = ("rtl", "synth", "sta", "metrics", "report")
 
@@ -110,6 +110,8 @@ def run(args) -> int:
     from pdk.kit import KitError, find_kit
 
     cfg = load_config(args.config)
+
+    require_chip_formats(cfg)       # MXFP4 / MXFP8: numpy models only (issue 48)
     if args.paths < 1:
         raise UserError(f"--paths {args.paths}: must be at least 1")
     activity = DEFAULT_ACTIVITY if args.activity is None else args.activity

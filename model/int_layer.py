@@ -33,7 +33,7 @@ def int_channel_mix(qp: QLayer, cfg: Config, fm, hn, t: dict):
     (resid_bits)."""
     if qp.dense is not None:
         return int_dense_step(qp.dense, cfg, fm, hn, t)
-    return int_moe_step(qp.moe, cfg, fm, hn, t)[0]
+    return int_moe_step(qp.moe, cfg, fm, hn, t, h=t.get("h"))[0]
 
 
 def int_layer_step(qp: QLayer, cfg: Config, state, x, trace=None):

@@ -23,9 +23,10 @@ import numpy as np
 
 from moekda.config import Config
 from moekda.formats import Formats, derived_widths
+from moekda.mx import mx8_round_int, mx_block_dot, mx_widths
 from moekda.numerics import bit_length, requantize, round_shift, saturate, udiv_floor
 from moekda.tables import situ_in_bits
-from model.int_ops import check_width, int_cap, int_linear, int_lut, int_silu, int_situ
+from model.int_ops import check_width, int_cap, int_linear, int_lut, int_normalize, int_silu, int_situ
 from model.qparams import QDense, QExperts, QMoE
 
 
@@ -42,6 +43,19 @@ def int_route(q: QMoE, cfg: Config, fm: Formats, score):
     wn = udiv_floor(w << fm.wn_frac, np.broadcast_to(tot, w.shape), widths["div_num"], widths["div_den"])
     wt = round_shift(wn * q.rs, fm.rs_frac)
     return idx, wt
+
+
+def _bank_acc(bank: QExperts, name: str, e: int, x, fm: Formats, what: str):
+    """The accumulator of matrix ``name`` of expert e against x: int8 W @ x on the engine, or
+    (an MXFP4 bank, issue 48) the MXFP4 engine's blocks (moekda.mx.mx_block_dot): E2M1 half
+    units times x, each block's sum shifted left by its scale byte minus the matrix's floor."""
+    w = getattr(bank, f"{name}_w")[e]
+    sb = getattr(bank, f"{name}_sb")
+    if sb is None:
+        return check_width(x @ w.T, fm.acc_bits, what)
+    acc = mx_block_dot(w, sb[e] - getattr(bank, f"{name}_sf")[e], x, fm.mx_block)
+    bits = mx_widths(w.shape[-1], max(fm.mx_in_bits, fm.act_bits), fm.mx_scale_range, fm.mx_block)["mx_acc"]
+    return check_width(acc, bits, what)
 
 
 def int_expert(bank: QExperts, e: int, q: QMoE, fm: Formats, hn, trace=None):
@@ -69,8 +83,8 @@ def int_expert(bank: QExperts, e: int, q: QMoE, fm: Formats, hn, trace=None):
 
     and prod, sh, hid, out as above.
     """
-    acc_g = check_width(hn @ bank.gate_w[e].T, fm.acc_bits, "expert gate accumulator")
-    acc_u = check_width(hn @ bank.up_w[e].T, fm.acc_bits, "expert up accumulator")
+    acc_g = _bank_acc(bank, "gate", e, hn, fm, "expert gate accumulator")
+    acc_u = _bank_acc(bank, "up", e, hn, fm, "expert up accumulator")
     situ = q.silu is None
     gate = requantize(acc_g, int(bank.gate_m[e]), int(bank.gate_s[e]), situ_in_bits(fm) if situ else fm.lut_in_bits)
     act = int_situ(gate, fm) if situ else int_silu(q.silu, gate, fm)
@@ -84,17 +98,19 @@ def int_expert(bank: QExperts, e: int, q: QMoE, fm: Formats, hn, trace=None):
     down_s = int(bank.down_s[e]) - sh
     if np.any(down_s < 1):
         raise OverflowError("int_expert: down-projection shift below 1")
-    acc_d = check_width(hid @ bank.down_w[e].T, fm.acc_bits, "expert down accumulator")
+    acc_d = _bank_acc(bank, "down", e, hid, fm, "expert down accumulator")
     out = requantize(acc_d, int(bank.down_m[e]), down_s[..., None], fm.expert_out_bits)
     if trace is not None:
         trace.append({"gate": gate, "act": act, "up": up, "hid": hid, "hid_shift": np.int64(sh), "out": out})
     return out
 
 
-def int_moe_step(q: QMoE, cfg: Config, fm: Formats, hn, trace=None):
+def int_moe_step(q: QMoE, cfg: Config, fm: Formats, hn, trace=None, h=None):
     """One token through the MoE block. hn: (d,) int8. Returns (out (resid_bits), (idx, wt)).
     A batch of tokens (hn (..., d)) is computed expert by expert, each on the tokens that
-    chose it (the sums are exact integers: their order does not matter)."""
+    chose it (the sums are exact integers: their order does not matter).  ``h``: the
+    residual stream hn was normalised from, read when the routed experts' input is MXFP8
+    (QMoE.mx_norm; issue 48)."""
     m = cfg.model
     hn = check_width(np.asarray(hn, dtype=np.int64), fm.act_bits, "moe input")
     t = trace if trace is not None else {}
@@ -109,6 +125,16 @@ def int_moe_step(q: QMoE, cfg: Config, fm: Formats, hn, trace=None):
     xr = int_linear(q.lat_down, hn, fm, "latent down") if latent else hn
     if latent:
         t["lat_z"] = xr
+    if cfg.formats.expert_inputs == "mxfp8_e4m3":
+        # MXFP8 (issue 48): a 16-bit source (LatentMoE: lat_down at 16 bits; MoE: h normalised
+        # to 16 bits by mx_norm) rounded to E4M3 blocks of 32, kept in the source's units
+        if not latent:
+            if h is None:
+                raise ValueError("int_moe_step: MXFP8 expert inputs need h (the residual stream)")
+            xr = int_normalize(np.asarray(h, dtype=np.int64)[..., None, :], q.mx_norm, fm, fm.mx_in_bits)[..., 0, :]
+        t["mx_src"] = xr
+        xr = mx8_round_int(xr, fm.mx_block)
+        t["mx_in"] = xr
     width = xr.shape[-1]
     racc = np.zeros(xr.shape, dtype=np.int64)
     if xr.ndim == 1:

@@ -106,6 +106,17 @@ class QExperts:
     # CAP table's input t (moekda/tables.py), per expert as the up code's scale is; None for SwiGLU
     cap_t_m: Optional[np.ndarray] = None
     cap_t_s: Optional[np.ndarray] = None
+    # MXFP4 (formats.*_expert_weights = "mxfp4", issue 48; moekda/mx.py): the *_w arrays hold
+    # E2M1 elements in half units (|w| <= 12), *_sb the E8M0 scale byte of every block of 32
+    # along the input (n, rows, blocks), *_sf the matrix's floor byte (n,): block b's partial
+    # sum is shifted left by sb - sf (0..Formats.mx_scale_range), and (m, s) carry
+    # 2^-1 * 2^(sf - 127).  None: int8 as above.
+    gate_sb: Optional[np.ndarray] = None
+    gate_sf: Optional[np.ndarray] = None
+    up_sb: Optional[np.ndarray] = None
+    up_sf: Optional[np.ndarray] = None
+    down_sb: Optional[np.ndarray] = None
+    down_sf: Optional[np.ndarray] = None
 
 
 @dataclass
@@ -127,6 +138,11 @@ class QMoE:
     lat_up: Optional[QLinear] = None
     lat_m: Optional[int] = None
     lat_s: Optional[int] = None
+    # formats.expert_inputs = "mxfp8_e4m3" (issue 48): the routed experts' input is a 16-bit
+    # vector rounded to MXFP8 (moekda.mx.mx8_round_int): the plain MoE's is h normalised by
+    # mx_norm to 16 bits (the MLP norm's rsqrt, its own K), the LatentMoE's is lat_down's
+    # output, then 16 bits wide
+    mx_norm: Optional[QNorm] = None
 
 
 @dataclass

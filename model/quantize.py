@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from moekda.config import Config
+from moekda import mx
 from moekda.formats import Formats, formats_for
 from moekda.numerics import quantize_multiplier, shared_shift_multipliers
 from moekda.tables import (ALPHA_Z_MID, SITU_OUT_FRAC, cap_clip, cap_in_scale, fixed_in_scale, fixed_table,
@@ -197,7 +198,7 @@ def quantize_layer(params: LayerParams, cfg: Config, seqs=None, model_seed: int 
     elif params.lmoe is not None:
         (qmoe, sc_moe), qdense = _quantize_latent_moe(params, cfg, fm, tr, sc["hn_unit"]), None
     else:
-        (qmoe, sc_moe), qdense = _quantize_moe(params, cfg, fm, tr, sc["hn_unit"]), None
+        (qmoe, sc_moe), qdense = _quantize_moe(params, cfg, fm, tr, sc["hn_unit"], sc["h"]), None
     sc.update(sc_moe)
     sc["y"] = act_scale(tr["y"], fm.resid_bits, headroom=RESID_HEADROOM) if depth_scale is None else depth_scale
     res2 = _residual(sc["h"], sc["moe_out"], sc["y"], fm, depth_scale is not None)
@@ -306,7 +307,8 @@ def _quantize_mla(params: LayerParams, cfg: Config, fm: Formats, tr, sc: dict) -
                 o_proj=o_proj)
 
 
-def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float):
+def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float, s_h: float = 1.0):
+    """The MoE (QMoE); ``s_h``: the scale of h, read by the MXFP8 input's norm (issue 48)."""
     p = params.moe
     wn = params.mlp_norm_w[None, :]
     sc = {}
@@ -319,11 +321,20 @@ def _quantize_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float
     shared = _experts_dense(p.sh_gate, p.sh_up, p.sh_down, hn, glu)
     s_gate, s_act, s_e, silu = _expert_scales(fm, [routed, shared], glu)
     sc.update(e_gate=s_gate, e_act=s_act, e_out=s_e)
-    bank = lambda wg, wu, wd, dense: _expert_bank(wg, wu, wd, dense, wn, s_hn, s_gate, s_act, s_e, fm, glu)
+    f = cfg.formats
+    bank = lambda wg, wu, wd, dense, s_in, wfmt: _expert_bank(wg, wu, wd, dense, wn, s_in, s_gate, s_act, s_e, fm,
+                                                               wfmt, glu)
+    # MXFP8 routed inputs (issue 48): h normalised to mx_in_bits at its own scale, then E4M3 blocks
+    mx_norm, s_rin = None, s_hn
+    if f.expert_inputs == "mxfp8_e4m3":
+        sc["mx_src"] = s_rin = act_scale(tr["hn_unit"], fm.mx_in_bits, headroom=RESID_HEADROOM)
+        mx_norm = _norm(cfg.model.norm_eps * cfg.model.d_model / s_h ** 2,
+                        math.sqrt(cfg.model.d_model) / s_rin, fm)
 
     q = QMoE(router=router, score=score, bias=bias, silu=silu,
-             routed=bank(p.w_gate, p.w_up, p.w_down, routed), shared=bank(p.sh_gate, p.sh_up, p.sh_down, shared),
-             **_combine(cfg, fm, tr, s_e, sc))
+             routed=bank(p.w_gate, p.w_up, p.w_down, routed, s_rin, f.routed_expert_weights),
+             shared=bank(p.sh_gate, p.sh_up, p.sh_down, shared, s_hn, f.shared_expert_weights),
+             mx_norm=mx_norm, **_combine(cfg, fm, tr, s_e, sc))
     return q, sc
 
 
@@ -347,8 +358,13 @@ def _quantize_latent_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn
     sc = {}
     router, score, bias = _router(p.w_router * wn, p.router_bias, s_hn, cfg, sc)
 
-    sc["lat_z"] = act_scale(tr["lat_z"])
-    lat_down, _ = _linear(p.w_lat_down * wn, s_hn, sc["lat_z"], fm, A8)
+    f = cfg.formats
+    if f.expert_inputs == "mxfp8_e4m3":      # the latent at mx_in_bits, then MXFP8 blocks (issue 48)
+        sc["lat_z"] = sc["mx_src"] = act_scale(tr["lat_z"], fm.mx_in_bits, headroom=RESID_HEADROOM)
+        lat_down, _ = _linear(p.w_lat_down * wn, s_hn, sc["lat_z"], fm, fm.mx_in_bits)
+    else:
+        sc["lat_z"] = act_scale(tr["lat_z"])
+        lat_down, _ = _linear(p.w_lat_down * wn, s_hn, sc["lat_z"], fm, A8)
     hn = tr["hn_unit"] * params.mlp_norm_w[None, :]
     z = tr["lat_z"].reshape(-1, p.w_lat_down.shape[0])
     glu = cfg.model.glu
@@ -357,8 +373,10 @@ def _quantize_latent_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn
     s_gate, s_act, s_e, silu = _expert_scales(fm, [routed, shared], glu)
     sc.update(e_gate=s_gate, e_act=s_act, e_out=s_e)
     ones = np.ones((1, z.shape[1]))
-    q_routed = _expert_bank(p.w_gate, p.w_up, p.w_down, routed, ones, sc["lat_z"], s_gate, s_act, s_e, fm, glu)
-    q_shared = _expert_bank(p.sh_gate, p.sh_up, p.sh_down, shared, wn, s_hn, s_gate, s_act, s_e, fm, glu)
+    q_routed = _expert_bank(p.w_gate, p.w_up, p.w_down, routed, ones, sc["lat_z"], s_gate, s_act, s_e, fm,
+                            f.routed_expert_weights, glu)
+    q_shared = _expert_bank(p.sh_gate, p.sh_up, p.sh_down, shared, wn, s_hn, s_gate, s_act, s_e, fm,
+                            f.shared_expert_weights, glu)
 
     sc["lat_routed"] = act_scale(tr["lat_routed"], mse=False)
     lat_m, lat_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["lat_routed"], fm)
@@ -414,16 +432,22 @@ def _silu(s_code: float, s_out: float, out_bits: int, fm: Formats) -> QSilu:
     return QSilu(t_m=t_m, t_s=t_s, m=m, s=s, out_bits=out_bits)
 
 
-def _expert_bank(wg, wu, wd, dense, wn, s_hn, s_gate, s_act, s_e, fm: Formats, glu: str = "swiglu") -> QExperts:
+def _expert_bank(wg, wu, wd, dense, wn, s_hn, s_gate, s_act, s_e, fm: Formats, wfmt: str = "int8",
+                 glu: str = "swiglu") -> QExperts:
     """A bank of SwiGLU experts (n, d_ff, d) with per-expert (m, s); ``dense``: their
-    calibration activations, ``wn`` the RMSNorm weight folded into gate and up.  SiTU-GLU
-    (``glu = "situ"``): the gate code in SITU's input format, and per expert the up code's
-    requantisation to CAP's input (cap_t_m, cap_t_s); the up code's range is clipped at CAP's
-    (+-64, where 25 tanh(u/25) is within 0.4 of its bound)."""
+    calibration activations, ``wn`` the RMSNorm weight folded into gate and up.  ``wfmt``
+    "mxfp4" (issue 48): every matrix in MXFP4 (``quant_weight_mxfp4``), its (m, s) carrying
+    the matrix's floor scale.  SiTU-GLU (``glu = "situ"``): the gate code in SITU's input
+    format, and per expert the up code's requantisation to CAP's input (cap_t_m, cap_t_s); the
+    up code's range is clipped at CAP's (+-64, where 25 tanh(u/25) is within 0.4 of its bound)."""
     A8, LB = fm.act_bits, fm.lut_in_bits
     situ = glu == "situ"
-    cols = {k: [] for k in ("gate_w", "gate_m", "gate_s", "up_w", "up_m", "up_s", "down_w", "down_m", "down_s",
-                            *(("cap_t_m", "cap_t_s") if situ else ()))}
+    names = ("gate_w", "gate_m", "gate_s", "up_w", "up_m", "up_s", "down_w", "down_m", "down_s")
+    if wfmt == "mxfp4":
+        names += ("gate_sb", "gate_sf", "up_sb", "up_sf", "down_sb", "down_sf")
+    if situ:
+        names += ("cap_t_m", "cap_t_s")
+    cols = {k: [] for k in names}
     for e in range(wg.shape[0]):
         # this expert's own range, never saturating (SiTU-GLU: up to CAP's input range)
         s_up = act_scale(dense[1][e], mse=False, clip=cap_clip() if situ else None)
@@ -435,13 +459,32 @@ def _expert_bank(wg, wu, wd, dense, wn, s_hn, s_gate, s_act, s_e, fm: Formats, g
         for name, w, s_in, s_out, bits in (("gate", wg[e] * wn, s_hn, s_gate, situ_in_bits(fm) if situ else LB),
                                            ("up", wu[e] * wn, s_hn, s_up, A8),
                                            ("down", wd[e], s_prod, s_e, A8)):
-            lin, _ = _linear(w, s_in, s_out, fm, bits)
-            cols[f"{name}_w"].append(lin.w)
-            cols[f"{name}_m"].append(lin.m)
-            cols[f"{name}_s"].append(lin.s)
+            if wfmt == "mxfp4":
+                wq, sb, sf, sw = quant_weight_mxfp4(w, fm)
+                m, s = _mult(sw * s_in / s_out, fm)
+                cols[f"{name}_sb"].append(sb)
+                cols[f"{name}_sf"].append(sf)
+            else:
+                lin, _ = _linear(w, s_in, s_out, fm, bits)
+                wq, m, s = lin.w, lin.m, lin.s
+            cols[f"{name}_w"].append(wq)
+            cols[f"{name}_m"].append(m)
+            cols[f"{name}_s"].append(s)
     if wg.shape[0] == 0:
         return QExperts(**{k: np.zeros((0,), np.int64) for k in cols})
     return QExperts(**{k: np.array(v, dtype=np.int64) for k, v in cols.items()})
+
+
+def quant_weight_mxfp4(w, fm: Formats):
+    """MXFP4 of a matrix (out, in) in blocks of fm.mx_block along the input (moekda/mx.py: OCP
+    floor rule, RNE, saturation at 6), every block's scale byte at least the matrix's floor
+    max(byte) - fm.mx_scale_range (a block below it is quantised at the floor's scale: the
+    engine's shifts stay within mx_scale_range).  Returns (E2M1 half units, scale bytes
+    (out, blocks), floor byte, the real value of one half unit at the floor: 2^-1 2^(floor-127))."""
+    sb0 = mx.block_scale_bytes(w, "e2m1", fm.mx_block)
+    floor = max(int(sb0.max()) - fm.mx_scale_range, 0)
+    codes, sb = mx.mx_quantize(w, "e2m1", fm.mx_block, min_byte=floor)
+    return mx.e2m1_half_units(codes), sb, floor, 0.5 * 2.0 ** (floor - mx.E8M0_BIAS)
 
 
 def _quantize_dense(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: float):
@@ -454,7 +497,7 @@ def _quantize_dense(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn: flo
     acts = _experts_dense(g, u, dn, hn, glu)
     s_gate, s_act, s_e, silu = _expert_scales(fm, [acts], glu)
     sc = {"e_gate": s_gate, "e_act": s_act, "e_out": s_e}
-    chunks = _expert_bank(g, u, dn, acts, wn, s_hn, s_gate, s_act, s_e, fm, glu)
+    chunks = _expert_bank(g, u, dn, acts, wn, s_hn, s_gate, s_act, s_e, fm, cfg.formats.shared_expert_weights, glu)
     sc["moe_out"] = act_scale(tr["moe_out"], fm.resid_bits, headroom=BRANCH_HEADROOM)
     comb_m, comb_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["moe_out"], fm)
     return QDense(silu=silu, chunks=chunks, comb_m=comb_m, comb_s=comb_s), sc

@@ -105,6 +105,11 @@ def requantize_rows(acc, mult, shift, out_bits: int = 8):
     return saturate((acc * m + (np.int64(1) << (s - 1))) >> s, out_bits)
 
 
+def clog2(n: int) -> int:
+    """Bits to count 0..n-1 (ceil(log2 n)), at least 0."""
+    return max(0, (n - 1).bit_length())
+
+
 def bit_length(a):
     """Number of bits of non-negative integers (0 -> 0), elementwise (a leading-one detector)."""
     a = np.asarray(a, dtype=np.int64)
