@@ -89,7 +89,7 @@ def test_stale_only_when_the_verilog_changes(tmp_path, liberty):
 
 
 def test_a_new_package_version_is_a_source_change(tmp_path, monkeypatch):
-    from moekda import fingerprint
+    from flow import fingerprint
     record = generator_record()
     assert generator_unchanged(record)
     real = fingerprint._versions
