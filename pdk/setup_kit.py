@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdk import lef_patch
-from pdk.kit import CHECKSUMS, DEFAULT_KIT_DIR, DERIVED_KIT_DIR, KIT_WHEELS, KitError, find_kit
+from pdk.kit import CHECKSUMS, DEFAULT_KIT_DIR, KIT_WHEELS, KitError, derived_dir, find_kit
 
 
 @dataclass(frozen=True)
@@ -136,8 +136,8 @@ def main(argv=None) -> int:
     try:
         if os.environ.get("NANGATE45_DIR"):
             kit = find_kit(("liberty", "source_tech_lef", "source_cell_lef"))
-            made = make_derived(kit.root, DERIVED_KIT_DIR, check=False)
-            print(f"Nangate45 kit: using NANGATE45_DIR={kit.root}; patched LEFs in {DERIVED_KIT_DIR} "
+            made = make_derived(kit.root, derived_dir(kit.root), check=False)
+            print(f"Nangate45 kit: using NANGATE45_DIR={kit.root}; patched LEFs in {derived_dir(kit.root)} "
                   f"({', '.join(p.name for p in made)})")
             return 0
         dest = DEFAULT_KIT_DIR
