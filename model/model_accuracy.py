@@ -111,11 +111,13 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m model.model_accuracy", description=__doc__.split("\n\n")[0])
-    ap.add_argument("-c", "--config", default="model-tiny")
-    ap.add_argument("--param-seed", type=int, default=400)
-    ap.add_argument("--eval-seed", type=int, default=600)
+def study_args(argv, prog: str, doc: str, config: str, param_seed: int, eval_seed: int):
+    """The command line every seed-pair study of a model config shares (this one and
+    model/mx_accuracy.py): (args, config), or (None, None) after a one-line error."""
+    ap = argparse.ArgumentParser(prog=f"python -m model.{prog}", description=doc.split("\n\n")[0])
+    ap.add_argument("-c", "--config", default=config)
+    ap.add_argument("--param-seed", type=int, default=param_seed)
+    ap.add_argument("--eval-seed", type=int, default=eval_seed)
     ap.add_argument("--pairs", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
@@ -125,10 +127,17 @@ def main(argv=None) -> int:
     try:
         cfg = with_settings(load_config(args.config), args.set)
     except ConfigError as e:
-        print(f"model_accuracy: error: {e}", file=sys.stderr)
-        return 2
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return None, None
     if cfg.model.vocab == 0:
-        print(f"model_accuracy: error: config {cfg.name} has no vocabulary (model.vocab = 0)", file=sys.stderr)
+        print(f"{prog}: error: config {cfg.name} has no vocabulary (model.vocab = 0)", file=sys.stderr)
+        return None, None
+    return args, cfg
+
+
+def main(argv=None) -> int:
+    args, cfg = study_args(argv, "model_accuracy", __doc__, "model-tiny", 400, 600)
+    if cfg is None:
         return 2
     rows = [evaluate_model(cfg, args.param_seed + i, args.eval_seed + i, args.tokens) for i in range(args.pairs)]
     print(markdown(rows))

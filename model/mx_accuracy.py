@@ -20,7 +20,6 @@ model and the logits cosine (dequantised integer logits).
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import sys
@@ -29,11 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from moekda import mx
-from moekda.config import ConfigError, load_config, with_settings
+from moekda.config import with_settings
 from moekda.formats import formats_for
 from model.float_model import next_tokens, run_model
 from model.float_ops import silu
 from model.int_model import dequantize_logits, int_next_tokens, int_run_model
+from model.model_accuracy import study_args
 from model.params import random_model_params, random_tokens
 from model.quantize import quant_weight, quant_weight_mxfp4, quantize_model
 
@@ -146,22 +146,8 @@ def summary(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m model.mx_accuracy", description=__doc__.split("\n\n")[0])
-    ap.add_argument("-c", "--config", default="model-tiny-mxfp4")
-    ap.add_argument("--param-seed", type=int, default=700)
-    ap.add_argument("--eval-seed", type=int, default=800)
-    ap.add_argument("--pairs", type=int, default=1)
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
-    ap.add_argument("-o", "--output", help="JSON file for the rows and the summary")
-    args = ap.parse_args(argv)
-    try:
-        cfg = with_settings(load_config(args.config), args.set)
-    except ConfigError as e:
-        print(f"mx_accuracy: error: {e}", file=sys.stderr)
-        return 2
-    if cfg.model.vocab == 0:
-        print(f"mx_accuracy: error: config {cfg.name} has no vocabulary (model.vocab = 0)", file=sys.stderr)
+    args, cfg = study_args(argv, "mx_accuracy", __doc__, "model-tiny-mxfp4", 700, 800)
+    if cfg is None:
         return 2
     rows = []
     for i in range(args.pairs):
