@@ -40,7 +40,7 @@ help:
 	@echo "  CONFIG is a name under configs/ (tiny, small) or a path to a .toml file; default tiny."
 
 # ---- set-up ---------------------------------------------------------------
-$(STAMP): pyproject.toml pdk/nangate45.sha256 tools/setup.sh
+$(STAMP): pyproject.toml pdk/nangate45.sha256 pdk/nangate45.derived.sha256 pdk/lef_patch.py tools/setup.sh
 	@PYTHON=$(PYTHON) VENV=$(VENV) bash tools/setup.sh
 	@touch $@
 

@@ -51,8 +51,9 @@ CATEGORIES: tuple[Category, ...] = (
              ("kda", "kda/delta/**", "kda/conv/**", "kda/lut_*/**", "kda/silu_sigmoid/**")),
     Category("router_topk", "router and top-k",
              ("moe/route/**", "moe/topk/**", "moe/score_lut/**")),
-    Category("experts", "experts' datapath (MoE control, SiLU, combine)",
-             ("moe", "moe/silu_sigmoid/**")),
+    Category("experts", "experts' datapath (MoE control, SiLU or SiTU-GLU, combine)",
+             ("moe", "moe/silu_sigmoid/**",
+              "moe/situ_lut/**", "moe/cap_cap/**")),   # SiTU-GLU (model.glu = "situ"): SITU and CAP ROMs
     Category("residual", "token buffers and residual adds (top)",
              (TOP, DATAPATH, "res1/**", "res2/**")),
     Category("control", "control (weight arbiter, port slices, CSRs)",

@@ -21,7 +21,7 @@ Yosys cannot relate to anything.  A block is proven when every pair is: the netl
 computes exactly what the RTL does, from any state the two share, on every input.  What
 the passes cannot prove (state that synthesis re-encoded or merged, so no register pair
 matches; designs too deep for the SAT problems) stays unproven and is left to gate-level
-simulation (sim/tests/test_gate_level.py); docs/flow.md lists which blocks are which.
+simulation (sim/tests/chip/test_gate_level.py); docs/flow.md lists which blocks are which.
 
 ``python -m flow.equiv BLOCK [-c CONFIG]`` synthesises one of ``BLOCKS`` and checks it.
 """

@@ -190,7 +190,7 @@ def _check_netlist(cfg: Config, build: BuildPaths):
 def _check_netlist_rtl(cfg: Config, build: BuildPaths):
     """The netlist was synthesised from the RTL written now, where its metrics.json says (a
     synthesis before rtl__verilog_digest was recorded is taken on its config hash alone)."""
-    from moekda.fingerprint import verilog_digest
+    from flow.fingerprint import verilog_digest
     recorded = json.loads(build.metrics.read_text()).get("rtl__verilog_digest")
     if recorded and recorded != verilog_digest([build.rtl.read_text()]):
         # ORFS would be handed RTL and a netlist of two different designs

@@ -84,6 +84,9 @@ def stage_named(name: str) -> Stage:
 # detailed router stopped after DETAILED_ROUTE_END_ITERATION passes (OpenROAD's own
 # default is 64) with whatever violations are left.  Its files are kept apart
 # (pnr-fast/), so both can sit side by side.
+# an instance of one of the library's integrated clock gates in a Verilog netlist
+CLOCK_GATE_INSTANCE = re.compile(r"^\s*CLKGATE\w*\s+\S+\s*\(", re.M)
+
 PNR_MODES: dict[str, dict[str, int]] = {
     "signoff": {"GPL_TIMING_DRIVEN": 1, "GPL_ROUTABILITY_DRIVEN": 1, "SKIP_INCREMENTAL_REPAIR": 0,
                 "DETAILED_ROUTE_END_ITERATION": 64},
@@ -161,6 +164,13 @@ def pnr_settings(cfg: Config, kit: Kit, paths: PnrPaths, netlist: Path, sdc: Pat
     ``design_area_um2`` (the netlist's cell area, macros included): sizes the macro placement."""
     pnr = cfg.pnr
     macros = macro_settings(cfg, kit, paths, netlist, platform, design_area_um2)
+    # OpenROAD's sink clustering stops CTS with "CTS-0080 Sink not found" (26Q3-1551) on a
+    # clock with SRAM macros or clock gates (model-tiny-sram: 16 macros and 825 gates in the
+    # tree CTS builds for non-register sinks; the matrix-vector block with its 13 gates),
+    # whatever -macro_clustering_size says; the plain H-tree down to 15 sinks a leaf builds
+    # (docs/pnr.md, "Clock tree with macros and clock gates")
+    text = netlist.read_text() if netlist.is_file() else ""
+    clustering = not macros["MACRO_LEFS"] and not CLOCK_GATE_INSTANCE.search(text)
     settings: dict[str, object] = {
         "DESIGN_NAME": paths.build.top,
         **PNR_MODES[paths.mode],
@@ -169,6 +179,7 @@ def pnr_settings(cfg: Config, kit: Kit, paths: PnrPaths, netlist: Path, sdc: Pat
         "LIB_FILES": (kit.liberty, *macros.pop("MACRO_LIBS")),
         **macros,
         "NETLIST": netlist,
+        "CTS_SINK_CLUSTERING": int(clustering),
         "SDC_FILE": sdc,
         "REPORTS_DIR": paths.reports,
         # floorplan (initialize_floorplan takes percent, the config a fraction)
@@ -226,15 +237,9 @@ def macro_settings(cfg: Config, kit: Kit, paths: PnrPaths, netlist: Path, platfo
                               "MACRO_PLACEMENT": "", "MACRO_HALO": cfg.pnr.macro_halo_um,
                               "PDN_MACRO_HALO": platform.pdn_macro_halo_um,
                               "PDN_MACRO_STRAPS": platform.pdn_macro_straps,
-                              "PDN_MACRO_CONNECTS": platform.pdn_macro_connects,
-                              "CTS_SINK_CLUSTERING": 1}
+                              "PDN_MACRO_CONNECTS": platform.pdn_macro_connects}
     if not used:
         return out
-    # OpenROAD's sink clustering fails on a clock whose macro tree holds the SRAM
-    # macros and the clock gates ("CTS-0080 Sink not found", model-tiny-sram at
-    # 26Q3-1551, any -macro_clustering_size): with macros the tree is a plain H-tree
-    # down to 15 sinks a leaf, which CTS builds (docs/pnr.md, "Clock tree with macros")
-    out["CTS_SINK_CLUSTERING"] = 0
     how = cfg.pnr.macro_placement
     if how == "auto":
         out["MACRO_PLACEMENT"] = "auto"

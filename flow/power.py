@@ -2,7 +2,7 @@
 
 The flow's other power figures assume one activity on every input (OpenSTA propagates it
 through the logic).  Here the chip's gate-level netlist runs real tokens instead
-(sim/driver.py, Verilator, the kit's cell models; the same plan runs bit-exact against
+(run/driver.py, Verilator, the kit's cell models; the same plan runs bit-exact against
 the integer model first), writing every net's toggle count and time at 1 (SAIF), and
 OpenROAD's timer takes them as the activity of each net's driving cell pin, by name, on:
 
@@ -211,7 +211,7 @@ def window_energy(stage: str, first: dict[str, float], last: dict[str, float], b
 
 def power_from_saif(build, kit, openroad: str, routed: bool, first, last, period_ns: float,
                     bench_period_ns: float) -> dict[str, object]:
-    """The window between two activity runs (sim/driver.py ActivityStop ``first`` and
+    """The window between two activity runs (run/driver.py ActivityStop ``first`` and
     ``last``, at the bench's clock of ``bench_period_ns``) on the design clocked at
     ``period_ns``; the metrics, also merged into metrics.json."""
     from flow.liberty import read_cells

@@ -12,7 +12,7 @@ that costs area or Fmax fails the flow instead of passing unnoticed.  moekda's e
        "rules": {"area_um2": {"value": 267220.0, "compare": "<="},
                  "fmax_mhz": {"value": 854.6, "compare": ">="}, ...}}
 
-  Each rule names a field of the bench record (flow/bench.py ``assemble``).
+  Each rule names a field of the bench record (studies/bench.py ``assemble``).
 * ``METRICS`` below is the one place the metrics, their direction and their tolerances live.
 * ``moekda bench`` checks the record it just wrote; ``moekda rules -c CFG`` checks the
   committed record; ``moekda rules -c CFG --update`` writes the rules from the record after an

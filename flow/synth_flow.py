@@ -24,7 +24,7 @@ from flow.sta import DEFAULT_ACTIVITY, run_sta
 from flow.synth import SynthOptions, abc_constraints, lean_abc_script, run_block_split, run_synth
 from flow.yosys_driver import yosys_command
 from moekda.config import Config
-from moekda.fingerprint import synthesis_fingerprint, verilog_digest
+from flow.fingerprint import synthesis_fingerprint, verilog_digest
 from pdk.kit import Kit
 
 
@@ -117,7 +117,7 @@ def _synth_and_sta(cfg: Config, kit: Kit, paths: BuildPaths, rtl: list[Path], op
     extra["flow__synth__flatten"] = opts.flatten
     extra["flow__synth__abc_script"] = opts.abc_script
     extra["flow__synth__clock_gate_min_flops"] = sopts.clock_gating
-    # what decides this result (moekda/fingerprint.py): bench and sweep reuse it only for the same
+    # what decides this result (flow/fingerprint.py): bench and sweep reuse it only for the same
     digest = verilog_digest([p.read_text() for p in rtl])
     extra["rtl__verilog_digest"] = digest
     extra["rtl__fingerprint"] = synthesis_fingerprint(digest, cfg.hash(), kit, sopts.clock_gate_min_flops)

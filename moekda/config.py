@@ -34,7 +34,10 @@ def _field(default, lo=None, hi=None, choices=None, doc=""):
 
 LAYER_KINDS = ("kda", "mla")
 MIXER_KINDS = ("moe", "dense")
+GLU_KINDS = ("swiglu", "situ")
 ATTN_RES_MODES = ("none", "full", "block")
+WEIGHT_FORMATS = ("int8", "mxfp4")
+EXPERT_INPUT_FORMATS = ("int8", "mxfp8_e4m3")
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,12 @@ class ModelConfig:
     attn_res_block: int = _field(2, 1, 128, doc="block AttnRes: sub-layers (token mixer, channel mixer) per block")
     moe_latent: int = _field(0, 0, 4096, doc="LatentMoE: the routed experts' latent width, below d_model; "
                                              "0: the plain MoE")
+    # ---- K3 as released (issue 47, difference 5): the gated unit of every expert, shared expert
+    # and dense mixer.  swiglu: W_2 (SiLU(W_1 z) * W_3 z); situ: W_2 (SiTU(W_1 z) * 25 tanh(W_3 z / 25)),
+    # SiTU(g) = 4 tanh(g / 4) sigmoid(g)
+    glu: str = _field("swiglu", choices=GLU_KINDS,
+                      doc="the experts' and dense mixer's gated unit: swiglu (SiLU(gate) * up) or situ "
+                          "(K3's SiTU-GLU: 4 tanh(gate/4) sigmoid(gate) * 25 tanh(up/25))")
 
     def __post_init__(self):
         # the omitted per-layer lists and the dense width follow from the other fields
@@ -119,8 +128,11 @@ class HwConfig:
 # fields whose default is the chip as it was before the field existed: left out of
 # Config.to_dict at that default, so older configs keep their hash (and cache keys)
 _HW_LATER_DEFAULTS = {"state_memory": "flops", "sequences": 1}
-_MODEL_LATER_DEFAULTS = {"kv_rank": 0, "attn_res": "none", "attn_res_block": 2, "moe_latent": 0}
+_MODEL_LATER_DEFAULTS = {"kv_rank": 0, "attn_res": "none", "attn_res_block": 2, "moe_latent": 0,
+                         "glu": "swiglu"}
 _PNR_LATER_DEFAULTS = {"macro_placement": "column", "macro_halo_um": 5.0}
+_FORMATS_LATER_DEFAULTS = {"routed_expert_weights": "int8", "shared_expert_weights": "int8",
+                           "expert_inputs": "int8"}
 
 
 @dataclass(frozen=True)
@@ -131,6 +143,16 @@ class FormatsConfig:
     requant_mult_bits: int = _field(16, 8, 31, doc="requantisation multiplier width (unsigned)")
     state_bits: int = _field(16, 12, 32, doc="KDA state entry width (signed)")
     lut_in_bits: int = _field(8, 6, 12, doc="input width of the sigmoid/SiLU/exp tables")
+    # ---- K3's number formats (issue 48; moekda/mx.py, docs/numerics.md section 11): per matrix
+    # class, int8 (one scale per matrix, as before) or MXFP4 (E2M1 in blocks of 32 along the
+    # input, one E8M0 scale byte a block).  Numpy models only so far: the chip refuses them.
+    routed_expert_weights: str = _field("int8", choices=WEIGHT_FORMATS,
+                                        doc="routed experts' W1/W2/W3 (gate, up, down): int8 or mxfp4")
+    shared_expert_weights: str = _field("int8", choices=WEIGHT_FORMATS,
+                                        doc="shared experts' and the dense layer's W1/W2/W3: int8 or mxfp4")
+    expert_inputs: str = _field("int8", choices=EXPERT_INPUT_FORMATS,
+                                doc="routed experts' input (into W1/W3): int8, or mxfp8_e4m3 (E4M3 in blocks "
+                                    "of 32 of a 16-bit input; needs routed_expert_weights = mxfp4)")
 
 
 @dataclass(frozen=True)
@@ -170,7 +192,7 @@ class Config:
                 d["model"][name] = list(d["model"][name])
         # the same for fields added later at a default that is what the chip was before them
         for section, later in (("hw", _HW_LATER_DEFAULTS), ("model", _MODEL_LATER_DEFAULTS),
-                               ("pnr", _PNR_LATER_DEFAULTS)):
+                               ("pnr", _PNR_LATER_DEFAULTS), ("formats", _FORMATS_LATER_DEFAULTS)):
             for name, default in later.items():
                 if d[section][name] == default:
                     del d[section][name]
@@ -316,6 +338,10 @@ def _check_stack(cfg: Config):
                           f"({m.d_model - 1}), or 0 for the plain MoE")
     if m.moe_latent and "moe" not in m.mixers:
         raise ConfigError(f"model.moe_latent = {m.moe_latent}: no \"moe\" in model.mixers to make latent")
+    f = cfg.formats
+    if f.expert_inputs != "int8" and f.routed_expert_weights != "mxfp4":
+        raise ConfigError(f'formats.expert_inputs = "{f.expert_inputs}": needs formats.routed_expert_weights = '
+                          f'"mxfp4" (MXFP8 inputs feed the MXFP4 engine; allowed with int8 weights: int8)')
 
 
 def hybrid_parts(m) -> list[str]:
@@ -330,11 +356,28 @@ def hybrid_parts(m) -> list[str]:
     return parts
 
 
+def mx_formats(cfg: Config) -> list[str]:
+    """The formats fields of a config that are not int8 (issue 48), each as ``field = "value"``."""
+    return [f'formats.{name} = "{getattr(cfg.formats, name)}"' for name in _FORMATS_LATER_DEFAULTS
+            if getattr(cfg.formats, name) != "int8"]
+
+
 def require_image_model(cfg: Config) -> None:
     """ConfigError unless the memory image (hw/image/: memory map, parameter map, pack and
     unpack) holds this model: every model the config schema allows (kda and Gated MLA layers,
-    MoE and LatentMoE mixers, Attention Residuals) so far; the one place to refuse a part the
-    image does not hold yet."""
+    MoE and LatentMoE mixers, Attention Residuals) so far, in int8; the one place to refuse a
+    part the image does not hold yet (MXFP4 and MXFP8 formats, issue 48)."""
+    require_chip_formats(cfg)
+
+
+def require_chip_formats(cfg: Config) -> None:
+    """ConfigError unless every number format of the config is one the chip (RTL, image) builds:
+    int8 only so far; MXFP4 / MXFP8 (issue 48) run in the numpy models alone.  Called by every
+    command that builds or runs the chip (rtl, synth, pnr, power, orfs, run, image, bench)."""
+    mx = mx_formats(cfg)
+    if mx:
+        raise ConfigError(f"config {cfg.name}: {mx[0]}: the chip's MXFP4 engine is not built yet (issue 48 "
+                          f"item 3; the numpy float and integer models run it); allowed on the chip: int8")
 
 
 def require_chip_model(cfg: Config) -> None:

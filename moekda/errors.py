@@ -1,5 +1,5 @@
 """Errors a user can fix (bad input, missing tool): printed by the `moekda` command as one
-line, exit code 2.  Here, not in moekda/cli.py, so that flow/ and sim/ can raise them
+line, exit code 2.  Here, not in cli/__init__.py, so that flow/ and sim/ can raise them
 without importing the command-line layer."""
 
 

@@ -1,11 +1,11 @@
 """The number formats of the integer layer, derived once from Config.formats and Config.model.
 
-Read by the numpy integer model (sim/models/int_*.py), the quantiser and the
+Read by the numpy integer model (model/int_*.py), the quantiser and the
 RTL generator (hw/).  Nothing else states a width.  The *fixed* choices below
 (fractional bits of the sigmoid outputs, the decay, the routing weights, the
 rsqrt constants) were picked by the accuracy measurement of docs/numerics.md;
 *calibrated* quantities (tensor scales, fractional-bit positions of k, q, v and
-the state) live in the quantised parameters (sim/models/quantize.py), because
+the state) live in the quantised parameters (model/quantize.py), because
 they depend on the weights and the data, not on the hardware.
 
 Notation: Qa.b signed = a integer bits (incl. sign) and b fractional bits;
@@ -18,12 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moekda.config import Config
-from moekda.numerics import rsqrt_seed_table
-
-
-def clog2(n: int) -> int:
-    """Bits to count 0..n-1 (ceil(log2 n)), at least 0."""
-    return max(0, (n - 1).bit_length())
+from moekda.numerics import clog2, rsqrt_seed_table   # noqa: F401 - clog2 is read from here by the blocks
 
 
 @dataclass(frozen=True)
@@ -53,11 +48,15 @@ class Formats:
     rsqrt_frac: int = 14        # rsqrt mantissa y: Q2.14 unsigned, value in (1, 2]
     rsqrt_seed_bits: int = 5    # seed LUT index = top 5 bits of the normalised input: 24 entries
     rsqrt_newton_steps: int = 2
-    # Gated MLA's online softmax (issue 15; sim/models/int_mla.py): scores in base 2
+    # Gated MLA's online softmax (issue 15; model/int_mla.py): scores in base 2
     mla_exp_frac: int = 8       # u = score * log2(e) with 8 fractional bits; the 2**-f table has 256 entries
     mla_u_bits: int = 24        # u, signed, saturating (|score| < 2**15 / log2 e, far beyond any softmax's use)
     mla_p_frac: int = 15        # softmax weight p = 2**-(n + f / 256) as U1.15 (32768 = 1.0)
     mla_context_bits: int = 16  # cached tokens per sequence: up to 2**16 (the sums' widths)
+    # MX formats (issue 48; moekda/mx.py, docs/numerics.md section 11)
+    mx_block: int = 32          # elements sharing one E8M0 scale, along the input dimension
+    mx_scale_range: int = 8     # a matrix's block scales span at most 2**8: byte >= max byte - 8
+    mx_in_bits: int = 16        # the source of an MXFP8 expert input (rounded to E4M3 blocks in its units)
 
     @property
     def lut_size(self) -> int:
@@ -123,4 +122,17 @@ def derived_widths(cfg: Config) -> dict[str, int]:
         "attn_res_sum": fm.mla_p_frac + 1 + clog2(2 * m.n_layers + 2),
         "attn_res_acc": fm.mla_p_frac + 1 + fm.resid_bits + clog2(2 * m.n_layers + 2),
         "residual_acc": fm.resid_bits + fm.mult_bits + 2,
+        **_mx_widths(cfg, fm),
     }
+
+
+def _mx_widths(cfg: Config, fm: Formats) -> dict[str, int]:
+    """The MXFP4 engine's accumulators (moekda.mx.mx_block_dot) where the config uses it: the
+    widest row of an expert (d_model or the latent, d_ff) against int8 or MXFP8 (mx_in_bits)."""
+    from moekda.mx import mx_widths
+    f, m = cfg.formats, cfg.model
+    if "mxfp4" not in (f.routed_expert_weights, f.shared_expert_weights):
+        return {}
+    n = max(m.d_model, m.d_ff, m.d_ff_dense)
+    in_bits = fm.mx_in_bits if f.expert_inputs == "mxfp8_e4m3" else fm.act_bits
+    return {"mx_acc": mx_widths(n, max(in_bits, fm.hid_bits), fm.mx_scale_range, fm.mx_block)["mx_acc"]}

@@ -82,7 +82,7 @@ def quantize_multiplier(scale: float, mult_bits: int = 16, max_shift: int = 62) 
 
 
 # ---------------------------------------------------------------------------
-# Added for the integer layer model (sim/models/int_*.py).  Every function is
+# Added for the integer layer model (model/int_*.py).  Every function is
 # integer in, integer out; the float work (table contents, constants) happens
 # once in the builders marked "builder", whose *outputs* are stored integers.
 # ---------------------------------------------------------------------------
@@ -103,6 +103,11 @@ def requantize_rows(acc, mult, shift, out_bits: int = 8):
     expand = (...,) + (None,) * (acc.ndim - mult.ndim)
     m, s = mult[expand], shift[expand]
     return saturate((acc * m + (np.int64(1) << (s - 1))) >> s, out_bits)
+
+
+def clog2(n: int) -> int:
+    """Bits to count 0..n-1 (ceil(log2 n)), at least 0."""
+    return max(0, (n - 1).bit_length())
 
 
 def bit_length(a):

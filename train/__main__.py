@@ -31,7 +31,7 @@ OPTIONS = {
     "--eval-every": ("eval_every", int, 1, 10 ** 7, "steps between held-out evaluations"),
     "--time-limit": ("time_limit_s", float, 1.0, 86400.0, "seconds after which training stops"),
     "--float-check": ("float_check_examples", int, 0, 10 ** 6,
-                      "held-out examples run through sim/models' float model at the end"),
+                      "held-out examples run through model/'s float model at the end"),
 }
 
 
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     for opt, (name, kind, lo, hi, text) in OPTIONS.items():
         ap.add_argument(opt, dest=name, type=ranged(kind, lo, hi), default=defaults[name],
                         help=f"{text} ({lo} to {hi}; default {defaults[name]})")
-    from sim.tasks import TASKS
+    from model.tasks import TASKS
     ap.add_argument("--task", choices=TASKS, default="mqar",
                     help="mqar (multi-query associative recall; default) or chars (character LM on the "
                          "Python standard library's sources: a byte vocabulary, model-small)")
@@ -81,19 +81,22 @@ def main(argv=None) -> int:
     if hybrid_parts(cfg.model):   # the JAX forward pass (train/model.py) is the chip's stack
         ap.error(f"--config {args.config}: {', '.join(hybrid_parts(cfg.model))}: training runs kda layers, "
                  f"model.attn_res = \"none\" and model.moe_latent = 0 so far")
+    if cfg.model.glu != "swiglu":   # train/model.py's experts and dense mixer are SwiGLU so far
+        ap.error(f"--config {args.config}: model.glu = \"{cfg.model.glu}\": training runs model.glu = \"swiglu\" "
+                 f"so far (train/model.py)")
     if cfg.model.vocab < 4:
         ap.error(f"--config {args.config}: model.vocab is {cfg.model.vocab}; allowed is a model config "
                  f"with vocab 4 or more (model-tiny, model-small)")
     vocab = args.vocab or cfg.model.vocab
     if args.task == "chars":
-        from sim.tasks.chars import VOCAB
+        from model.tasks.chars import VOCAB
         if cfg.model.vocab != VOCAB or args.vocab not in (0, VOCAB):
             ap.error(f"--task chars: a byte vocabulary of {VOCAB}; config {cfg.name} has model.vocab "
                      f"{cfg.model.vocab} (use -c model-small)")
     elif vocab > cfg.model.vocab:
         ap.error(f"--vocab {vocab}: allowed is 4 to {cfg.model.vocab} (model.vocab of config {cfg.name})")
     else:
-        from sim.tasks.mqar import check_sizes
+        from model.tasks.mqar import check_sizes
         try:
             check_sizes(vocab, args.pairs, args.seq_len, names=("--vocab", "--pairs", "--seq-len"))
         except ValueError as e:

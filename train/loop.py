@@ -4,7 +4,7 @@ float32 on the CPU, loss and accuracy on the answer positions only.
 What a run returns (and ``--out`` writes as ``run.json`` beside ``params.npz``): the
 config and every setting, the seed, the wall time, the loss and held-out accuracy at each
 evaluation, and at the end the held-out accuracy of the trained parameters run through
-sim/models' float model itself (float64, after the exact conversion to ModelParams): the
+model/ float model itself (float64, after the exact conversion to ModelParams): the
 model the quantiser takes.
 """
 from __future__ import annotations
@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from moekda.config import Config
-from sim.models import float_model
-from sim.models.params import ModelParams, random_model_params, save_model_params
-from sim.tasks import chars, splits
+from model import float_model
+from model.params import ModelParams, random_model_params, save_model_params
+from model.tasks import chars, splits
 from train.model import model_from_tree, run_model, to_tree
 
 
@@ -43,7 +43,7 @@ class RunSettings:
     time_limit_s: float = 540.0
     float_check_examples: int = 32
     rule: str = "delta"        # "gla": the baseline without the delta rule (train/model.py)
-    task: str = "mqar"         # "chars": character LM on the standard library (sim/tasks/chars.py)
+    task: str = "mqar"         # "chars": character LM on the standard library (model/tasks/chars.py)
 
 
 # ---- the optimiser -------------------------------------------------------------------------
@@ -110,7 +110,7 @@ def make_functions(cfg: Config, s: RunSettings):
 
 
 def float_model_accuracy(mp: ModelParams, cfg: Config, data, n: int) -> float:
-    """Accuracy of sim/models' float model (float64) on the first n examples' answers."""
+    """Accuracy of model/ float model (float64) on the first n examples' answers."""
     hit = total = 0
     for inp, tgt, msk in zip(data.inputs[:n], data.targets[:n], data.mask[:n]):
         pred = float_model.next_tokens(float_model.run_model(mp, cfg, inp))
@@ -163,12 +163,12 @@ def run(cfg: Config, s: RunSettings, log=print, out: Path | None = None) -> dict
         record(loss)
     wall = time.perf_counter() - t0
     mp = model_from_tree(tree, cfg)
-    # sim/models computes the delta rule only: a GLA baseline has no float model to check against
+    # model/ computes the delta rule only: a GLA baseline has no float model to check against
     n_check = min(s.float_check_examples, s.heldout_examples) if s.rule == "delta" else 0
     final = dict(history[-1], float_model_examples=n_check)
     msg = f"trained {step} steps in {wall:.0f} s ({stopped}); held-out accuracy {final['heldout_acc']:.3f} " \
           f"(JAX, {s.heldout_examples} examples)"
-    if n_check:     # the same examples in JAX (float32) and in sim/models' float model (float64)
+    if n_check:     # the same examples in JAX (float32) and in model/ float model (float64)
         final["jax_heldout_acc_same_examples"] = round(float(evaluate(tree, *(a[:n_check] for a in held_j))[1]), 5)
         final["float_model_heldout_acc"] = round(float_model_accuracy(mp, cfg, held, n_check), 5)
         msg += f"; on the first {n_check}: {final['jax_heldout_acc_same_examples']:.3f} (JAX, float32), " \

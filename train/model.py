@@ -1,8 +1,8 @@
 """The project's float model in JAX, over whole sequences: what is trained is what is quantised.
 
-Formula by formula the same as sim/models/float_layer.py (one layer: RMSNorm, KDA with
+Formula by formula the same as model/float_layer.py (one layer: RMSNorm, KDA with
 short convolution, gates, delta rule, o-norm and output gate; RMSNorm, MoE or dense SwiGLU)
-and sim/models/float_model.py (embedding, the L layers, final RMSNorm, LM head, tied or
+and model/float_model.py (embedding, the L layers, final RMSNorm, LM head, tied or
 untied).  The float model runs one token at a time; here a layer runs a whole sequence at
 once: every projection, the short convolution, the norms and the channel mixer are batched
 over the T tokens, and only the delta rule's state is carried token to token (a
@@ -13,13 +13,13 @@ Sequences: ``resets[t]`` true starts a new sequence at token t (float_model.run_
 rule): the short-convolution history and the delta-rule state of every layer are zero
 before it.  Token 0 always starts one.
 
-Parameters (the *tree*): a dict from the flat names of ``sim.models.params`` to arrays,
+Parameters (the *tree*): a dict from the flat names of ``model.params`` to arrays,
 ``LayerParams.to_flat()`` names for one layer (``kda.w_q``, ``moe.w_router``, ...) and
 ``ModelParams.to_flat()`` names for a model (``embedding``, ``final_norm_w``, ``lm_head``
 when untied, ``layers.<l>.kda.w_q``, ...).  A dict of arrays is a JAX pytree as it is, and
 ``to_tree`` / ``layer_from_tree`` / ``model_from_tree`` convert without rounding (float64
 in, float64 out; a float32 tree widens exactly), so a trained tree goes to the quantiser
-(sim/models/quantize.py) unchanged.
+(model/quantize.py) unchanged.
 
 MoE routing: the experts are chosen as the float model chooses them (``scores + bias``
 sorted, ties to the lowest index, the top k), a discrete choice with no gradient; the
@@ -36,8 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from moekda.config import Config
-from sim.models.float_layer import L2_EPS
-from sim.models.params import LayerParams, ModelParams, check_model_shapes, check_shapes
+from model.float_layer import L2_EPS
+from model.params import LayerParams, ModelParams, check_model_shapes, check_shapes
 
 
 # ---- parameters ----------------------------------------------------------------------------
@@ -131,7 +131,7 @@ def delta_rule(q, k, v, g, beta, starts, rule: str = "delta"):
     ``rule="gla"`` is the training baseline without the delta rule, plain gated linear
     attention (Yang et al. 2023): S = diag(exp g) S + k v^T, the same decay and readout
     but no correction by what S already holds for k and no write strength beta (the chip
-    and sim/models compute only the delta rule)."""
+    and model/ computes only the delta rule)."""
     if rule not in RULES:
         raise ValueError(f"rule {rule!r}: allowed are {', '.join(RULES)}")
     H, dk, dv = q.shape[1], q.shape[2], v.shape[2]

@@ -143,6 +143,8 @@ def main(argv=None) -> int:
         ap.error(f"--config: {e}")
     if hybrid_parts(cfg.model):
         ap.error(f"--config {args.config}: {', '.join(hybrid_parts(cfg.model))}: training runs kda layers only so far")
+    if cfg.model.glu != "swiglu":
+        ap.error(f"--config {args.config}: model.glu = \"{cfg.model.glu}\": training runs model.glu = \"swiglu\" so far")
     done = {key(r) for r in load(args.out)}
     for T in args.seq_lens:
         for p in args.pairs:

@@ -127,7 +127,7 @@ def test_gated_netlist_does_what_the_rtl_does(gated, tmp_path):
                                   en_e=int(rng.random() < 0.3), d=int(rng.integers(1 << 16)))
                              for _ in range(400)]
     rtl = _simulate(tmp_path, [paths.rtl], "rtl", steps)
-    from sim.driver import write_gl_wrapper     # the netlist's one-bit ports as the RTL's vectors
+    from run.driver import write_gl_wrapper     # the netlist's one-bit ports as the RTL's vectors
     wrapper = write_gl_wrapper(paths.netlist, TOP, tmp_path / "gl_wrapper.v")
     gl = _simulate(tmp_path, [tmp_path / "gl_wrapper.v", paths.netlist, kit.verilog_models], "gl", steps, wrapper)
     assert len(rtl) == len(steps) + 1 and not any("x" in line for line in rtl[3:])

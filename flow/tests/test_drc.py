@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flow.drc import DEEP_GROUPS, FLAT_TILE_UM, GROUPS, count_violations, deck_for_group, find_klayout
-from moekda import cli
+import cli
 from moekda.errors import UserError
 from pdk.kit import find_kit
 

@@ -127,10 +127,13 @@ def test_the_stage_scripts_place_the_macros_under_the_openroad_stand_ins(tmp_pat
     # offsets from the stand-in core's corner (4000 dbu at 2000 per um: 2 um)
     assert all(float(c.options["-location"].split()[0]) >= 2.0 for c in placed)
     assert not runs["floorplan"].named("rtl_macro_placer")
-    # CTS-0080 with macros and clock gates: the macro netlist's tree is built without
-    # sink clustering (flow/pnr.py macro_settings); a netlist without macros keeps it
+    # CTS-0080 with macros or clock gates: such a netlist's clock tree is built without sink
+    # clustering (flow/pnr.py pnr_settings); a netlist with neither keeps it
     assert "-sink_clustering_enable" not in runs["cts"].named("clock_tree_synthesis")[0].options
-    netlist.write_text("module layer(clk);\n  input clk;\nendmodule\n")
-    write_config_tcl(pnr_settings(cfg, kit, paths, netlist, sdc, design_area_um2=1e5), paths.config_tcl)
-    plain = {r.stage.name: r for r in run_stub_stages(paths.config_tcl, tmp_path / "stubs2")}
-    assert "-sink_clustering_enable" in plain["cts"].named("clock_tree_synthesis")[0].options
+    for n, (text, clustered) in enumerate([
+            ("module layer(clk);\n  input clk;\nendmodule\n", True),
+            ("module layer(clk);\n  input clk;\n  CLKGATE_X4 _156_ (\n    .CK(clk)\n  );\nendmodule\n", False)]):
+        netlist.write_text(text)
+        write_config_tcl(pnr_settings(cfg, kit, paths, netlist, sdc, design_area_um2=1e5), paths.config_tcl)
+        plain = {r.stage.name: r for r in run_stub_stages(paths.config_tcl, tmp_path / f"stubs{n}")}
+        assert ("-sink_clustering_enable" in plain["cts"].named("clock_tree_synthesis")[0].options) == clustered

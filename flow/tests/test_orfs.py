@@ -17,7 +17,7 @@ import pytest
 import flow.paths
 from flow.paths import BuildPaths
 from flow.sdc import write_sdc
-from moekda.cli import main
+from cli import main
 from moekda.config import REPO_ROOT, load_config
 
 TOP = "matvec"
@@ -154,7 +154,7 @@ def test_errors_are_one_line(build_root, cfg_path, tmp_path, capsys):
     one_line_error(capsys, ["orfs", "-c", str(cfg_path), "--top", TOP, "--netlist", "-o", str(out)],
                    "other RTL", "moekda synth")
     assert not out.exists()
-    from moekda.fingerprint import verilog_digest
+    from flow.fingerprint import verilog_digest
     build.metrics.write_text(json.dumps({"config__hash": cfg.hash(),
                                          "rtl__verilog_digest": verilog_digest([build.rtl.read_text()])}))
     assert main(["orfs", "-c", str(cfg_path), "--top", TOP, "--netlist", "-o", str(out)]) == 0

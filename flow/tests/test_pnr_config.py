@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from moekda import cli
+import cli
 from moekda.config import ConfigError, PnrConfig, config_from_dict, describe_fields, load_config
 
 

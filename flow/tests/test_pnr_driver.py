@@ -20,8 +20,8 @@ from flow.openroad.check import stub_tcl
 from flow.paths import BuildPaths
 from flow.pnr import (STAGES, PnrPaths, stage_named, count_drc_violations, find_openroad, merge_metrics, read_metrics_file,
                       run_pnr)
-from moekda import cli
-from moekda.cli import UserError
+import cli
+from cli import UserError
 from moekda.config import load_config
 from pdk.kit import find_kit
 

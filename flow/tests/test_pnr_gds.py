@@ -9,7 +9,7 @@ import pytest
 db = pytest.importorskip("klayout.db", reason="KLayout Python module not installed (pip install klayout==0.30.12)")
 
 from flow.gds import def_to_gds, gds_to_png, lef_layers  # noqa: E402
-from moekda.cli import UserError  # noqa: E402
+from cli import UserError  # noqa: E402
 from pdk.kit import PLATFORM, find_kit  # noqa: E402
 
 CELLS = {"tap": "TAPCELL_X1", "u_inv": "INV_X1", "u_nand": "NAND2_X1", "u_ff": "DFF_X1"}

@@ -147,7 +147,7 @@ def test_cell_powers_go_to_the_area_report_categories(tmp_path):
 
 
 def test_the_stop_is_read_from_the_bench_log(tmp_path):
-    from sim.driver import read_activity_stop
+    from run.driver import read_activity_stop
     log, saif = tmp_path / "sim.log", tmp_path / "a.saif"
     log.write_text("...\nactivity: stop at 5468750 ps after 18 tokens\n")
     with pytest.raises(RuntimeError, match="wrote no"):

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from flow import bench, rules
+from flow import rules
+from studies import bench
 from flow.paths import RESULTS_DIR, RULES_DIR
-from moekda.cli import main
+from cli import main
 from moekda.config import REPO_ROOT
 
 CONFIGS = REPO_ROOT / "configs"

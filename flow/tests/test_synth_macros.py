@@ -93,7 +93,7 @@ def test_gate_level_netlist_with_the_macro_models(run, tmp_path):
     import numpy as np
 
     from flow.synth import macro_models_path
-    from sim.driver import write_gl_wrapper
+    from run.driver import write_gl_wrapper
     if not shutil.which("iverilog") or run["kit"].verilog_models is None:
         pytest.skip("needs iverilog and the cells' Verilog models")
     paths, mem = run["paths"], run["mem"]

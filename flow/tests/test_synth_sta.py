@@ -183,8 +183,8 @@ def test_report_has_the_orfs_table_and_its_source(run):
 
 def test_metrics_carry_the_fingerprint_of_what_was_synthesised(run):
     """bench and sweep reuse a synthesis by its fingerprint: the Verilog file it read, the
-    config, the cell library (moekda/fingerprint.py)."""
-    from moekda.fingerprint import synthesis_fingerprint, verilog_digest
+    config, the cell library (flow/fingerprint.py)."""
+    from flow.fingerprint import synthesis_fingerprint, verilog_digest
     m, paths, cfg = run["metrics"], run["paths"], run["cfg"]
     assert m["rtl__verilog_digest"] == verilog_digest(paths.rtl.read_text())
     assert m["rtl__fingerprint"] == synthesis_fingerprint(m["rtl__verilog_digest"], cfg.hash(), run["kit"])

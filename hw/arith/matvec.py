@@ -1,7 +1,7 @@
 """The int8 matrix-vector engine: L lanes of int8 x int8, int32 accumulate, requantise.
 
 Every projection of the layer (KDA q/k/v/f/gate/beta/W_o, the router, the
-experts) streams its weight rows through this engine.  sim/models/matvec.py
+experts) streams its weight rows through this engine.  model/matvec.py
 is its specification; the cocotb bench compares the two bit for bit.
 
 Interface (amaranth.lib.stream, valid/ready):

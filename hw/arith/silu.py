@@ -1,4 +1,4 @@
-"""SiLU as x * sigmoid(x): the hardware of ``QSilu`` (sim/models/int_ops.py ``int_silu``).
+"""SiLU as x * sigmoid(x): the hardware of ``QSilu`` (model/int_ops.py ``int_silu``).
 
 A code c at the model's scale becomes the sigmoid's input code in the config's fixed
 format (moekda/tables.py): ``t = sat(rs(c * t_m, t_s))``, the loaded requantisation of

@@ -1,4 +1,4 @@
-"""Which kept value each step of Attention Residuals touches (sim/models/int_attn_res.py):
+"""Which kept value each step of Attention Residuals touches (model/int_attn_res.py):
 plain integers of the config, shared by the depth unit (hw/attnres/unit.py), its bench and
 the float model's buffer count.
 
@@ -60,7 +60,7 @@ def depth_macs_per_token(cfg) -> int:
     """The depth unit's multiply-adds per token: a mix scores each kept key against its query
     (d each, on the unit's engine) and sums as many values weighted by their softmax weights
     (d each, in the softmax's lanes), as an MLA layer's scores and weighted sum
-    (flow/context.py attention_macs).  0 without Attention Residuals."""
+    (studies/context.py attention_macs).  0 without Attention Residuals."""
     if cfg.model.attn_res == "none":
         return 0
     return 2 * cfg.model.d_model * scored_per_token(cfg)

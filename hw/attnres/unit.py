@@ -1,5 +1,5 @@
 """The depth unit of Attention Residuals (issue 15): each sequence slot's kept values, their
-keys, and the softmax mix over them.  Implements ``sim.models.int_attn_res.IntDepthResidual``
+keys, and the softmax mix over them.  Implements ``model.int_attn_res.IntDepthResidual``
 bit for bit, one command at a time.
 
 Commands (``i``, one beat each: ``op``, ``slot``, ``v`` d x resid_bits):
@@ -34,7 +34,7 @@ while a command is inside.  Reset drops every command inside; a slot's next comm
 then be a START.  Storage: registers, slots x kept_vectors x d x (resid_bits + act_bits)
 bits (model-tiny-hybrid: 2 x 5 x 16 x 24 = 3,840).
 
-Measured (sim/tests/test_attnres.py, Icarus, no stalls, weight-port latency 4): on
+Measured (sim/tests/block/test_attnres.py, Icarus, no stalls, weight-port latency 4): on
 model-tiny-hybrid (block, 5 kept values at most) 80.8 cycles from a MIX to its output, 119
 cycles per START or ADD (the residual add over d, then the normaliser's two passes and its
 rsqrt: the larger share), 1,376 cycles per token (9 mixes, a START, 8 ADDs, one after

@@ -2,7 +2,7 @@
 
     xn = RMSNorm(x);  h = x (+) Mix(xn);  hn = RMSNorm(h);  y = h (+) Mixer(hn)
 
-(``sim.models.int_layer.int_layer_step`` bit for bit; Mix is the layer's token mixer, the
+(``model.int_layer.int_layer_step`` bit for bit; Mix is the layer's token mixer, the
 KDA, or on a hybrid's ``"mla"`` layer the Gated MLA unit (hw/mla/unit.py), built only when
 the model has such layers; Mixer is the MoE, or the dense SwiGLU on the MoE unit's
 shared-expert path for a dense layer).  Both chips are built on it: the

@@ -1,6 +1,6 @@
 """The embedding lookup of the model chip: token id in, x_0 out (issue 14).
 
-Implements ``sim.models.int_model.int_embed`` bit for bit: x_0 = emb[token], the int8
+Implements ``model.int_model.int_embed`` bit for bit: x_0 = emb[token], the int8
 table entry taken as a resid_bits signed value.  The table is the ``embedding`` region
 of the weight memory (hw/image/memory_map.py ``model_tensors``: V rows of d_model int8,
 each row padded to whole port beats), read through ``wport``; nothing of the model is

@@ -1,6 +1,6 @@
 """The model chip's head: x_L in, the next token id (and, on request, the logits) out (issue 14).
 
-Implements ``sim.models.int_model.int_head_step`` and ``int_argmax`` bit for bit:
+Implements ``model.int_model.int_head_step`` and ``int_argmax`` bit for bit:
 
     fn_u   = int_rmsnorm(x_L, final_norm)                    int8
     fn     = sat8(round_shift(fn_u * norm_w, norm_w_shift))  int8

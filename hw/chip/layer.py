@@ -1,6 +1,6 @@
 """The layer chip: one Kimi-style decoder layer, token stream in, token stream out.
 
-Implements ``sim.models.int_layer.int_layer_step`` bit for bit:
+Implements ``model.int_layer.int_layer_step`` bit for bit:
 
     xn = RMSNorm(x);  h = x (+) KDA(xn);  hn = RMSNorm(h);  y = h (+) MoE(hn)
 
@@ -60,7 +60,7 @@ def token_out_layout(cfg) -> data.StructLayout:
     the token's position in its sequence, 0 for the token that starts one (``first`` set,
     the first token after a CLEAR write, a LOAD or a reset: the tokens whose KDA state
     starts from zero), then 1, 2, ... for the tokens after it (mod 2**SEQ_BITS).  The
-    bench maps each output to its input by this tag (sim/driver.py tag_indices), so
+    bench maps each output to its input by this tag (run/driver.py tag_indices), so
     order and duplicates are checked by what the chip says."""
     return data.StructLayout({"y": data.ArrayLayout(signed(formats_for(cfg).resid_bits), cfg.model.d_model),
                               "seq": SEQ_BITS})

@@ -1,6 +1,6 @@
 """The model chip: token id in, next token id out; the L layers of the model on ONE layer datapath.
 
-Implements ``sim.models.int_model.int_model_step`` bit for bit, token after token::
+Implements ``model.int_model.int_model_step`` bit for bit, token after token::
 
     x_0 = emb[token];  x_l+1 = layer l (x_l), l = 0 .. L-1;  logits = head(x_L);  next = argmax
 

@@ -1,6 +1,6 @@
 """The two-scale residual add, one element per cycle, over clock-derived stages.
 
-Implements ``sim.models.int_ops.int_residual_add`` element by element:
+Implements ``model.int_ops.int_residual_add`` element by element:
 
     y = sat_resid(round_shift(a * m_a + b * m_b, s))
 

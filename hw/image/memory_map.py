@@ -131,7 +131,7 @@ def kda_tensors(cfg) -> list[tuple[str, int, int]]:
 
 
 def mla_tensors(cfg) -> list[tuple[str, int, int]]:
-    """(name, rows, cols) of a Gated MLA token mixer (QMLA, sim/models/int_mla.py), in the
+    """(name, rows, cols) of a Gated MLA token mixer (QMLA, model/int_mla.py), in the
     order the unit uses them within a token:
 
     ``mla.w_dkv``  r x d_model (the latent's down-projection, r = kv_rank)
@@ -332,7 +332,7 @@ def tensors_flat(cfg, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray
 
 
 def qlayer_tensors(q) -> dict[str, np.ndarray]:
-    """Every region's int8 matrix from the quantised layer (sim.models.qparams.QLayer):
+    """Every region's int8 matrix from the quantised layer (model.qparams.QLayer):
     the input of ``build_image``."""
     return flat_tensors(q.to_flat())
 

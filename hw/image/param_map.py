@@ -13,7 +13,7 @@ From this one list:
   bank), and every block reads its values from a slice of it: the blocks'
   ``params`` ports have the Amaranth layout ``param_layout`` builds from the
   same list, so the bit positions in the image and in the register are the
-  same by construction (sim/tests/test_param_map.py checks it);
+  same by construction (model/tests/test_param_map.py checks it);
 * docs/chip.md's table of what is where.
 
 Packing: fields in list order, each element ``bits`` wide, elements of an
@@ -127,13 +127,17 @@ def table_fields(cfg, mixer: str = "moe", kind: str = "kda") -> list[tuple[str, 
 
 def silu_fields(cfg, mixer: str = "moe", kind: str = "kda") -> list[tuple[str, int, str]]:
     """(dotted name, output bits, what) of every SiLU (QSilu: x * sigmoid(x), moekda/tables.py)
-    of a layer whose channel mixer is ``mixer`` and token mixer ``kind`` (as table_fields)."""
+    of a layer whose channel mixer is ``mixer`` and token mixer ``kind`` (as table_fields).
+    With SiTU-GLU (model.glu = "situ") the experts and dense chunks have none: their gate code
+    indexes the config's SITU table directly."""
     _check_kind(kind)
     fm = formats_for(cfg)
     tok = [] if kind == "mla" else [
         ("kda.silu_q", fm.qkv_bits, "SiLU after the q short conv"),
         ("kda.silu_k", fm.qkv_bits, "SiLU after the k short conv"),
         ("kda.silu_v", fm.qkv_bits, "SiLU after the v short conv (v at 2**-f_v)")]
+    if cfg.model.glu == "situ":
+        return tok
     if mixer == "dense":
         return tok + [("dense.silu", fm.act_bits, "dense chunks' SiLU -> int8")]
     return tok + [("moe.silu", fm.act_bits, "expert SiLU -> int8")]
@@ -163,14 +167,23 @@ def param_fields(cfg, mixer: str = "moe", kind: str = "kda") -> list[ParamField]
     dw = derived_widths(cfg)
     requant, norm, residual, silu = _adders(cfg, out, mixer, kind)
 
+    def cap(prefix, what, shape):
+        # SiTU-GLU's up branch 25 tanh(u/25) = c * CAP[t] (moekda/tables.py): per expert, the
+        # up code's requantisation to CAP's fixed input format
+        requant(f"{prefix}.cap_t_m", f"{prefix}.cap_t_s", f"{what} up code -> CAP input (SiTU-GLU)", shape)
+
     residual("res1", f"{kind.upper()} residual add")
     norm("mlp_norm", dw["ss_rmsnorm"], "MoE RMSNorm")
+    situ = m.glu == "situ"
     if mixer == "dense":
-        silu("dense.silu")
+        if not situ:
+            silu("dense.silu")
         for mat in EXPERT_MATS:
             requant(f"dense.chunks.{mat}_m", f"dense.chunks.{mat}_s", f"dense chunks' {mat} requantisation",
                     (m.dense_chunks,))
         out[-1] = replace(out[-1], lo=dw["swiglu_prod"] - fm.hid_bits + 1)   # as the experts' down_s
+        if situ:
+            cap("dense.chunks", "dense chunks'", (m.dense_chunks,))
         requant("dense.comb_m", "dense.comb_s", "dense combine -> resid_bits")
         residual("res2", "dense residual add")
         _check_tree_order([f.name for f in out])
@@ -179,7 +192,8 @@ def param_fields(cfg, mixer: str = "moe", kind: str = "kda") -> list[ParamField]
     E = m.n_experts
     requant("moe.router.m", "moe.router.s", "router requantisation")
     out.append(_f("moe.bias", (E,), fm.router_bias_bits, True, "expert selection bias, score units"))
-    silu("moe.silu")
+    if not situ:
+        silu("moe.silu")
     for bank, n in (("routed", E), ("shared", m.n_shared)):
         if n == 0:
             continue
@@ -189,6 +203,8 @@ def param_fields(cfg, mixer: str = "moe", kind: str = "kda") -> list[ParamField]
         # (0 .. swiglu_prod - hid_bits, hw/moe/unit.py), and the model needs it >= 1: with
         # down_s above every sh the unit's 6-bit subtraction can neither wrap nor reach 0
         out[-1] = replace(out[-1], lo=dw["swiglu_prod"] - fm.hid_bits + 1)
+        if situ:
+            cap(f"moe.{bank}", f"{bank} experts'", (n,))
     out.append(_f("moe.rs", (), dw["rs_int"], False, "routed_scaling as U.rs_frac"))
     if m.moe_latent:
         # LatentMoE (int_moe.py): z = lat_down(hn) int8; the routed sum requantised by
@@ -244,7 +260,7 @@ def _token_fields(cfg, kind: str) -> list[ParamField]:
 
     norm("attn_norm", dw["ss_rmsnorm"], "attention RMSNorm")
     if kind == "mla":
-        # ---- Gated MLA (QMLA; sim/models/int_mla.py)
+        # ---- Gated MLA (QMLA; model/int_mla.py)
         for lin in MLA_LINEARS:
             requant(f"mla.{lin}.m", f"mla.{lin}.s", f"mla {lin} requantisation")
         norm("mla.kv_norm", mla_norm_ss_bits(cfg), "mla latent RMSNorm")
@@ -365,7 +381,7 @@ def head_param_fields(cfg) -> list[ParamField]:
 
 
 def attn_res_param_fields(cfg) -> list[ParamField]:
-    """Attention Residuals' run-time parameters (QAttnRes, sim/models/int_attn_res.py; model.attn_res
+    """Attention Residuals' run-time parameters (QAttnRes, model/int_attn_res.py; model.attn_res
     "full" or "block"), read by the depth unit (hw/attnres/): each mix's logit requantiser (one
     per query: sub-layers 1 .. N, then the output), the keys' normaliser and x_0's requantiser.
     The queries are a matrix (hw/image/memory_map.py ``attn_res.queries``); the sub-layers'

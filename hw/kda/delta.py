@@ -1,6 +1,6 @@
 """The KDA state update and read (the delta rule), ``state_lanes`` entries per cycle.
 
-Implements ``sim.models.int_kda.int_delta_rule`` bit for bit, per head h and
+Implements ``model.int_kda.int_delta_rule`` bit for bit, per head h and
 value column j (the state memory is column-major, see hw/kda/state.py):
 
     pass 1, for each block of ``lanes`` rows i:

@@ -1,6 +1,6 @@
 """Vector normalisation by a per-vector multiplier: L2 norm of q and k, RMSNorm of o.
 
-Implements ``sim.models.int_ops.int_normalize`` for one row ``x`` of ``n``
+Implements ``model.int_ops.int_normalize`` for one row ``x`` of ``n``
 elements, bit for bit:
 
     ss      = max(sum x_i^2 + eps_int, 1)

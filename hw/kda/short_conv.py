@@ -1,7 +1,7 @@
 """Causal depthwise short convolution over tokens, one channel per cycle.
 
 For channel c of token t (kernel K, taps ``w[c, 0..K-1]``, tap j weighting
-the input of token t-(K-1)+j, as sim/models/params.py stores ``conv_*``):
+the input of token t-(K-1)+j, as model/params.py stores ``conv_*``):
 
     acc[c] = sum_j w[c, j] * x_{t-(K-1)+j}[c]
 

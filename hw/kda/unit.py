@@ -1,6 +1,6 @@
 """The KDA token mixer: one int8 token in, one int8 token out, constant work per token.
 
-Implements ``sim.models.int_kda.int_kda_step`` bit for bit.  The RTL is a
+Implements ``model.int_kda.int_kda_step`` bit for bit.  The RTL is a
 function of the config alone: weights live in the external weight memory,
 read through ``wport``; every other per-model value - requantisation (m, s),
 the f_up bias, short-conv taps, the six tables, the norm constants and the
@@ -66,7 +66,7 @@ else is per layer: the schedule and the cycles of a token are those of one layer
 
 No phase depends on the number of tokens seen: cycles per token are constant
 (the tests measure token 16 against token 4096).  Measured without stalls
-(``token_cycles``; sim/tests/test_kda_unit.py's run_kda with stall=False):
+(``token_cycles``; sim/tests/block/test_kda_unit.py's run_kda with stall=False):
 tiny 902, small 3386 cycles per token, against a weight-port floor of 324
 and 1224 (bytes / port width); 887 / 3341 with the model's values baked in as
 constants (the run-time shifts' barrels lengthen the delta rule's column loop

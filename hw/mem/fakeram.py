@@ -40,7 +40,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 # the kit's macros and their Liberty cell areas (um2); words and bits are in the name.
-# sim/tests/test_fakeram.py checks every entry against pdk/nangate45/lib and lef
+# sim/tests/block/test_fakeram.py checks every entry against pdk/nangate45/lib and lef
 FAKERAM45_AREA = {
     "fakeram45_64x7": 387.296, "fakeram45_64x15": 659.148, "fakeram45_64x21": 949.354,
     "fakeram45_64x32": 1240.624, "fakeram45_32x64": 1754.536, "fakeram45_64x96": 4198.810,

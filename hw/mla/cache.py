@@ -1,7 +1,7 @@
 """The MLA layers' latent cache: where each cached latent lives, and the port that reaches it.
 
 A Gated MLA layer keeps one latent c (model.kv_rank int8 values) per token of its sequence
-(sim/models/int_mla.py ``IntMLACache``): appended every token, all of it read every token,
+(model/int_mla.py ``IntMLACache``): appended every token, all of it read every token,
 once per head.  It is the only state of the model that grows with context, so it lives off
 chip, in its own memory behind the cache port (decided against sharing the weight port:
 the MLA layer reads H T r cache bytes per token against its fixed weights, and on the

@@ -1,5 +1,5 @@
 """The online softmax of a Gated MLA head (issue 15): scores and latents in, one pass, the
-softmax-weighted latent out.  Implements ``sim.models.int_mla.online_softmax`` bit for bit.
+softmax-weighted latent out.  Implements ``model.int_mla.online_softmax`` bit for bit.
 
 For the positions j = 0 .. T-1 of one head (u_j: the score in base 2 with F = mla_exp_frac
 fractional bits; c_j: the cached latent, r values), token by token:

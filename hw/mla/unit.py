@@ -1,6 +1,6 @@
 """The Gated MLA token mixer: one int8 token in, one int8 token out, attending over its cache.
 
-Implements ``sim.models.int_mla.int_mla_step`` bit for bit, token after token.  Like the
+Implements ``model.int_mla.int_mla_step`` bit for bit, token after token.  Like the
 KDA unit (hw/kda/unit.py) the RTL is a function of the config alone: the weights are read
 through ``wport`` (hw/image/memory_map.py ``mla_tensors``: the layer's six matrices), the
 per-model values come in on ``params`` (hw/image/param_map.py, ``param_layout(cfg, "mla",

@@ -1,4 +1,4 @@
-"""Routing weights of the chosen experts, exactly as ``sim.models.int_moe.int_route``:
+"""Routing weights of the chosen experts, exactly as ``model.int_moe.int_route``:
 
     w_i  = s[idx_i]                       (the un-biased score, U0.score_frac)
     tot  = sum_i w_i

@@ -1,6 +1,6 @@
 """The MoE channel mixer: one int8 token in, one int8 token out, weights streamed.
 
-Implements ``sim.models.int_moe.int_moe_step`` bit for bit, and on a model
+Implements ``model.int_moe.int_moe_step`` bit for bit, and on a model
 whose config has dense layers (``model.mixers``) ``int_dense_step`` for the
 tokens of those layers.  The RTL is a function of the config alone: the weight
 matrices live in the external weight memory (hw/image/memory_map.py) and are
@@ -138,10 +138,11 @@ from hw.moe.route import RouteWeights
 from hw.image.param_map import EXPERT_MATS, param_map, param_layout, silu_fields, table_fields
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.arith.silu import silu
+from hw.arith.situ import up_cap
 from hw.moe.topk import TopK
 from hw.chip.weight_port import MAX_BEATS, WeightPortSignature, beats_per_row
 from moekda.config import ConfigError
-from moekda.tables import fixed_table
+from moekda.tables import fixed_table, situ_in_bits, situ_table
 from moekda.formats import derived_widths, formats_for
 
 # the matrices of a token (a phase each); LDOWN, LUP: a LatentMoE's projections
@@ -221,7 +222,11 @@ class MoEUnit(wiring.Component):
         self.pmap = pm = param_map(cfg)
         tables = {name: (bits, sgn) for name, bits, sgn, _ in table_fields(cfg)}
         self.score_shape = (signed if tables["moe.score"][1] else unsigned)(tables["moe.score"][0])
-        self.silu_shape = signed(dict((n, b) for n, b, _ in silu_fields(cfg))["moe.silu"])
+        # SiTU-GLU (model.glu = "situ"): the gate code indexes the config's SITU table (int8 out);
+        # the up code passes the cap (hw/arith/situ.py) before its product
+        self.situ = m.glu == "situ"
+        self.silu_shape = signed(fm.act_bits) if self.situ else \
+            signed(dict((n, b) for n, b, _ in silu_fields(cfg))["moe.silu"])
         # ONE engine for every projection: the weights of router, gate, up, down and
         # shared experts arrive one port beat per cycle in sequence, and the engine
         # takes one beat per cycle, so a second engine would only wait.  The engine
@@ -230,12 +235,15 @@ class MoEUnit(wiring.Component):
         # that value in the stage after the engine (sat_a(sat_b(x)) == sat_a(x) for
         # a <= b): a 16-bit clamp there is cheaper than a per-row pick between two
         # wide clamps after the engine's run-time barrel shift.  The tag routes each result.
-        self.kind_bits = {ROUTER: fm.lut_in_bits, GATE: fm.lut_in_bits, UP: fm.act_bits, DOWN: fm.expert_out_bits}
+        self.kind_bits = {ROUTER: fm.lut_in_bits, GATE: situ_in_bits(fm) if self.situ else fm.lut_in_bits,
+                          UP: fm.act_bits, DOWN: fm.expert_out_bits}
         if self.lat:      # z = lat_down(hn) is int8; lat_up's rows join the combine as a down row's
             self.kind_bits.update({LDOWN: fm.act_bits, LUP: fm.expert_out_bits})
         out_widths = (max(self.kind_bits.values()),)
-        tag = data.StructLayout({"kind": unsigned(self.mat_bits), "row": range(max(self.E, self.d, self.f)),
-                                 "seg": range(self.nseg)})
+        tag = {"kind": unsigned(self.mat_bits), "row": range(max(self.E, self.d, self.f)), "seg": range(self.nseg)}
+        if self.situ:     # the row's bank picks its up cap's (t_m, t_s) after the engine
+            tag["bank"] = range(self.E + self.S + (m.dense_chunks if "dense" in m.mixers else 0))
+        tag = data.StructLayout(tag)
         self.engine = MatVecEngine(MatVecFormats.from_config(cfg, out_widths=out_widths, tag_shape=tag),
                                    always_ready=True)
         ef = self.engine.fmt
@@ -312,6 +320,15 @@ class MoEUnit(wiring.Component):
             if C:
                 vals += [dprm.chunks[name][c] for c in range(C)]
             return Array(Value.cast(v) for v in vals)
+
+        def per_bank_list(name):
+            """per_bank's values as a list (one per bank)."""
+            vals = [prm.routed[name][e] for e in range(E)]
+            if S:
+                vals += [prm.shared[name][j] for j in range(S)]
+            if C:
+                vals += [dprm.chunks[name][c] for c in range(C)]
+            return [Value.cast(v) for v in vals]
 
         # ---- the token's layer: its index and mixer kind, registered when the token is
         # accepted (nothing after acceptance decodes the port).  Per-layer values that are
@@ -645,6 +662,8 @@ class MoEUnit(wiring.Component):
             ei.last.eq(c_beat == row_beats - 1),
             ei.tag.kind.eq(c_mat), ei.tag.row.eq(c_row), ei.tag.seg.eq(c_seg),
         ]
+        if self.situ:
+            m.d.comb += ei.tag.bank.eq(bank)
         with m.If(beat):
             m.d.sync += c_beat.eq(c_beat + 1)
             with m.If(c_beat == row_beats - 1):
@@ -672,34 +691,73 @@ class MoEUnit(wiring.Component):
         c_kind = reg("c_kind", mat_bits, eo.tag.kind)
         c_row_r = reg("c_row_r", eo.tag.row.shape(), eo.tag.row)
         c_seg_r = reg("c_seg_r", eo.tag.seg.shape(), eo.tag.seg)
+        if self.situ:
+            c_bank = reg("c_bank", eo.tag.bank.shape(), eo.tag.bank)
         c_y = reg("c_y", eo.y.shape(), y_kind)
 
         # stage C: tables addressed by the requantised code
         m.d.comb += [score_lut.addr.eq(c_y), score_lut.en.eq(c_valid & (c_kind == ROUTER))]
-        # gate codes: SiLU = c * sigmoid (hw/arith/silu.py) over a few stages into sbuf, with the
-        # MoE layer's (t_m, t_s, m, s) or, by the token's kind, a dense layer's
-        if len(kinds) > 1:
-            silu_ops, silu_op = [prm.silu, dprm.silu], dense_r
+        if self.situ:
+            # SiTU-GLU: the gate code (SITU's fixed input format, clamped at stage S) reads the
+            # config's SITU table (ROM logic, one cycle like the score table): int8 at the fixed
+            # scale, into sbuf at stage T
+            m.submodules.situ_lut = situ_lut = LookupTable(situ_in_bits(fm), signed(fm.act_bits))
+            drive_constant(m, situ_lut, situ_table(fm))
+            m.d.comb += [situ_lut.addr.eq(c_y[:situ_in_bits(fm)].as_signed()),
+                         situ_lut.en.eq(c_valid & (c_kind == GATE))]
         else:
-            silu_ops, silu_op = [(dprm if self.has_dense else prm).silu], Const(0, 1)
-        sp = Pipe(m, plan, "silu")
-        s_live = silu(sp, {"valid": c_valid & (c_kind == GATE), "row": c_row_r,
-                           "code": c_y[:fm.lut_in_bits].as_signed(), "op": silu_op}, "code", "op",
-                      [(p.t_m, p.t_s, p.m, p.s) for p in silu_ops], self.silu_shape.width, fm)
-        s_live = sp.register(s_live)
-        # the up row j reads sbuf[j] at stage T: it comes f rows of nb_d beats after gate row j
-        if f * nb_d <= sp.stages:
-            raise ConfigError(f"model.d_ff = {f}: the SiLU pipeline ({sp.stages} stages) is longer than "
-                              f"the {f * nb_d} cycles between a gate row and its up row")
-        for j in range(f):
-            with m.If(s_live["valid"] & (s_live["row"] == j)):
-                m.d.sync += sbuf[j].eq(s_live["silu"])
+            # gate codes: SiLU = c * sigmoid (hw/arith/silu.py) over a few stages into sbuf, with the
+            # MoE layer's (t_m, t_s, m, s) or, by the token's kind, a dense layer's
+            if len(kinds) > 1:
+                silu_ops, silu_op = [prm.silu, dprm.silu], dense_r
+            else:
+                silu_ops, silu_op = [(dprm if self.has_dense else prm).silu], Const(0, 1)
+            sp = Pipe(m, plan, "silu")
+            s_live = silu(sp, {"valid": c_valid & (c_kind == GATE), "row": c_row_r,
+                               "code": c_y[:fm.lut_in_bits].as_signed(), "op": silu_op}, "code", "op",
+                          [(p.t_m, p.t_s, p.m, p.s) for p in silu_ops], self.silu_shape.width, fm)
+            s_live = sp.register(s_live)
+            # the up row j reads sbuf[j] at stage T: it comes f rows of nb_d beats after gate row j
+            if f * nb_d <= sp.stages:
+                raise ConfigError(f"model.d_ff = {f}: the SiLU pipeline ({sp.stages} stages) is longer than "
+                                  f"the {f * nb_d} cycles between a gate row and its up row")
+            for j in range(f):
+                with m.If(s_live["valid"] & (s_live["row"] == j)):
+                    m.d.sync += sbuf[j].eq(s_live["silu"])
+
+        # SiTU-GLU: every row for stage O (up, down, lat_up) passes the up cap's pipeline (the
+        # up rows' 25 tanh(u/25) = c * CAP[t], hw/arith/situ.py, with their bank's (t_m, t_s)),
+        # the others alongside it, so stage O sees the rows in their order, a few cycles later
+        if self.situ:
+            cp = Pipe(m, plan, "cap")
+            c_live = {"valid": c_valid, "kind": c_kind, "row": c_row_r, "seg": c_seg_r, "y": c_y, "bank": c_bank,
+                      "code": c_y[:fm.act_bits].as_signed()}
+            cap_params = list(zip(per_bank_list("cap_t_m"), per_bank_list("cap_t_s")))
+            c_live = up_cap(cp, c_live, "code", "bank", cap_params, fm)
+            c_live = cp.spend(delays.mux_level, c_live)
+            capped = Signal(c_y.shape(), name="cap_y")
+            m.d.comb += capped.eq(Mux(c_live["kind"] == UP, c_live.pop("cap"), c_live["y"]))
+            c_live = cp.register({**c_live, "y": capped})
+            q_valid, q_kind, q_row, q_seg, q_y = (c_live[n] for n in ("valid", "kind", "row", "seg", "y"))
+            # an up row reads sbuf[j] when it leaves the cap's pipeline; the next expert's gate row j
+            # (its rows follow this expert's up rows) writes it f rows of nb_d beats after it entered
+            if f * nb_d <= cp.stages + 1:
+                raise ConfigError(f"model.d_ff = {f}: the up cap's pipeline ({cp.stages} stages) is longer than "
+                                  f"the {f * nb_d} cycles between an up row and the next expert's gate row")
 
         t_valid = reg("t_valid", 1, c_valid, reset_less=False)
         t_kind = reg("t_kind", mat_bits, c_kind)
         t_row = reg("t_row", c_row_r.shape(), c_row_r)
         t_seg = reg("t_seg", c_seg_r.shape(), c_seg_r)
         t_y = reg("t_y", c_y.shape(), c_y)
+        if self.situ:
+            # SITU's output: the gate row's act into sbuf
+            with m.If(t_valid & (t_kind == GATE)):
+                for j in range(f):
+                    with m.If(t_row == j):
+                        m.d.sync += sbuf[j].eq(situ_lut.data)
+        else:
+            q_valid, q_kind, q_row, q_seg, q_y = t_valid, t_kind, t_row, t_seg, t_y
         # the selection bias of this router row, looked up while the table reads
         bias = Array(prm.bias[e] for e in range(E))
         t_bias = reg("t_bias", signed(key_bits), bias[c_row_r[:max(1, (E - 1).bit_length())]])
@@ -720,31 +778,31 @@ class MoEUnit(wiring.Component):
                         m.d.sync += z[j].eq(t_y[:8])
                 with m.If(t_row == lat - 1):
                     m.d.sync += z_ok.eq(1)
-        rank = (t_seg - 1 - S)[:max(1, (k - 1).bit_length())]
+        rank = (q_seg - 1 - S)[:max(1, (k - 1).bit_length())]
         # down: routed experts weigh by wt, shared ones by 1.0 = 1 << wn_frac
         # (a dense layer's chunks all weigh 1.0)
-        weight = mode(1 << fm.wn_frac, Mux(t_seg <= S, 1 << fm.wn_frac, wt[rank]))
+        weight = mode(1 << fm.wn_frac, Mux(q_seg <= S, 1 << fm.wn_frac, wt[rank]))
         # lat_up's rows join the combine as a shared expert's down rows do (weight 1.0: its
         # segment is 0)
-        summed = (t_kind == DOWN) | (t_kind == LUP) if lat else t_kind == DOWN
-        o_valid = reg("o_valid", 1, t_valid & ((t_kind == UP) | summed), reset_less=False)
-        o_kind = reg("o_kind", mat_bits, t_kind)
-        o_row = reg("o_row", t_row.shape(), t_row)
-        o_seg = reg("o_seg", t_seg.shape(), t_seg)
+        summed = (q_kind == DOWN) | (q_kind == LUP) if lat else q_kind == DOWN
+        o_valid = reg("o_valid", 1, q_valid & ((q_kind == UP) | summed), reset_less=False)
+        o_kind = reg("o_kind", mat_bits, q_kind)
+        o_row = reg("o_row", q_row.shape(), q_row)
+        o_seg = reg("o_seg", q_seg.shape(), q_seg)
         o_a = reg("o_a", signed(max(PROD_BITS + 1, self.widths["route_weight"] + 1)),
-                  Mux(t_kind == UP, Array(sbuf)[t_row[:max(1, (f - 1).bit_length())]], weight))
-        o_b = reg("o_b", t_y.shape(), t_y)
+                  Mux(q_kind == UP, Array(sbuf)[q_row[:max(1, (f - 1).bit_length())]], weight))
+        o_b = reg("o_b", q_y.shape(), q_y)
         # the running sum this row adds to, chosen here (a register into stage O's read mux):
         # the first contributing segment starts from zero; a LatentMoE token's routed experts
         # sum in racc (the first routed segment from zero), lat_up's rows in acc
         if lat:
-            routed_sum = (t_kind == DOWN) & lat_tok & (t_seg > S)
+            routed_sum = (q_kind == DOWN) & lat_tok & (q_seg > S)
             o_racc = reg("o_racc", 1, routed_sum)
-            o_from_racc = reg("o_from_racc", 1, routed_sum & (t_seg != S + 1))
-            o_from_acc = reg("o_from_acc", 1, ((t_kind == DOWN) & ~routed_sum & (t_seg != 1)) |
-                             ((t_kind == LUP) & (S > 0)))
+            o_from_racc = reg("o_from_racc", 1, routed_sum & (q_seg != S + 1))
+            o_from_acc = reg("o_from_acc", 1, ((q_kind == DOWN) & ~routed_sum & (q_seg != 1)) |
+                             ((q_kind == LUP) & (S > 0)))
         else:
-            o_from_acc = reg("o_from_acc", 1, (t_kind == DOWN) & (t_seg != 1))
+            o_from_acc = reg("o_from_acc", 1, (q_kind == DOWN) & (q_seg != 1))
 
         # stage O: the product, SiLU * up, or for the down rows weight * expert
         # output + the row's running sum (one more word of the same carry-save

@@ -63,14 +63,14 @@ def test_hash_changes_with_values_only():
 def test_cli_bad_config_is_one_line_and_nonzero(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "bad"\n[hw]\nlanes = 1000\n')
-    r = subprocess.run([sys.executable, "-m", "moekda", "config", "-c", str(bad)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "cli", "config", "-c", str(bad)], capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip() == "moekda config: error: hw.lanes = 1000: allowed range is 1 to 256"
     assert "Traceback" not in r.stderr
 
 
 def test_cli_unknown_config_lists_known():
-    r = subprocess.run([sys.executable, "-m", "moekda", "config", "-c", "nosuch"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "cli", "config", "-c", "nosuch"], capture_output=True, text=True)
     assert r.returncode == 2 and "known configs:" in r.stderr and "tiny" in r.stderr
 
 
@@ -168,7 +168,7 @@ def test_stack_defaults_and_round_trip():
     assert d["model"]["mixers"] == ["dense", "moe", "moe"]          # lists, as TOML writes them
     back = config_from_dict({"name": "t", **d})
     assert back == other
-    from flow.sweep import to_toml                                  # the sweep writes configs as TOML
+    from studies.sweep import to_toml                                  # the sweep writes configs as TOML
     import tomllib
     assert config_from_dict(tomllib.loads(to_toml({"name": "t", **d}))) == other
 
@@ -225,7 +225,7 @@ def test_tied_embedding_counts_once():
 def test_cli_bad_stack_value_exit_2(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "bad"\n[model]\nn_layers = 2\nmixers = ["moe"]\n')
-    r = subprocess.run([sys.executable, "-m", "moekda", "config", "-c", str(bad)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "cli", "config", "-c", str(bad)], capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip() == ("moekda config: error: model.mixers has 1 entry: must have one per layer, "
                                 "model.n_layers = 2")
@@ -303,7 +303,7 @@ def test_the_image_holds_the_hybrid_and_the_chip_refuses_attn_res_without_a_voca
     require_chip_model(mla)                 # the model chip runs MLA layers
     hy = config_from_dict(base(model={"n_layers": 4, "layers": ["kda", "kda", "kda", "mla"], "kv_rank": 8,
                                       "attn_res": "block", "moe_latent": 8}))
-    require_image_model(hy)                 # the image holds Attention Residuals (sim/tests/test_model_image.py)
+    require_image_model(hy)                 # the image holds Attention Residuals (model/tests/test_model_image.py)
     with pytest.raises(ConfigError) as e:
         require_chip_model(hy)
     assert str(e.value) == ('config t: model.attn_res = "block" runs on the model chip only, which needs '

@@ -64,7 +64,7 @@ def test_the_input_format_spans_eight_either_side_of_its_centre():
 
 def test_the_quantiser_uses_the_configs_tables_and_the_bank_has_none():
     from hw.image.param_map import param_fields
-    from sim.models.quantize import quantize_random_layer
+    from model.quantize import quantize_random_layer
     cfg = load_config("tiny")
     q = quantize_random_layer(cfg, 3)
     flat = q.to_flat()
@@ -83,8 +83,8 @@ def test_silu_as_c_times_sigmoid_is_silu_within_its_error_bound(s_code, out_step
     to half a step of its format (sigmoid's slope is at most 1/4), its table to half an output
     step, its input clipped at +-8 (sigmoid within 3.4e-4 of 1); the product's
     requantisation rounds to half an output step."""
-    from sim.models.int_ops import int_silu
-    from sim.models.quantize import _silu
+    from model.int_ops import int_silu
+    from model.quantize import _silu
     fm = formats_for(load_config("tiny"))
     uf, tb = fm.unit_frac, silu_sigmoid_in_bits(fm)
     s_out = s_code * out_step
@@ -103,7 +103,7 @@ def test_silu_as_c_times_sigmoid_is_silu_within_its_error_bound(s_code, out_step
 def test_an_image_with_another_table_is_refused_in_one_line():
     from hw.image.format import pack_image
     from hw.image.memory_map import qlayer_tensors
-    from sim.models.quantize import quantize_random_layer
+    from model.quantize import quantize_random_layer
     cfg = load_config("tiny")
     q = quantize_random_layer(cfg, 3)
     flat = q.to_flat()

@@ -1,7 +1,7 @@
 """cocotb bench of the Attention Residuals depth unit (hw/attnres/unit.py) against the integer
-model (sim/models/int_attn_res.py ``IntDepthResidual``), bit for bit.
+model (model/int_attn_res.py ``IntDepthResidual``), bit for bit.
 
-Run through sim/tests/test_attnres.py (sim/cocotb_util.run_cocotb, top ``attnres``).  The
+Run through sim/tests/block/test_attnres.py (sim/cocotb_util.run_cocotb, top ``attnres``).  The
 model is ``quick_model`` of the config (its queries, logit requantisers, key norm and x_0
 requantiser, in its memory image on the weight memory and its ``params`` bits on the port)
 with two query rows replaced by the int8 rails.  Each slot runs whole tokens: START x_0,
@@ -38,8 +38,8 @@ from sim.cocotb_util import cycle_limit, over_limit, tb_param
 
 def depth_model(cfg, seed: int):
     """(QModel with its queries' rails, its image): the unit's parameters and memory."""
-    from sim.models.image import qmodel_image
-    from sim.tests.model_cases import quick_model
+    from model.image import qmodel_image
+    from model.cases import quick_model
     qm = quick_model(cfg, seed)[1]
     qs = qm.attn_res.queries.copy()
     qs[0], qs[2] = 127, -128                 # the largest logits of either sign
@@ -69,7 +69,7 @@ def token_vectors(cfg, rng, corner: int | None) -> np.ndarray:
 
 def slot_commands(cfg, qar, vectors) -> list[tuple]:
     """(op, v, expected or None) of one slot's tokens, in order."""
-    from sim.models.int_attn_res import IntDepthResidual
+    from model.int_attn_res import IntDepthResidual
     direct = dataclasses.replace(qar, out_m=np.ones_like(qar.out_m), out_s=np.zeros_like(qar.out_s))
     N = sublayers(cfg)
     out = []

@@ -1,10 +1,10 @@
 """cocotb bench of the embedding lookup (hw/chip/embed.py) against the integer model.
 
-Run through sim/tests/test_embed.py (sim/cocotb_util.run_cocotb, top ``embed``).  The table
-is the quick quantised model's (sim/tests/model_cases.py) with its last row set to the int8
-corners (-128, 127, -1, 0, 1, ...), in the model's image (sim/models/image.py) as the weight
+Run through sim/tests/block/test_embed.py (sim/cocotb_util.run_cocotb, top ``embed``).  The table
+is the quick quantised model's (model/cases.py) with its last row set to the int8
+corners (-128, 127, -1, 0, 1, ...), in the model's image (model/image.py) as the weight
 memory (sim/cocotb/weight_memory.py: latency, random stalls).  Expected values come only
-from sim/models/int_model.py ``int_embed``; ``first`` must come out with its token.  Every
+from model/int_model.py ``int_embed``; ``first`` must come out with its token.  Every
 request must be the token's row: ``embedding.addr + token * row_bytes``, beats_per_row beats.
 Parameters (environment, cocotb_util.tb_param): MOEKDA_CONFIG, MOEKDA_SEED, MOEKDA_TOKENS.
 """
@@ -30,8 +30,8 @@ def embed_case(config: str, seed: int, n: int):
     """(cfg, model, image, tokens, firsts): the last row holds the int8 corners; the tokens
     start with 0, V-1 (that row) and V-1 again, then random ids; ``first`` on token 0 and at
     random."""
-    from sim.models.image import qmodel_image
-    from sim.tests.model_cases import model_config, quick_model
+    from model.image import qmodel_image
+    from model.cases import model_config, quick_model
     cfg = model_config(config)
     _, qm = quick_model(cfg, seed)
     V, d = cfg.model.vocab, cfg.model.d_model
@@ -44,7 +44,7 @@ def embed_case(config: str, seed: int, n: int):
 
 class Bench:
     def __init__(self, dut, seed: int, n: int, stall: float):
-        from sim.models.int_model import int_embed
+        from model.int_model import int_embed
         self.dut = dut
         self.cfg, self.qm, self.image, self.tokens, self.firsts = embed_case(tb_param("config"), seed, n)
         self.want = [([int(v) for v in int_embed(self.qm.head, self.cfg, t)], int(f))

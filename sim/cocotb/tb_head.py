@@ -1,10 +1,10 @@
 """cocotb bench of the model chip's head (hw/chip/head.py) against the integer model.
 
-Run through sim/tests/test_head.py (sim/cocotb_util.run_cocotb, top ``head``).  The model is
-the quick quantised model of sim/tests/model_cases.py, with two rows of W made equal so that
-one input has its largest logit twice (the lower index must win); its image (sim/models/image.py)
+Run through sim/tests/block/test_head.py (sim/cocotb_util.run_cocotb, top ``head``).  The model is
+the quick quantised model of model/cases.py, with two rows of W made equal so that
+one input has its largest logit twice (the lower index must win); its image (model/image.py)
 is the weight memory (sim/cocotb/weight_memory.py: latency, random stalls) and its head block
-the ``params`` port.  Expected values come only from sim/models/int_model.py (int_head_step,
+the ``params`` port.  Expected values come only from model/int_model.py (int_head_step,
 int_argmax).  Parameters (environment, cocotb_util.tb_param): MOEKDA_CONFIG, MOEKDA_SEED,
 MOEKDA_TOKENS (inputs of the main test), MOEKDA_RESET_AFTER (outputs before the reset of the
 first pass, 0: no reset pass), MOEKDA_RESULT (json file for the measured cycles).
@@ -35,7 +35,7 @@ from sim.cocotb.weight_memory import WeightMemory
 from sim.cocotb_util import cycle_limit, over_limit, tb_param
 
 
-# ---- the case: model, inputs, expected outputs (also imported by sim/tests/test_head.py) ----
+# ---- the case: model, inputs, expected outputs (also imported by sim/tests/block/test_head.py) ----
 
 @dataclass
 class HeadCase:
@@ -53,7 +53,7 @@ class HeadCase:
 
 
 def _expect(cfg, qm, xs):
-    from sim.models.int_model import int_argmax, int_head_step
+    from model.int_model import int_argmax, int_head_step
     logits = np.array([int_head_step(qm.head, cfg, x) for x in xs], dtype=np.int64)
     return logits, np.array([int_argmax(r) for r in logits], dtype=np.int64)
 
@@ -62,7 +62,7 @@ def head_inputs(cfg, qm, n: int, seed: int) -> np.ndarray:
     """Corners (zero: every logit equal; both rails; alternating rails; one element at a rail;
     a single 1), x_L of the integer stack on embedded random tokens (what the head really
     sees), then uniform resid_bits vectors and small ones (where eps matters)."""
-    from sim.models.int_model import int_embed, int_run_stack
+    from model.int_model import int_embed, int_run_stack
     d, V = cfg.model.d_model, cfg.model.vocab
     rb = formats_for(cfg).resid_bits
     lo, hi = -(1 << (rb - 1)), (1 << (rb - 1)) - 1
@@ -86,8 +86,8 @@ def head_inputs(cfg, qm, n: int, seed: int) -> np.ndarray:
 def head_case(config: str, seed: int, n: int, hot: bool = False) -> HeadCase:
     """The bench's model and inputs.  ``hot``: the same model with head_m at its largest and
     norm_w tripled, so fn and the logits saturate (ties at the rail: the lowest index wins)."""
-    from sim.models.image import qmodel_image
-    from sim.tests.model_cases import model_config, quick_model
+    from model.image import qmodel_image
+    from model.cases import model_config, quick_model
     cfg = model_config(config)
     _, qm = quick_model(cfg, seed)
     qh = qm.head

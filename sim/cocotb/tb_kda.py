@@ -10,8 +10,8 @@ expectations cannot come from two different versions of the model.  Inputs are r
 tokens through the integer model's attention RMSNorm.
 
 A model config (several layers on the one unit): ``model_kda_case`` makes the case
-from one quantised model (sim/tests/model_cases.py ``quick_model``), its image
-(sim/models/image.py ``qmodel_image``: every layer's matrices at its own addresses),
+from one quantised model (model/cases.py ``quick_model``), its image
+(model/image.py ``qmodel_image``: every layer's matrices at its own addresses),
 one ``params`` value per layer, and per token its layer, in any order; each layer's
 expected outputs come from ``int_kda_step`` with that layer's parameters and that
 layer's own state, carried across the other layers' tokens.  The inputs are the
@@ -30,7 +30,7 @@ with several layers it changes ``params`` to the next token's layer only when no
 token is inside the unit, a cycle before offering it.  The bench
 waits at most sim/cocotb_util.py ``cycle_limit`` cycles for all outputs;
 MOEKDA_RESP_STALL overrides the weight memory's response stall (1.0: it never
-answers, how sim/tests/test_bench_limits.py makes the unit hang).
+answers, how sim/tests/chip/test_bench_limits.py makes the unit hang).
 """
 from __future__ import annotations
 
@@ -47,11 +47,11 @@ from hw.kda.unit import OPS
 from hw.image.param_map import region_value
 from moekda.config import config_from_dict, load_config
 from moekda.formats import formats_for
-from sim.models.int_kda import IntKDAState, int_kda_step
-from sim.models.int_layer import quantize_input
-from sim.models.int_ops import int_rmsnorm
-from sim.models.params import random_inputs, random_params
-from sim.models.quantize import quantize_layer
+from model.int_kda import IntKDAState, int_kda_step
+from model.int_layer import quantize_input
+from model.int_ops import int_rmsnorm
+from model.params import random_inputs, random_params
+from model.quantize import quantize_layer
 
 
 @dataclass
@@ -107,10 +107,10 @@ def model_kda_case(config: str, seed: int, layers, first=(), reset_in: int = -1,
     ``slots[t]`` (default 0), a new sequence of that layer and slot where t is in ``first``;
     ``reset_in`` a token cut off by a reset (every state is zero after it).  Expected: per
     (slot, layer) its own IntKDAState."""
-    from sim.models.image import qmodel_image
-    from sim.models.int_model import int_run_model
-    from sim.models.params import random_tokens
-    from sim.tests.model_cases import quick_model
+    from model.image import qmodel_image
+    from model.int_model import int_run_model
+    from model.params import random_tokens
+    from model.cases import quick_model
     cfg = load_config(config)
     fm = formats_for(cfg)
     L = layer_count(cfg)

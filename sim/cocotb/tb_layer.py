@@ -7,7 +7,7 @@ cycle: the token streams wake on valid/ready edges and draw stalls as gaps
 (sim/cocotb/streams.py EdgeStreamSource/Sink), so a run costs the simulator's
 time plus a few Python wake-ups per token.
 
-Driven by sim/driver.py: the case (.npz in LAYER_CASE: config, weight image,
+Driven by run/driver.py: the case (.npz in LAYER_CASE: config, weight image,
 tokens, stream ``first`` bits, CSR clears, the reset plan, the integer
 model's outputs) comes in, the result (.npz in LAYER_RESULT: every output
 token with its input index as the bench counts them and the chip's own tag

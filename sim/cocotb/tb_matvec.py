@@ -1,6 +1,6 @@
-"""cocotb bench of the matrix-vector engine against sim/models/matvec.py.
+"""cocotb bench of the matrix-vector engine against model/matvec.py.
 
-Run through sim/tests/test_matvec.py (sim/cocotb_util.run_cocotb).  The
+Run through sim/tests/block/test_matvec.py (sim/cocotb_util.run_cocotb).  The
 expected results come only from the numpy integer model; the bench never
 looks inside the RTL.  Parameters (environment, see cocotb_util.tb_param):
 MOEKDA_CONFIG, MOEKDA_SEED, MOEKDA_ROWS (rows per random test).
@@ -17,7 +17,7 @@ from hw.arith.matvec import MatVecFormats
 from moekda.config import load_config
 from sim.cocotb.streams import LayoutCodec, StreamDriver, StreamMonitor
 from sim.cocotb_util import tb_param
-from sim.models.matvec import Beat, matrix_beats, row_beats, run_beats
+from model.matvec import Beat, matrix_beats, row_beats, run_beats
 
 MAX_IDLE_CYCLES = 2000   # a result must appear within this many cycles of the previous one
 

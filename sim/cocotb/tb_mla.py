@@ -4,7 +4,7 @@ The case - config, weight image, the ``params`` bits of each MLA layer, the inpu
 sequences start, the expected outputs - is made in the pytest process by ``mla_case`` from
 one quantised model and handed over in one .npz file (MOEKDA_CASE).  The inputs are the
 model's own: each MLA layer's ``xn_unit`` from the integer model run on a token sequence
-(sim/models/int_model.py); the expectations are ``int_mla_step`` with each (slot, layer)'s
+(model/int_model.py); the expectations are ``int_mla_step`` with each (slot, layer)'s
 own cache, restarted where ``first`` is set and dropped by a reset.  The bench gives each
 token's position in its cache on ``pos``.  ``long_mla_case``: one long sequence whose first
 tokens' latents the bench writes into the cache memory before the run (a host restoring a
@@ -53,11 +53,11 @@ class MlaCase:
 def mla_case(config: str, seed: int, layers, slots, first=(), reset_in: int = -1) -> MlaCase:
     """Token t of MLA layer ``layers[t]`` in sequence slot ``slots[t]``; a new sequence of
     that (slot, layer) where t is in ``first`` (and at its first token)."""
-    from sim.models.image import qmodel_image
-    from sim.models.int_mla import IntMLACache, int_mla_step
-    from sim.models.int_model import int_run_model
-    from sim.models.params import random_tokens
-    from sim.tests.model_cases import quick_model
+    from model.image import qmodel_image
+    from model.int_mla import IntMLACache, int_mla_step
+    from model.int_model import int_run_model
+    from model.params import random_tokens
+    from model.cases import quick_model
     cfg = load_config(config)
     fm = formats_for(cfg)
     _, qm = quick_model(cfg, seed)
@@ -94,14 +94,14 @@ def long_mla_case(config: str, seed: int, context: int, run: int = 2, run_at=Non
     positions ``run_at`` (default the last ``run``) are run, every other token's latent is
     prefilled (the token at position p attends over p + 1 rows, its own included; a run
     token's row is written again by the unit, with the same latent).  Inputs: the layer's
-    RMSNorm of residual-stream-like vectors (sim/models/params.py random_inputs), as the
+    RMSNorm of residual-stream-like vectors (model/params.py random_inputs), as the
     KDA bench's; the integer model gives every latent and the run tokens' outputs."""
-    from sim.models.image import qmodel_image
-    from sim.models.int_layer import quantize_input
-    from sim.models.int_mla import IntMLACache, int_mla_latent, int_mla_step
-    from sim.models.int_ops import int_rmsnorm
-    from sim.models.params import random_inputs
-    from sim.tests.model_cases import quick_model
+    from model.image import qmodel_image
+    from model.int_layer import quantize_input
+    from model.int_mla import IntMLACache, int_mla_latent, int_mla_step
+    from model.int_ops import int_rmsnorm
+    from model.params import random_inputs
+    from model.cases import quick_model
     cfg = load_config(config)
     fm = formats_for(cfg)
     _, qm = quick_model(cfg, seed)

@@ -1,7 +1,7 @@
 """cocotb bench of the MLA layer's online softmax (hw/mla/softmax.py) against the integer model.
 
-Run through sim/tests/test_mla_softmax.py (sim/cocotb_util.run_cocotb, top ``mla_softmax``).
-Expected values come only from sim/models/int_mla.py ``online_softmax``.  The heads
+Run through sim/tests/block/test_mla_softmax.py (sim/cocotb_util.run_cocotb, top ``mla_softmax``).
+Expected values come only from model/int_mla.py ``online_softmax``.  The heads
 (``softmax_heads``): corners first (one position; equal scores: every position a maximum;
 scores rising by whole powers of two, so every position rescales the sums; a jump past any
 shift; the score rails; falling scores; the latent rails), then heads of random length with
@@ -53,7 +53,7 @@ def softmax_heads(cfg, n: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]
 
 
 def expected(cfg, heads) -> list[list[int]]:
-    from sim.models.int_mla import online_softmax
+    from model.int_mla import online_softmax
     fm, w = formats_for(cfg), derived_widths(cfg)
     return [[int(v) for v in online_softmax(u.astype(np.int64), c.astype(np.int64), fm, w["mla_sum"],
                                             w["mla_acc"], fm.act_bits)] for u, c in heads]

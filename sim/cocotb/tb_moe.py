@@ -12,7 +12,7 @@ most sim/cocotb_util.py ``cycle_limit`` cycles for its outputs, the roofline
 being the unit's analytic weight bytes per token over the port width (the
 engine takes one beat per cycle); MOEKDA_RESP_STALL overrides the case's
 response stall (1.0: the memory never answers, how
-sim/tests/test_bench_limits.py makes the unit hang).
+sim/tests/chip/test_bench_limits.py makes the unit hang).
 
 A model's case (meta ``layers``, issue 14) gives each token a layer: the
 source offers a token only when the unit is empty (every earlier output taken),

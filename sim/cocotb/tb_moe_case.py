@@ -1,8 +1,8 @@
 """Test cases of the MoE unit: config, quantised parameters, tokens and the
 integer model's answers, written to one .npz the cocotb bench reads.
 
-Built by sim/tests/test_moe.py (pytest side), read by sim/cocotb/tb_moe.py
-(simulator side); the expected outputs come from sim.models.int_moe only.  The
+Built by sim/tests/block/test_moe.py (pytest side), read by sim/cocotb/tb_moe.py
+(simulator side); the expected outputs come from model.int_moe only.  The
 model reaches the RTL as the weight image and the value of the ``params`` port
 (``moe_params``): the RTL itself is the config's.
 
@@ -30,12 +30,12 @@ from hw.image.memory_map import build_image, memory_map, qlayer_tensors
 from hw.image.param_map import param_layout, region_value
 from moekda.config import Config, config_from_dict, load_config
 from moekda.formats import formats_for
-from sim.models.image import qmodel_image
-from sim.models.int_layer import int_run_layer, quantize_input
-from sim.models.int_model import int_run_model
-from sim.models.int_moe import int_dense_step, int_moe_step
-from sim.models.params import random_inputs, random_params
-from sim.models.quantize import quantize_layer
+from model.image import qmodel_image
+from model.int_layer import int_run_layer, quantize_input
+from model.int_model import int_run_model
+from model.int_moe import int_dense_step, int_moe_step
+from model.params import random_inputs, random_params
+from model.quantize import quantize_layer
 
 
 @dataclass
@@ -115,7 +115,7 @@ def _saturated(t: dict, fm) -> bool:
 
 def build_model_case(cfg: Config, qm, per_layer: int, seed: int = 0, zero_bias: bool = False,
                      paired_bias: bool = False) -> MoECase:
-    """``per_layer`` tokens of each layer of the quantised model ``qm`` (sim.models.qparams.QModel),
+    """``per_layer`` tokens of each layer of the quantised model ``qm`` (model.qparams.QModel),
     in a shuffled order: per layer the all-zero and the alternating corner, hn of the integer
     model's own forward pass (the layer's real input distribution), one uniform random vector.
     ``idx`` is -1 and ``choice``/``score`` 0 for a dense layer's tokens (no router).

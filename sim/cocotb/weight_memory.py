@@ -2,7 +2,7 @@
 
 Runs Python every clock cycle: the block benches (KDA, MoE) use it.  The layer
 bench uses its HDL twin sim/hdl/weight_memory.py (same timing rule, checked
-against it in sim/tests/test_layer_weight_memory.py), which needs no Python per
+against it in sim/tests/block/test_layer_weight_memory.py), which needs no Python per
 cycle.
 
 It answers read requests from a byte image (hw.image.memory_map.build_image) with

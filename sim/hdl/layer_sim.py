@@ -3,7 +3,7 @@
 Not part of the chip.  The chip is instantiated by module name (``chip_module``)
 with the port names of hw/chip/layer.py LayerTop's flattened signature, so the same
 top wraps the RTL generated from the model (module ``layer``), an RTL file,
-or the gate-level netlist behind sim/driver.py's vector-port wrapper
+or the gate-level netlist behind run/driver.py's vector-port wrapper
 (``layer_gl``): one bench for all three.  The weight port is answered by
 HdlWeightMemory (sim/hdl/weight_memory.py) filled with the layer's image;
 the token streams and the Wishbone bus stay the bench's.  The memory has two

@@ -1,5 +1,5 @@
 """train/loop.py and ``python -m train``: Adam's step, a short run that lowers the loss and
-writes parameters sim/models reads, and one-line refusals of bad options (exit 2).
+writes parameters model/ reads, and one-line refusals of bad options (exit 2).
 Skipped when the training extra (JAX) is not installed."""
 import json
 
@@ -9,14 +9,14 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
-from sim.models.int_model import int_run_model  # noqa: E402
-from sim.models.params import load_model_params  # noqa: E402
-from sim.models.quantize import quantize_model  # noqa: E402
+from model.int_model import int_run_model  # noqa: E402
+from model.params import load_model_params  # noqa: E402
+from model.quantize import quantize_model  # noqa: E402
 from moekda.config import load_config  # noqa: E402
-from sim.tests.model_cases import model_config  # noqa: E402
+from model.cases import model_config  # noqa: E402
 from train.__main__ import main  # noqa: E402
 from train.loop import ADAM_EPS, RunSettings, adam_init, adam_update, run  # noqa: E402
-from sim.tasks.mqar import split  # noqa: E402
+from model.tasks.mqar import split  # noqa: E402
 
 
 def test_adam_first_step_and_clipping():
@@ -36,7 +36,7 @@ def test_adam_first_step_and_clipping():
 
 def test_short_run_learns_and_writes(tmp_path):
     """A one-layer model on 2-pair MQAR: the held-out loss falls, and the written parameters
-    load as the config's ModelParams, give sim/models' float model the accuracy the run
+    load as the config's ModelParams, give model/'s float model the accuracy the run
     measured in JAX on the same held-out examples (float32 against float64: at most one
     answer apart, a near tie), and go through the quantiser as they are."""
     cfg = model_config("model-tiny", n_layers=1, layers=["kda"], mixers=["moe"])

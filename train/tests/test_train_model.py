@@ -1,4 +1,4 @@
-"""train/model.py against sim/models' float model: the same numbers on random parameters
+"""train/model.py against model/'s float model: the same numbers on random parameters
 (float64, max |difference| <= 1e-5 absolute; measured ~3e-14 on logits of size ~80), the
 same sequence restarts, gradients through the chosen experts only, and an exact
 parameter round trip.  Skipped when the training extra (JAX) is not installed."""
@@ -10,10 +10,10 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 
 from moekda.config import load_config  # noqa: E402
-from sim.models import float_layer as fl, float_model as fm  # noqa: E402
-from sim.models.params import (random_inputs, random_model_params, random_params,  # noqa: E402
+from model import float_layer as fl, float_model as fm  # noqa: E402
+from model.params import (random_inputs, random_model_params, random_params,  # noqa: E402
                                random_tokens)
-from sim.tests.model_cases import model_config  # noqa: E402
+from model.cases import model_config  # noqa: E402
 from train import model as tm  # noqa: E402
 
 ATOL = 1e-5   # absolute, on logits (|logit| up to ~100) and on residual streams

@@ -1,5 +1,0 @@
-import sys
-
-from moekda.cli import main
-
-sys.exit(main())
