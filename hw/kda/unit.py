@@ -266,12 +266,15 @@ class KdaUnit(wiring.Component):
         # the shared engine (hw/arith/matvec.py): one port beat per engine beat; its results
         # come back in row order, so a second (op, row) counter walks the same sequence.
         # The unit requantises the raw accumulator itself (f_up adds a bias first), so the
-        # engine is built accumulator-only: no requantiser, (M, s) ignored.
-        m.submodules.engine = eng = MatVecEngine(cfg, requantise=False)
+        # engine is built accumulator-only: no requantiser, (M, s) ignored.  Every result is
+        # taken the cycle it appears (R0 below is a plain register, the pipeline after it
+        # never stalls), so the engine is built always ready: no result FIFO (8 x 40
+        # flip-flops on tiny) and no credit counter
+        m.submodules.engine = eng = MatVecEngine(cfg, requantise=False, always_ready=True)
         m.d.comb += self.mac_beat.eq(eng.beat)       # hw.lanes MACs (the chip's MACS counter)
-        beat_go = feed_enable & self.wport.resp.valid & eng.i.ready
+        beat_go = feed_enable & self.wport.resp.valid
         m.d.comb += [
-            self.wport.resp.ready.eq(feed_enable & eng.i.ready),
+            self.wport.resp.ready.eq(feed_enable),
             eng.i.valid.eq(feed_enable & self.wport.resp.valid),
             eng.i.payload.w.eq(self.wport.resp.payload.data),
             eng.i.payload.x.eq(x_group),
@@ -279,7 +282,6 @@ class KdaUnit(wiring.Component):
             eng.i.payload.last.eq(f_beat == beats_of),
             eng.i.payload.mult.eq(0),
             eng.i.payload.shift.eq(0),
-            eng.o.ready.eq(1),
         ]
         row_issued = Signal()
         m.d.comb += row_issued.eq(beat_go & (f_beat == beats_of))
