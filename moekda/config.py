@@ -118,8 +118,10 @@ class HwConfig:
     clock_period_ns: float = _field(1.0, 0.3, 100.0, doc="target clock period in ns")
     state_lanes: int = _field(4, 1, 256, doc="KDA state entries read and updated per cycle (divides head_dim)")
     state_memory: str = _field("flops", choices=("flops", "sram"),
-                               doc="where the KDA state lives: flip-flops, or the platform's 1RW SRAM "
-                                   "macros (fakeram45, two banks by word parity; hw/kda/state.py)")
+                               doc="where the KDA state and the short-convolution history live: flip-flops, "
+                                   "or the platform's 1RW SRAM macros (fakeram45; the state in two banks by "
+                                   "word parity, hw/kda/state.py; the history one word per channel, "
+                                   "hw/kda/short_conv.py)")
     sequences: int = _field(1, 1, 4, doc="independent sequences the model chip interleaves through its "
                                          "two datapath stages (one token of each inside; KDA state per "
                                          "sequence; hw/chip/model.py)")

@@ -49,7 +49,7 @@ With the state in SRAM (``state_memory = "sram"``, hw/kda/state.py) the memory i
 1RW banks by word parity, and a read and a write of one cycle must use different
 banks.  Every write is its pass-2 read delayed by a fixed D cycles (the pipeline never
 stalls), so the schedule keeps them apart by cycle parity: a word is issued only on a
-cycle whose parity (a free-running toggle) is its bank's, and D is made odd (one more
+cycle whose parity (a toggle, set by ``start`` so the first word goes at once) is its bank's, and D is made odd (one more
 register before the write-back when the clock's plan gives an even D).  A read at cycle
 t is then in bank p(t), the write of a word read at t - D is in bank p(t - D) != p(t).
 Within a column the words alternate banks, and with d_k/lanes even a column ends on the
@@ -423,6 +423,14 @@ class DeltaRule(wiring.Component):
         if mem.banks == 2:
             phase = Signal()
             m.d.sync += phase.eq(~phase)
+            # ``start`` sets it so the first word (bank 0) issues at once: a token's schedule
+            # is then the same whatever the parity of the cycle it starts in (free-running,
+            # a token of even length kept its parity and one of odd length alternated, so
+            # the first token after reset could take a cycle less or more than the rest).
+            # No write of the previous token is in flight then: its last o_c (which trails
+            # every write) was taken before FINISH let the rule go idle
+            with m.If(self.start):
+                m.d.sync += phase.eq(0)
             m.d.comb += [go1.eq(c1.addr[0] == phase), go2.eq(c2.addr[0] == phase)]
 
         with m.FSM():

@@ -31,6 +31,22 @@ stage 1's budget (the pipeline's plan places the extra mux levels).  A single
 AND-OR over L x channels words behind an AND of channel and layer bits cost
 model-tiny's read 0.19-0.31 ns of its slack at 1.25 ns.
 
+History in SRAM (``memory="sram"``, with hw.state_memory: the KDA's long-lived storage
+in the platform's 1RW macros, hw/mem/fakeram.py): word ``layer * channels + chan`` holds
+that channel's K-1 inputs, one byte slot each, and a token touches each word exactly once,
+in the cycle its channel is accepted: a masked write of x into slot ``phase`` (the token's
+count mod K-1, per layer), which overwrites x_{t-(K-1)}, while the macro reads the old word
+(read-before-write).  That old word is the window: slot m (x_{t-(K-1)+m}) is byte
+``(phase + m) mod (K-1)``.  So one access per channel (any rate, one channel a cycle
+included) replaces the shift of the flip-flop history, the macro's read register is stage
+1's history register, and only the byte rotation is new logic; the values are the same.
+The stale words of a restarted layer (or an SRAM's power-up contents) are masked by its
+token count as before.
+
+``always_ready=True``: for a consumer that takes every result the cycle it appears (the
+KDA unit): no result FIFO and no credit counter, ``i`` is always ready and a result leaves
+the pipeline's last register straight onto ``o``.
+
 Streams: ``i`` carries the channels of a token in order 0..channels-1, then
 the next token; ``o`` carries ``acc`` in the same order.  ``restart`` (L strobe
 bits, bit l: layer l's sequence starts again, its history masked) is allowed
@@ -44,7 +60,7 @@ always ready, ``i`` is always ready (the KDA unit relies on it).
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Module, Mux, Signal, Value, signed
+from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
@@ -52,6 +68,7 @@ from amaranth.lib.wiring import In, Out
 from hw.arith.carry_save import booth_partial_products, pipelined_add, reduce_to_two
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.arith.reduce import or_tree
+from hw.mem.fakeram import FakeRam, choose_macros
 
 
 def conv_acc_bits(in_bits: int, weight_bits: int, kernel: int) -> int:
@@ -61,17 +78,26 @@ def conv_acc_bits(in_bits: int, weight_bits: int, kernel: int) -> int:
 
 class ShortConv(wiring.Component):
     def __init__(self, channels: int, kernel: int, in_bits: int = 8, weight_bits: int = 8,
-                 *, clock_period_ns: float, layers: int = 1):
+                 *, clock_period_ns: float, layers: int = 1, memory: str = "flops", always_ready: bool = False):
+        """``memory``: where the history lives, "flops" or "sram" (module doc);
+        ``always_ready``: no output FIFO, for a consumer that never stalls (module doc)."""
         if channels < 2 or kernel < 1 or layers < 1:
             raise ValueError(f"short conv: needs channels >= 2, kernel >= 1 and layers >= 1, "
                              f"got ({channels}, {kernel}, {layers})")
+        if memory not in ("flops", "sram"):
+            raise ValueError(f"short conv: memory is \"flops\" or \"sram\", got {memory!r}")
         self.channels, self.kernel, self.layers = channels, kernel, layers
+        self.always_ready = always_ready
+        # with K = 1 there is no history to keep
+        self.memory = memory if kernel > 1 else "flops"
+        self.macros = (choose_macros(layers * channels, (kernel - 1) * in_bits)
+                       if self.memory == "sram" else None)
         self.in_bits, self.weight_bits = in_bits, weight_bits
         self.clock_period_ns = clock_period_ns
         self.acc_bits = conv_acc_bits(in_bits, weight_bits, self.kernel)
         super().__init__({
-            "i": In(stream.Signature(signed(in_bits))),
-            "o": Out(stream.Signature(signed(self.acc_bits))),
+            "i": In(stream.Signature(signed(in_bits), always_ready=always_ready)),
+            "o": Out(stream.Signature(signed(self.acc_bits), always_ready=always_ready)),
             "restart": In(layers),
             **({"layer": In(range(layers))} if layers > 1 else {}),
             "taps": In(data.ArrayLayout(data.ArrayLayout(signed(weight_bits), kernel), channels)),
@@ -80,6 +106,7 @@ class ShortConv(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         C, K, L = self.channels, self.kernel, self.layers
+        sram = self.memory == "sram"
         hist_layout = data.ArrayLayout(signed(self.in_bits), max(1, K - 1))
         taps_layout = data.ArrayLayout(signed(self.weight_bits), K)
         s1_taps = Signal(taps_layout)     # the accepted channel's taps, beside stage 1
@@ -88,32 +115,38 @@ class ShortConv(wiring.Component):
         # the history is read and written in channel order, so the word to read is a
         # rotating one-hot register beside ``chan``: each select bit drives only its
         # own word's AND gates, where a C:1 read mux on ``chan`` fanned every address
-        # bit out to all words (small at 1 ns was 0.003 ns short on it)
-        if L == 1:
+        # bit out to all words (small at 1 ns was 0.003 ns short on it).  The taps are
+        # read through the same select, in both memories
+        if sram:
+            hists = []
+        elif L == 1:
             hists = [[Signal(hist_layout, name=f"hist{c}") for c in range(C)]]
         else:
             hists = [[Signal(hist_layout, name=f"l{l}_hist{c}") for c in range(C)] for l in range(L)]
         sel = Signal(C, init=1)
-        s1_sel = Signal(C)
         hist_rd_data = Signal(hist_layout)
         # with several layers: each layer's word of the channel, registered, then the layer's pick
-        hist_rd_layer = [Signal(hist_layout, name=f"hist_rd_l{l}") for l in range(L)] if L > 1 else []
+        hist_rd_layer = [Signal(hist_layout, name=f"hist_rd_l{l}") for l in range(L)] if L > 1 and not sram else []
         # per layer: tokens since its restart, saturating at K-1
         seens = [Signal(range(K), name="seen" if L == 1 else f"seen{l}") for l in range(L)]
+        # SRAM: per layer, the byte slot this token writes (its count mod K-1)
+        phases = [Signal(range(max(2, K - 1)), name="phase" if L == 1 else f"phase{l}") for l in range(L)] if sram else []
         if L == 1:
             seen = seens[0]
+            phase = phases[0] if sram else None
         else:
             # the token's layer, one bit per layer (``layer`` is a register of the unit):
             # which count steps, and, registered with the channel, which word is read
             layer_is = [Signal(name=f"layer_is{l}") for l in range(L)]
             m.d.comb += [layer_is[l].eq(self.layer == l) for l in range(L)]
             seen = Array(seens)[self.layer]
+            phase = Array(phases)[self.layer] if sram else None
 
         # stage 1: the accepted input, while its history and taps are read
         s1_valid = Signal()
         s1_x = Signal(signed(self.in_bits))
         s1_seen = Signal(range(K))
-        if L > 1:
+        if L > 1 and not sram:
             s1_layer_is = Signal(L)       # the accepted channel's layer, one-hot: its read, its write
 
         # the sum pipeline (built below) ends in a FIFO with room for every channel
@@ -121,21 +154,23 @@ class ShortConv(wiring.Component):
         # taken from ``o``
         plan = plan_pipeline(self.clock_period_ns)
         pipe = Pipe(m, plan, "conv")
-        accept = self.i.valid & self.i.ready
+        accept = self.i.valid if self.always_ready else self.i.valid & self.i.ready
         m.d.sync += s1_valid.eq(accept)
 
         def one_hot_read(words):
             return or_tree(Mux(sel[c], Value.cast(words[c]), 0) for c in range(C))
 
-        if L == 1:
+        if sram:
+            hist_reads = []
+        elif L == 1:
             hist_reads = [hist_rd_data.eq(one_hot_read(hists[0]))]
         else:
             hist_reads = [reg.eq(one_hot_read(hist)) for reg, hist in zip(hist_rd_layer, hists)]
         with m.If(accept):
             m.d.sync += [s1_x.eq(self.i.payload), s1_seen.eq(seen),
                          *hist_reads, s1_taps.eq(one_hot_read(self.taps)),
-                         s1_sel.eq(sel), sel.eq(sel.rotate_left(1))]
-            if L > 1:
+                         sel.eq(sel.rotate_left(1))]
+            if L > 1 and not sram:
                 m.d.sync += s1_layer_is.eq(Cat(*layer_is))
             with m.If(chan == C - 1):
                 m.d.sync += chan.eq(0)
@@ -143,6 +178,9 @@ class ShortConv(wiring.Component):
                     counting = (seen_l != K - 1) if L == 1 else layer_is[l] & (seen_l != K - 1)
                     with m.If(counting):
                         m.d.sync += seen_l.eq(seen_l + 1)
+                for l, ph in enumerate(phases):
+                    with m.If(Const(1) if L == 1 else layer_is[l]):
+                        m.d.sync += ph.eq(Mux(ph == K - 2, 0, ph + 1))
             with m.Else():
                 m.d.sync += chan.eq(chan + 1)
         if L == 1:
@@ -156,7 +194,46 @@ class ShortConv(wiring.Component):
                 with m.If(self.restart[l]):
                     m.d.sync += seen_l.eq(0)
 
-        if L > 1:
+        d = plan.delays
+        if sram:
+            # one access per accepted channel: the masked write of x into its byte slot,
+            # and the old word read out (read-before-write) into the macro's own register.
+            # A macro row of the array per ``spec.words`` words; the row read is picked
+            # after the macros by a registered one-hot, like the state memory's banks
+            arr, ib = self.macros, self.in_bits
+            spec = arr.spec
+            wb = (K - 1) * ib
+            word = Signal(range(L * C))
+            m.d.comb += word.eq(chan if L == 1 else self.layer * C + chan)
+            ab = spec.addr_bits
+            row = word >> ab
+            s1_ph = Signal.like(phases[0], name="s1_phase")
+            m.d.sync += s1_ph.eq(phase)
+            wd = Cat(*([self.i.payload] * (K - 1)))
+            mask = Cat(*(Mux(phase == j, Const((1 << ib) - 1, ib), Const(0, ib)) for j in range(K - 1)))
+            picks = []
+            for r in range(arr.rows):
+                here, picked = Signal(name=f"hist_r{r}"), Signal(name=f"hist_r{r}_picked")
+                m.d.comb += here.eq(accept & (row == r))
+                m.d.sync += picked.eq(here)
+                outs = []
+                for c in range(arr.cols):
+                    ram = FakeRam(spec)
+                    m.submodules[f"hist_r{r}_c{c}"] = ram
+                    lo = c * spec.bits
+                    m.d.comb += [ram.ce_in.eq(here), ram.we_in.eq(here), ram.addr_in.eq(word[:ab]),
+                                 ram.wd_in.eq(wd[lo:lo + spec.bits]), ram.w_mask_in.eq(mask[lo:lo + spec.bits])]
+                    outs.append(ram.rd_out)
+                picks.append(Mux(picked, Cat(*outs)[:wb], 0) if arr.rows > 1 else Cat(*outs)[:wb])
+            old = Value.cast(or_tree(picks))
+            slots = [old[j * ib:(j + 1) * ib] for j in range(K - 1)]
+            # slot m of the window is byte (phase + m) mod (K-1)
+            m.d.comb += [hist_rd_data[mm].eq(Array(slots[(j + mm) % (K - 1)] for j in range(K - 1))[s1_ph])
+                         for mm in range(K - 1)]
+            # the macro's clock-to-output over a flip-flop's (0.2 ns on the small fakeram45s,
+            # hw/mem/fakeram.py) as two mux levels, the row pick, the byte rotation
+            pick = (2 + (arr.rows - 1).bit_length() + (K - 2).bit_length()) * d.mux_level
+        elif L > 1:
             m.d.comb += hist_rd_data.eq(or_tree(Mux(s1_layer_is[l], Value.cast(hist_rd_layer[l]), 0)
                                                 for l in range(L)))
         # the window x_{t-K+1} .. x_t; slot m of the history is x_{t-(K-1)+m},
@@ -168,9 +245,12 @@ class ShortConv(wiring.Component):
                 m.d.comb += v.eq(hist_rd_data[slot])
         window.append(s1_x)
 
-        # shift the new input into the channel's history (the next read of this
-        # channel is a whole token later)
-        if K > 1:
+        # flip-flops: shift the new input into the channel's history (the next read of
+        # this channel is a whole token later).  The channel's select is ``sel`` of the
+        # accept, one rotation back (a restart, only between tokens, moves ``sel`` no
+        # earlier than this write's cycle, so no register of its own is needed)
+        if K > 1 and not sram:
+            s1_sel = sel.rotate_right(1)
             for l, hist in enumerate(hists):
                 here = s1_valid if L == 1 else s1_valid & s1_layer_is[l]
                 for c in range(C):
@@ -178,10 +258,10 @@ class ShortConv(wiring.Component):
                         m.d.sync += hist[c].eq(Cat(*window[1:]))
 
         # acc = sum_j taps_j * window_j: every tap's Booth partial products in one tree
-        d = plan.delays
         width = self.acc_bits
         # the window's masks, after the layer's pick with several layers (an AND, an OR tree)
-        pick = (1 + (L - 1).bit_length()) * d.mux_level if L > 1 else 0
+        if not sram:
+            pick = (1 + (L - 1).bit_length()) * d.mux_level if L > 1 else 0
         live = pipe.spend(2 * d.mux_level + pick, {"valid": s1_valid, "win": window,
                                             "taps": [s1_taps[j] for j in range(K)]})
         live = pipe.spend(d.booth_select, live)
@@ -192,6 +272,9 @@ class ShortConv(wiring.Component):
         live["a"], live["b"] = live.pop("words")
         live = pipelined_add(pipe, live, "a", "b", "acc", width)
         live = pipe.register(live)
+        if self.always_ready:
+            m.d.comb += [self.o.valid.eq(live["valid"]), self.o.payload.eq(live["acc"])]
+            return m
         # an accepted channel holds a credit for stage 1, the pipeline's stages, the two
         # cycles SyncFIFOBuffered takes from w_en to r_rdy and the cycle ``credit`` takes to
         # see the read: with fewer places ``i`` fell to not ready at one channel a cycle

@@ -75,7 +75,7 @@ q norm's (m, s).
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Shape, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -194,18 +194,43 @@ class KdaUnit(wiring.Component):
             m.d.comb += ctx_now.eq(k_now + L * self.slot if self.slots > 1 else k_now)
 
         # ---- registers holding the token's vectors ---------------------------------
+        # The phases run in sequence, so a vector whose last reader is done can hand its
+        # registers on to one written later (docs/chip.md "The KDA unit's registers"):
+        #   x  (ACCEPT .. the x projections)       -> zo  (the o norm .. W_o's beats)
+        #   qs (its SiLU .. the q norm's read)     -> qn  (the q norm's write .. the delta rule)
+        #   ks likewise                            -> kn
+        #   v  (its SiLU .. column c's u)          -> o16 (column c's o .. the o norm's read)
+        #   qn's registers, once the delta rule is done -> out (W_o's rows .. the output's release)
+        # The norm rewrites q and k in place: each element is read in its scale pass before
+        # its own write, and never again.  The delta rule reads v_c when column c's pass 1
+        # ends, long before o_c comes out of pass 2.  A register is as wide as the wider of
+        # its vectors; a narrower vector is written sign- or zero-extended and read from
+        # the low bits, so every vector reads back exactly what was stored.  The MLA unit
+        # (hw/mla/unit.py) still has a register set per vector.
         def vec(name, n, shape):
             return [Signal(shape, name=f"{name}{i}") for i in range(n)]
-        X = vec("x", d, signed(a))
+
+        def view(regs, n, shape):
+            """The first ``n`` registers of ``regs`` read as ``shape`` (their low bits)."""
+            shape = Shape.cast(shape)
+            assert n <= len(regs) and all(len(reg) >= shape.width for reg in regs[:n])
+            return [reg[:shape.width].as_signed() if shape.signed else reg[:shape.width] for reg in regs[:n]]
+        qkv, o_b = signed(fm.qkv_bits), signed(fm.o_bits)
+        XZ = vec("xz", max(d, hv), signed(a))                       # x, then zo
+        X, ZO = view(XZ, d, signed(a)), view(XZ, hv, signed(a))
         FD, GD = vec("fd", r, signed(a)), vec("gd", r, signed(a))
-        QS, KS, V = vec("qs", hk, signed(fm.qkv_bits)), vec("ks", hk, signed(fm.qkv_bits)), vec("v", hv, signed(fm.qkv_bits))
-        QN, KN = vec("qn", hk, signed(fm.qk_bits)), vec("kn", hk, signed(fm.qk_bits))
+        out_in_q = d <= hk            # out in q's registers (tiny, small: d == H d_k)
+        QSN = vec("qsn", hk, signed(max(fm.qkv_bits, fm.qk_bits, a if out_in_q else 1)))   # qs, qn, then out
+        KSN = vec("ksn", hk, signed(max(fm.qkv_bits, fm.qk_bits)))  # ks, then kn
+        VO = vec("vo", hv, signed(max(fm.qkv_bits, fm.o_bits)))     # v, then o16
+        QS, KS, V = view(QSN, hk, qkv), view(KSN, hk, qkv), view(VO, hv, qkv)
+        QN, KN = view(QSN, hk, signed(fm.qk_bits)), view(KSN, hk, signed(fm.qk_bits))
+        O16 = view(VO, hv, o_b)
+        OUT_REGS = QSN if out_in_q else vec("out", d, signed(a))
+        OUT = view(OUT_REGS, d, signed(a))
         ALPHA = vec("alpha", hk, unsigned(fm.alpha_frac))
         BETA = vec("beta", H, unsigned(fm.unit_frac + 1))
         GATE = vec("gate", hv, unsigned(fm.unit_frac + 1))
-        O16 = vec("o16_", hv, signed(fm.o_bits))
-        ZO = vec("zo", hv, signed(a))
-        OUT = vec("out", d, signed(a))
 
         # ---- counters ------------------------------------------------------------
         # 32-bit counters as two 16-bit halves: the high half steps on a flag registered
@@ -266,12 +291,15 @@ class KdaUnit(wiring.Component):
         # the shared engine (hw/arith/matvec.py): one port beat per engine beat; its results
         # come back in row order, so a second (op, row) counter walks the same sequence.
         # The unit requantises the raw accumulator itself (f_up adds a bias first), so the
-        # engine is built accumulator-only: no requantiser, (M, s) ignored.
-        m.submodules.engine = eng = MatVecEngine(cfg, requantise=False)
+        # engine is built accumulator-only: no requantiser, (M, s) ignored.  Every result is
+        # taken the cycle it appears (R0 below is a plain register, the pipeline after it
+        # never stalls), so the engine is built always ready: no result FIFO (8 x 40
+        # flip-flops on tiny) and no credit counter
+        m.submodules.engine = eng = MatVecEngine(cfg, requantise=False, always_ready=True)
         m.d.comb += self.mac_beat.eq(eng.beat)       # hw.lanes MACs (the chip's MACS counter)
-        beat_go = feed_enable & self.wport.resp.valid & eng.i.ready
+        beat_go = feed_enable & self.wport.resp.valid
         m.d.comb += [
-            self.wport.resp.ready.eq(feed_enable & eng.i.ready),
+            self.wport.resp.ready.eq(feed_enable),
             eng.i.valid.eq(feed_enable & self.wport.resp.valid),
             eng.i.payload.w.eq(self.wport.resp.payload.data),
             eng.i.payload.x.eq(x_group),
@@ -279,7 +307,6 @@ class KdaUnit(wiring.Component):
             eng.i.payload.last.eq(f_beat == beats_of),
             eng.i.payload.mult.eq(0),
             eng.i.payload.shift.eq(0),
-            eng.o.ready.eq(1),
         ]
         row_issued = Signal()
         m.d.comb += row_issued.eq(beat_go & (f_beat == beats_of))
@@ -334,7 +361,7 @@ class KdaUnit(wiring.Component):
                 with m.Case(OP["gd"]):
                     store(GD, r2_row, r2_y)
                 with m.Case(OP["o"]):
-                    store(OUT, r2_row, r2_y)
+                    store(OUT_REGS, r2_row, r2_y)
         writes.append(direct)
 
         # tables after the engine: beta, alpha, gate (one cycle each: the table read is a
@@ -359,17 +386,21 @@ class KdaUnit(wiring.Component):
             writes.append(l_valid)
             tables[name] = lut
 
-        # short convolution of q, k, v (channels in that order), requant, SiLU
+        # short convolution of q, k, v (channels in that order), requant, SiLU.  Its history
+        # lives where the state does (hw.state_memory: flip-flops or an SRAM macro), and it
+        # is built always ready: CR1 below takes every sum the cycle it appears, so no
+        # output FIFO (and rows are sent without looking at ``ready`` anyway)
         conv_names = ("conv_q", "conv_k", "conv_v")
         m.submodules.conv = conv = ShortConv(hk + hk + hv, cfg.model.conv_kernel, a, fm.weight_bits,
-                                             clock_period_ns=cfg.hw.clock_period_ns, layers=C)
+                                             clock_period_ns=cfg.hw.clock_period_ns, layers=C,
+                                             memory=cfg.hw.state_memory, always_ready=True)
         if C > 1:
             m.d.comb += conv.layer.eq(tok_ctx)
         for name, base_c, n in zip(conv_names, (0, hk, 2 * hk), (hk, hk, hv)):
             for c in range(n):
                 m.d.comb += conv.taps[base_c + c].eq(getattr(P, name).w[c])
         is_qkv = (r2_op == OP["q"]) | (r2_op == OP["k"]) | (r2_op == OP["v"])
-        m.d.comb += [conv.i.valid.eq(r2_valid & is_qkv), conv.i.payload.eq(r2_y), conv.o.ready.eq(1)]
+        m.d.comb += [conv.i.valid.eq(r2_valid & is_qkv), conv.i.payload.eq(r2_y)]
         c_chan = Signal(range(hk + hk + hv))
         with m.If(conv.o.valid):
             m.d.sync += c_chan.eq(Mux(c_chan == hk + hk + hv - 1, 0, c_chan + 1))
@@ -400,7 +431,7 @@ class KdaUnit(wiring.Component):
         s_valid, s_sec, s_idx = s_live["valid"], s_live["sec"], s_live["idx"]
         with m.If(s_valid):
             with m.Switch(s_sec):
-                for n, buf in enumerate((QS, KS, V)):
+                for n, buf in enumerate((QSN, KSN, VO)):
                     with m.Case(n):
                         store(buf, s_idx, s_live["silu"])
         writes.append(s_valid)
@@ -430,9 +461,9 @@ class KdaUnit(wiring.Component):
         with m.If(norm.wr_en):
             with m.Switch(norm.mode):
                 with m.Case(0):
-                    store(QN, wi, norm.wr_y)
+                    store(QSN, wi, norm.wr_y)
                 with m.Case(1):
-                    store(KN, wi, norm.wr_y)
+                    store(KSN, wi, norm.wr_y)
         # the o norm's output is gated: rs(y * gate, unit_frac) over clock-derived stages
         # (the gate read is an index mux, the rounding constant a word of the product's tree)
         gp = Pipe(m, plan, "gate")
@@ -456,7 +487,7 @@ class KdaUnit(wiring.Component):
         g_live = gp.register(booth_multiply(gp, g_live, g_live.pop("y"), g_val, g_width, "z",
                                             extra_words=[g_rnd]))
         with m.If(g_live["valid"]):
-            store(ZO, g_live["idx"], g_live["z"][fm.unit_frac:])
+            store(XZ, g_live["idx"], g_live["z"][fm.unit_frac:])
         g_pending = Signal(range(gp.stages + 2))   # gated values not yet in ZO
         m.d.sync += g_pending.eq(g_pending + (norm.wr_en & (norm.mode == 2)) - g_live["valid"])
 
@@ -473,7 +504,7 @@ class KdaUnit(wiring.Component):
                      delta.v.eq(Cat(*V)), delta.beta.eq(Cat(*BETA)), delta.o.ready.eq(1)]
         o_idx = Signal(range(hv + 1))
         with m.If(delta.o.valid):
-            store(O16, o_idx, delta.o.payload)
+            store(VO, o_idx, delta.o.payload)
             m.d.sync += o_idx.eq(o_idx + 1)
 
         # ---- phase control -------------------------------------------------------------------
@@ -490,7 +521,7 @@ class KdaUnit(wiring.Component):
                 m.d.comb += self.i.ready.eq(1)
                 with m.If(self.i.valid):
                     for n in range(d):
-                        m.d.sync += X[n].eq(self.i.payload.x[n])
+                        m.d.sync += XZ[n].eq(self.i.payload.x[n])
                     m.d.sync += [req_idx.eq(0), req_end.eq(len(self.proj_reqs)), f_op.eq(0), f_row.eq(0), f_beat.eq(0),
                                  res_op.eq(0), res_row.eq(0)]
                     m.d.comb += token_clear.eq(1)

@@ -260,11 +260,18 @@ def conv_reference(w, tokens, restarts, layers=None):
     return np.array(out)
 
 
-@pytest.mark.parametrize("C,K,L", [(6, 4, 1), (5, 2, 1), (3, 1, 1), (6, 4, 3), (5, 2, 2)])
-def test_short_conv_matches_reference_under_stalls(C, K, L):
+@pytest.mark.parametrize("memory,always_ready", [("flops", False), ("sram", False), ("sram", True),
+                                                 ("flops", True)])
+@pytest.mark.parametrize("C,K,L", [(6, 4, 1), (5, 2, 1), (3, 1, 1), (6, 4, 3), (5, 2, 2), (40, 4, 3)])
+def test_short_conv_matches_reference_under_stalls(C, K, L, memory, always_ready):
     """One layer, and L layers' tokens interleaved in an irregular order (each layer its
     own taps, history and restarts; the layer input moves on as soon as a token's last
-    channel is taken)."""
+    channel is taken).  The history in flip-flops and in SRAM (one masked access per
+    channel, the window rotated by the token's phase; 40 channels x 3 layers take two
+    macro rows), with the output FIFO and without it (``always_ready``: the sink takes
+    every result, so only the input stalls)."""
+    if (C, K, L) == (40, 4, 3) and memory == "flops":
+        pytest.skip("the two-row macro case; the flip-flop history is the same code at every size")
     rng = np.random.default_rng(C * 10 + K + 100 * (L - 1))
     w = rng.integers(-128, 128, (L, C, K))
     w[:, 0] = -128                                 # extreme products
@@ -278,7 +285,10 @@ def test_short_conv_matches_reference_under_stalls(C, K, L):
         layers[:4] = [L - 1, 0, L - 1, L - 1]     # a layer twice in a row, and back to one
         restarts = {0, 5, 6, 13} | {t for t in range(T) if layers[t] == 0 and t > 16}
     want = conv_reference(w, tokens, restarts, layers).reshape(-1)
-    dut = ShortConv(C, K, clock_period_ns=TINY_CLOCK_NS, layers=L)
+    dut = ShortConv(C, K, clock_period_ns=TINY_CLOCK_NS, layers=L, memory=memory, always_ready=always_ready)
+    assert (dut.macros is not None) == (memory == "sram" and K > 1)
+    if (C, K, L) == (40, 4, 3):
+        assert dut.macros.rows == 2
     got = []
     stall = random.Random(K)
 
@@ -300,10 +310,15 @@ def test_short_conv_matches_reference_under_stalls(C, K, L):
                     await ctx.tick()
                 ctx.set(dut.i.payload, int(x[c]))
                 ctx.set(dut.i.valid, 1)
-                await ctx.tick().until(dut.i.ready)
+                if always_ready:
+                    await ctx.tick()
+                else:
+                    await ctx.tick().until(dut.i.ready)
                 ctx.set(dut.i.valid, 0)
 
     async def sink(ctx):          # random back-pressure; the monitor records transfers
+        if always_ready:
+            return
         while len(got) < len(want):
             ctx.set(dut.o.ready, stall.random() < 0.6)
             await ctx.tick()
@@ -316,18 +331,19 @@ def test_short_conv_matches_reference_under_stalls(C, K, L):
             if len(got) == len(want):
                 break
 
-    simulate(dut, source, sink, processes=[monitor], cycles=4000)
+    simulate(dut, source, sink, processes=[monitor], cycles=4000 if C < 40 else 8000)
     assert got == [int(v) for v in want]
 
 
+@pytest.mark.parametrize("memory", ["flops", "sram"])
 @pytest.mark.parametrize("period", [0.8, 1.25, 2.5])
-def test_short_conv_is_always_ready_at_full_rate(period):
+def test_short_conv_is_always_ready_at_full_rate(period, memory):
     """With ``o`` always ready, ``i`` takes a channel every cycle, tokens back to back: the
     KDA unit sends its rows without looking at ``ready`` (a row a cycle when d_model =
     lanes), so a not-ready cycle there is a lost channel.  The pipeline depth follows
     from the clock, so several periods."""
     C, K = 5, 4
-    dut = ShortConv(C, K, clock_period_ns=period)
+    dut = ShortConv(C, K, clock_period_ns=period, memory=memory)
     not_ready, outs = [], []
 
     async def bench(ctx):
@@ -346,12 +362,16 @@ def test_short_conv_is_always_ready_at_full_rate(period):
             await ctx.tick()
 
     async def monitor(ctx):
-        async for clk_edge, rst, valid in ctx.tick().sample(dut.o.valid):
+        async for clk_edge, rst, valid, payload in ctx.tick().sample(dut.o.valid, dut.o.payload):
             if valid:
-                outs.append(1)
+                outs.append(payload)
 
     simulate(dut, bench, processes=[monitor], cycles=200)
     assert not_ready == [] and len(outs) == 8 * C, (not_ready, len(outs))
+    # all taps 1: each sum is the channel's last K inputs (fewer at the start); at full
+    # rate the SRAM history reads and writes a word every cycle
+    x = [n % 7 - 3 for n in range(8 * C)]
+    assert outs == [sum(x[n - j * C] for j in range(K) if n - j * C >= 0) for n in range(8 * C)]
 
 
 # ---- the unit's sparse event counter ---------------------------------------------------
