@@ -195,6 +195,10 @@ def pnr_settings(cfg: Config, kit: Kit, paths: PnrPaths, netlist: Path, sdc: Pat
         "FILL_CELLS": platform.fill_cells,
         "TIE_HI": platform.tie_hi,
         "TIE_LO": platform.tie_lo,
+        # antenna diodes on the nets without n-diffusion (flow/openroad/diodes.tcl)
+        "ANTENNA_DIODE": platform.antenna_diode,
+        "ANTENNA_DIODE_PORTS": int(pnr.antenna_diodes in ("ports", "ports+macros")),
+        "ANTENNA_DIODE_MACROS": int(pnr.antenna_diodes == "ports+macros"),
         # power grid
         "POWER_NET": platform.power_net,
         "GROUND_NET": platform.ground_net,
