@@ -267,7 +267,7 @@ _LAYER_OPTIONS = {
 _CELL_OPTIONS = {
     "tapcell": ("-tapcell_master", "-endcap_master"), "filler_placement": ("positional",),
     "set_dont_use": ("positional",), "clock_tree_synthesis": ("-root_buf", "-buf_list"),
-    "write_verilog": ("-remove_cells",),
+    "write_verilog": ("-remove_cells",), "place_inst": ("-cell",),
 }
 
 
