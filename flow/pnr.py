@@ -471,6 +471,7 @@ SUMMARY_ROWS = (   # metric, label, unit, scale
     ("finish__timing__fmax", "Fmax (worst setup path, propagated clock)", "MHz", 1e-6),
     ("finish__parasitics__extracted__nets", "nets with OpenRCX-extracted parasitics", "", 1),
     ("detailedroute__antenna__violating__nets", "antenna violations after routing", "", 1),
+    ("globalroute__antenna__net_diodes", "antenna diodes on nets without n-diffusion (input ports, SRAM outputs)", "", 1),
     ("drc__klayout__violations", "KLayout DRC violations (`make drc`)", "", 1),
     ("drc__klayout__groups", "KLayout DRC rule groups checked", "", 1),
 )
