@@ -195,6 +195,10 @@ def pnr_settings(cfg: Config, kit: Kit, paths: PnrPaths, netlist: Path, sdc: Pat
         "FILL_CELLS": platform.fill_cells,
         "TIE_HI": platform.tie_hi,
         "TIE_LO": platform.tie_lo,
+        # antenna diodes on the nets without n-diffusion (flow/openroad/diodes.tcl)
+        "ANTENNA_DIODE": platform.antenna_diode,
+        "ANTENNA_DIODE_PORTS": int(pnr.antenna_diodes in ("ports", "ports+macros")),
+        "ANTENNA_DIODE_MACROS": int(pnr.antenna_diodes == "ports+macros"),
         # power grid
         "POWER_NET": platform.power_net,
         "GROUND_NET": platform.ground_net,
@@ -467,6 +471,7 @@ SUMMARY_ROWS = (   # metric, label, unit, scale
     ("finish__timing__fmax", "Fmax (worst setup path, propagated clock)", "MHz", 1e-6),
     ("finish__parasitics__extracted__nets", "nets with OpenRCX-extracted parasitics", "", 1),
     ("detailedroute__antenna__violating__nets", "antenna violations after routing", "", 1),
+    ("globalroute__antenna__net_diodes", "antenna diodes on nets without n-diffusion (input ports, SRAM outputs)", "", 1),
     ("drc__klayout__violations", "KLayout DRC violations (`make drc`)", "", 1),
     ("drc__klayout__groups", "KLayout DRC rule groups checked", "", 1),
 )

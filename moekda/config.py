@@ -132,7 +132,8 @@ class HwConfig:
 _HW_LATER_DEFAULTS = {"state_memory": "flops", "sequences": 1}
 _MODEL_LATER_DEFAULTS = {"kv_rank": 0, "attn_res": "none", "attn_res_block": 2, "moe_latent": 0,
                          "glu": "swiglu"}
-_PNR_LATER_DEFAULTS = {"macro_placement": "column", "macro_halo_um": 5.0}
+_PNR_LATER_DEFAULTS = {"macro_placement": "column", "macro_halo_um": 5.0, "antenna_diodes": "ports+macros"}
+ANTENNA_DIODE_NETS = ("none", "ports", "ports+macros")
 _FORMATS_LATER_DEFAULTS = {"routed_expert_weights": "int8", "shared_expert_weights": "int8",
                            "expert_inputs": "int8"}
 
@@ -168,6 +169,10 @@ class PnrConfig:
     macro_placement: str = _field("column", doc="SRAM macros: \"column\" (flow/macros.py, along the core's "
                                   "left edge), \"auto\" (rtl_macro_placer) or a committed Tcl file of place_macro lines")
     macro_halo_um: float = _field(5.0, 0.0, 50.0, doc="space kept free around each SRAM macro in um (MACRO_PLACE_HALO)")
+    antenna_diodes: str = _field("ports+macros", choices=ANTENNA_DIODE_NETS,
+                                 doc="an antenna diode before global routing on each net the layout gives no "
+                                     "n-diffusion: the block's input ports, and the SRAM macros' outputs "
+                                     "(OpenLane's DIODE_ON_PORTS; the KLayout deck skips a net with a diode)")
 
 
 @dataclass(frozen=True)

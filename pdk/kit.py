@@ -91,6 +91,9 @@ class Platform:
     supply_voltage: float = 1.1
     tie_hi: tuple[str, str] = ("LOGIC1_X1", "Z")
     tie_lo: tuple[str, str] = ("LOGIC0_X1", "Z")
+    # the library's antenna diode and its pin (repair_antennas finds it by its LEF class;
+    # flow/openroad/diodes.tcl puts one on each net with no n-diffusion of its own)
+    antenna_diode: tuple[str, str] = ("ANTENNA_X1", "A")
     min_buf: tuple[str, str, str] = ("BUF_X1", "A", "Z")
     abc_driver_cell: str = "BUF_X1"
     abc_load_ff: float = 3.898       # 4x BUF_X1's input pin capacitance

@@ -67,13 +67,25 @@ def stub_tcl(commands: dict[str, Command] = COMMANDS) -> str:
     # odb objects: `ord::get_db_block` returns "block"; its methods return the other fakes
     # (one logic cell and one fill cell: the metrics must count only the first)
     fakes = {"block": {"getDbUnitsPerMicron": "2000", "getInsts": "{inst fill_inst}", "getCoreArea": "rect",
-                       "getDieArea": "rect"},
+                       "getDieArea": "rect", "getBTerms": "{clk_bterm out_bterm vdd_bterm}",
+                       "findInst": "diode_inst"},
              "inst": {"getMaster": "master"},
              "fill_inst": {"getMaster": "fill_master"},
-             "master": {"getName": "INV_X1", "getWidth": "380", "getHeight": "2800"},
-             "fill_master": {"getName": "FILLCELL_X4", "getWidth": "1520", "getHeight": "2800"},
+             "master": {"getName": "INV_X1", "getWidth": "380", "getHeight": "2800", "isBlock": "0"},
+             "fill_master": {"getName": "FILLCELL_X4", "getWidth": "1520", "getHeight": "2800", "isBlock": "0"},
              # the core's corner: the generated macro placement (flow/macros.py) is relative to it
-             "rect": {"dx": "20000", "dy": "20000", "xMin": "4000", "yMin": "4000"}}
+             "rect": {"dx": "20000", "dy": "20000", "xMin": "4000", "yMin": "4000", "xMax": "24000",
+                      "yMax": "24000"},
+             # ports and nets for the antenna diodes (diodes.tcl): a clock input with one load,
+             # an output, a supply; the diode placed is found and connected
+             "clk_bterm": {"getIoType": "INPUT", "getNet": "clk_net", "getBBox": "rect"},
+             "out_bterm": {"getIoType": "OUTPUT", "getNet": "clk_net", "getBBox": "rect"},
+             "vdd_bterm": {"getIoType": "INOUT", "getNet": "vdd_net", "getBBox": "rect"},
+             "clk_net": {"getSigType": "CLOCK", "getName": "clk", "getITerms": "{load_iterm}"},
+             "vdd_net": {"getSigType": "POWER", "getName": "VDD", "getITerms": "{}"},
+             "load_iterm": {"getIoType": "INPUT", "getInst": "inst", "getBBox": "rect"},
+             "diode_inst": {"findITerm": "diode_iterm"},
+             "diode_iterm": {"connect": "{}"}}
     for obj, methods in fakes.items():
         assert set(methods) <= ODB_METHODS, set(methods) - ODB_METHODS
         table = " ".join(f"{m} {v}" for m, v in methods.items())
@@ -255,7 +267,7 @@ _LAYER_OPTIONS = {
 _CELL_OPTIONS = {
     "tapcell": ("-tapcell_master", "-endcap_master"), "filler_placement": ("positional",),
     "set_dont_use": ("positional",), "clock_tree_synthesis": ("-root_buf", "-buf_list"),
-    "write_verilog": ("-remove_cells",),
+    "write_verilog": ("-remove_cells",), "place_inst": ("-cell",),
 }
 
 

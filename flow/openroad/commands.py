@@ -92,9 +92,19 @@ def _groups(text: str) -> list[tuple[bool, str]]:
     return out
 
 
+def _top_level_parens_as_brackets(usage: str) -> str:
+    """`(-origin xy | -location xy)`, a choice of one required option (place_inst), read as
+    the bracketed alternatives it lists; parentheses inside [...] are left as they are."""
+    out, depth = [], 0
+    for ch in usage:
+        depth += (ch == "[") - (ch == "]")
+        out.append({"(": "[", ")": "]"}.get(ch, ch) if depth == 0 else ch)
+    return "".join(out)
+
+
 def parse_help(name: str, text: str) -> tuple[frozenset[str], frozenset[str], tuple[int, int]]:
     """Options taking a value, flags, and (min, max) plain arguments from `help name`'s usage."""
-    usage = " ".join(text.split())
+    usage = _top_level_parens_as_brackets(" ".join(text.split()))
     if not usage.startswith(name):
         raise ValueError(f"help {name}: usage does not start with the command: {usage[:80]!r}")
     keys, flags, required, optional = set(), set(), 0, 0
@@ -158,6 +168,7 @@ NOTES: dict[str, Note] = {
     # floorplan, taps, power grid
     "initialize_floorplan": Note(),
     "place_macro": Note(),
+    "place_inst": Note(),
     "rtl_macro_placer": Note(),
     "make_tracks": Note(),
     "tapcell": Note(),
@@ -251,6 +262,10 @@ COMMANDS: dict[str, Command] = {
     **INTERNAL,
 }
 
-# Object methods the metrics procs call on odb objects (dbBlock, dbInst, dbMaster, Rect).
+# Object methods the scripts call on odb objects (dbBlock, dbInst, dbMaster, dbBTerm, dbITerm,
+# dbNet, Rect): the metrics procs, the antenna diodes (diodes.tcl).  Each is in 26Q3's
+# odb/db.h (Rect in odb/geom.h).
 ODB_METHODS: frozenset[str] = frozenset(
-    "getDbUnitsPerMicron getInsts getMaster getName getWidth getHeight getCoreArea getDieArea dx dy xMin yMin".split())
+    "getDbUnitsPerMicron getInsts getMaster getName getWidth getHeight getCoreArea getDieArea dx dy xMin yMin "
+    "xMax yMax getBTerms getIoType getNet getSigType getBBox isBlock getITerms getInst findInst findITerm "
+    "connect".split())

@@ -3,6 +3,7 @@
 # and names the file in MOEKDA_PNR_CONFIG; nothing here knows a number.
 source $::env(MOEKDA_PNR_CONFIG)
 source [file join [file dirname [info script]] metrics.tcl]
+source [file join [file dirname [info script]] diodes.tcl]
 
 proc report_file {name} {
   return [file join $::cfg(REPORTS_DIR) $name]

@@ -6,6 +6,21 @@ source [file join [file dirname [info script]] common.tcl]
 load_design cts
 set_propagated_clock [all_clocks]
 
+# an antenna diode on each net the layout gives no n-diffusion (the block's input ports,
+# the SRAM macros' outputs: diodes.tcl says why), placed beside the net's first gate and
+# legalised, before the router's pin access and first route see the cells
+set diodes [place_antenna_diodes {*}$::cfg(ANTENNA_DIODE) $::cfg(ANTENNA_DIODE_PORTS) \
+              $::cfg(ANTENNA_DIODE_MACROS)]
+puts "antenna diodes on nets without n-diffusion: $diodes"
+write_metrics [report_file 5_antenna_net_diodes.metrics] \
+  [dict create globalroute__antenna__net_diodes $diodes]
+if {$diodes > 0} {
+  # their supply pins join VDD/VSS by the rules the power-grid stage stored
+  global_connect
+  detailed_placement
+  check_placement -verbose
+}
+
 set_routing_resources
 pin_access
 # -allow_congestion: the tiny layer's first route ended with 167 overflowing edges of

@@ -253,7 +253,7 @@ def test_every_site_layer_and_cell_exists_in_the_kit(tiny_runs, kit):
     used = check_kit_names(list(runs.values()), kit.tech_lef, kit.cell_lef)
     assert used["sites"] == {PLATFORM.site}
     assert {"metal1", "metal4", "metal7", "metal10"} <= used["layers"]
-    assert {kit.tapcell, *PLATFORM.fill_cells} <= used["cells"]
+    assert {kit.tapcell, *PLATFORM.fill_cells, PLATFORM.antenna_diode[0]} <= used["cells"]
     assert used["lib_pins"] == {PLATFORM.tie_hi, PLATFORM.tie_lo}
 
 
