@@ -32,23 +32,34 @@ def silu(pipe, live: dict, code_key: str, op_key: str, params, out_bits: int, fm
     stage; everything else in ``live`` travels alongside.  The result is signed
     ``out_bits``, combinational in the returned stage.
     """
-    m = pipe.m
     lb, uf, mb = fm.lut_in_bits, fm.unit_frac, fm.mult_bits
-    tb = silu_sigmoid_in_bits(fm)
-    live = requantise(pipe, live, live[code_key], op_key, [(tm, ts, tb) for tm, ts, _, _ in params],
-                      lb + mb + 2, "silu_t")
-    # the constant table is ROM logic about as deep as a 2**tb : 1 multiplexer; its read
-    # register ends the stage, and every other live value is registered with it
-    live = pipe.spend(pipe.plan.delays.mux_level * tb, live)
-    sig = LookupTable(tb, unsigned(uf + 1))
-    m.submodules[f"{pipe.name}_sigmoid"] = sig
-    drive_constant(m, sig, silu_sigmoid(fm))
-    m.d.comb += [sig.addr.eq(live.pop("silu_t")), sig.en.eq(1)]
-    live = pipe.register(live)
     # |c| <= 2**(lb-1) and sigmoid <= 2**uf: the product fits lb + uf + 1 signed bits
     p_bits = lb + uf + 1
-    live = booth_multiply(pipe, live, sig.data, live.pop(code_key), p_bits, "silu_p")
+    live = code_times_table(pipe, live, code_key, op_key, [(tm, ts) for tm, ts, _, _ in params], lb, fm,
+                            silu_sigmoid_in_bits(fm), unsigned(uf + 1), silu_sigmoid(fm), "silu", "sigmoid", p_bits)
     # the tree's sum is the product modulo 2**p_bits: signed, as it fits
     product = live.pop("silu_p").as_signed()
     return requantise(pipe, live, product, op_key, [(mm, ss, out_bits) for _, _, mm, ss in params],
                       p_bits + mb + 2, out_key)
+
+
+def code_times_table(pipe, live: dict, code_key: str, op_key: str, t_params, code_bits: int, fm: Formats,
+                     t_bits: int, table_shape, table, key: str, table_name: str, p_bits: int,
+                     extra_words=()) -> dict:
+    """``live[key + "_p"] = c * TABLE[sat(rs(c * t_m, t_s))] + sum(extra_words)`` (modulo
+    2**p_bits) for the code c = ``live[code_key]`` (signed ``code_bits``) and ``(t_m, t_s) =
+    t_params[live[op_key]]``: the loaded requantisation to the table's ``t_bits`` input, the
+    table of constants (a ROM, submodule ``<pipe>_<table_name>``), and the Booth product of
+    the entry and the code.  SiLU's sigmoid (above) and SiTU-GLU's cap (hw/arith/situ.py)."""
+    m = pipe.m
+    live = requantise(pipe, live, live[code_key], op_key, [(tm, ts, t_bits) for tm, ts in t_params],
+                      code_bits + fm.mult_bits + 2, f"{key}_t")
+    # the constant table is ROM logic about as deep as a 2**t_bits : 1 multiplexer; its read
+    # register ends the stage, and every other live value is registered with it
+    live = pipe.spend(pipe.plan.delays.mux_level * t_bits, live)
+    rom = LookupTable(t_bits, table_shape)
+    m.submodules[f"{pipe.name}_{table_name}"] = rom
+    drive_constant(m, rom, table)
+    m.d.comb += [rom.addr.eq(live.pop(f"{key}_t")), rom.en.eq(1)]
+    live = pipe.register(live)
+    return booth_multiply(pipe, live, rom.data, live.pop(code_key), p_bits, f"{key}_p", extra_words=extra_words)

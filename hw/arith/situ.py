@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from amaranth import Const, unsigned
 
-from hw.arith.booth_multiply import booth_multiply, requantise
-from hw.arith.lut import LookupTable, drive_constant
+from hw.arith.silu import code_times_table
 from moekda.formats import Formats
 from moekda.tables import CAP_FRAC, cap_in_bits, cap_table
 
@@ -34,22 +33,10 @@ def up_cap(pipe, live: dict, code_key: str, op_key: str, params, fm: Formats, ou
     else in ``live`` travels alongside.  The result is signed act_bits, combinational in the
     returned stage.
     """
-    m = pipe.m
-    ab, mb = fm.act_bits, fm.mult_bits
-    tb = cap_in_bits(fm)
-    live = requantise(pipe, live, live[code_key], op_key, [(tm, ts, tb) for tm, ts in params],
-                      ab + mb + 2, "cap_t")
-    # the constant table is ROM logic about as deep as a 2**tb : 1 multiplexer; its read
-    # register ends the stage, and every other live value is registered with it
-    live = pipe.spend(pipe.plan.delays.mux_level * tb, live)
-    f_lut = LookupTable(tb, unsigned(CAP_FRAC + 1))
-    m.submodules[f"{pipe.name}_cap"] = f_lut
-    drive_constant(m, f_lut, cap_table(fm))
-    m.d.comb += [f_lut.addr.eq(live.pop("cap_t")), f_lut.en.eq(1)]
-    live = pipe.register(live)
+    ab = fm.act_bits
     # |c| <= 2**(ab-1), F <= 2**CAP_FRAC: c * F + 2**(CAP_FRAC-1) fits ab + CAP_FRAC + 1 signed bits
     p_bits = ab + CAP_FRAC + 2
-    live = booth_multiply(pipe, live, f_lut.data, live.pop(code_key), p_bits, "cap_p",
-                          extra_words=[Const(1 << (CAP_FRAC - 1), CAP_FRAC)])
+    live = code_times_table(pipe, live, code_key, op_key, params, ab, fm, cap_in_bits(fm), unsigned(CAP_FRAC + 1),
+                            cap_table(fm), "cap", "cap", p_bits, extra_words=[Const(1 << (CAP_FRAC - 1), CAP_FRAC)])
     live[out_key] = live.pop("cap_p")[CAP_FRAC:CAP_FRAC + ab].as_signed()
     return live
