@@ -84,6 +84,13 @@ class ModelConfig:
     glu: str = _field("swiglu", choices=GLU_KINDS,
                       doc="the experts' and dense mixer's gated unit: swiglu (SiLU(gate) * up) or situ "
                           "(K3's SiTU-GLU: 4 tanh(gate/4) sigmoid(gate) * 25 tanh(up/25))")
+    # ---- K3 as released (issue 47, difference 4): LatentMoE's exit norm.  K3 computes
+    # W_up RMSNorm(sum_i p_i E_i(z)) + Shared(x): the routed experts' latent sum is RMS-normalised
+    # (with a weight of width moe_latent) before the up-projection, so its size no longer follows
+    # the router's weights (K3 sets routed_scaling = 1.0; with the norm it only moves eps)
+    latent_exit_norm: bool = _field(False, doc="LatentMoE: RMSNorm (weight of width moe_latent, eps norm_eps) on "
+                                               "the routed experts' latent sum before lat_up, as Kimi K3 "
+                                               "(needs model.moe_latent > 0)")
 
     def __post_init__(self):
         # the omitted per-layer lists and the dense width follow from the other fields
@@ -129,7 +136,7 @@ class HwConfig:
 # Config.to_dict at that default, so older configs keep their hash (and cache keys)
 _HW_LATER_DEFAULTS = {"state_memory": "flops", "sequences": 1}
 _MODEL_LATER_DEFAULTS = {"kv_rank": 0, "attn_res": "none", "attn_res_block": 2, "moe_latent": 0,
-                         "glu": "swiglu"}
+                         "glu": "swiglu", "latent_exit_norm": False}
 _PNR_LATER_DEFAULTS = {"macro_placement": "column", "macro_halo_um": 5.0}
 _FORMATS_LATER_DEFAULTS = {"routed_expert_weights": "int8", "shared_expert_weights": "int8",
                            "expert_inputs": "int8"}
@@ -338,6 +345,9 @@ def _check_stack(cfg: Config):
                           f"({m.d_model - 1}), or 0 for the plain MoE")
     if m.moe_latent and "moe" not in m.mixers:
         raise ConfigError(f"model.moe_latent = {m.moe_latent}: no \"moe\" in model.mixers to make latent")
+    if m.latent_exit_norm and not m.moe_latent:
+        raise ConfigError("model.latent_exit_norm = true: needs a LatentMoE (model.moe_latent 1 to "
+                          "model.d_model - 1); allowed with the plain MoE: false")
     f = cfg.formats
     if f.expert_inputs != "int8" and f.routed_expert_weights != "mxfp4":
         raise ConfigError(f'formats.expert_inputs = "{f.expert_inputs}": needs formats.routed_expert_weights = '
