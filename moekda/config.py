@@ -33,6 +33,7 @@ def _field(default, lo=None, hi=None, choices=None, doc=""):
 
 
 LAYER_KINDS = ("kda", "mla")
+K3_PLACEMENT = "k3"          # model.layers = "k3": k3_layers(n_layers)
 MIXER_KINDS = ("moe", "dense")
 GLU_KINDS = ("swiglu", "situ")
 ATTN_RES_MODES = ("none", "full", "block")
@@ -58,7 +59,8 @@ class ModelConfig:
     # its kind and its channel mixer.  n_layers = 1 with vocab = 0 is the one-layer chip.
     n_layers: int = _field(1, 1, 64, doc="layers of the stack, run one after another")
     layers: tuple = _field(None, choices=LAYER_KINDS,
-                           doc="kind of each layer, n_layers entries (omitted: all kda)")
+                           doc="kind of each layer, n_layers entries (omitted: all kda), or \"k3\": K3's "
+                               "placement, mla at every fourth layer (3, 7, ...) and the last, kda elsewhere")
     mixers: tuple = _field(None, choices=MIXER_KINDS,
                            doc="channel mixer of each layer, n_layers entries (omitted: all moe); "
                                "dense = one SwiGLU of width d_ff_dense")
@@ -97,6 +99,8 @@ class ModelConfig:
         for name, value in _stack_defaults(self).items():
             if name in ("layers", "mixers") and getattr(self, name) is None:
                 object.__setattr__(self, name, value)
+        if self.layers == K3_PLACEMENT:
+            object.__setattr__(self, "layers", k3_layers(self.n_layers))
         if self.d_ff_dense == 0:
             object.__setattr__(self, "d_ff_dense", (self.top_k + self.n_shared) * self.d_ff)
 
@@ -109,6 +113,14 @@ class ModelConfig:
     def dense_chunks(self) -> int:
         """A dense mixer as d_ff-wide SwiGLU chunks (the shared-expert path's width)."""
         return self.d_ff_dense // self.d_ff
+
+
+def k3_layers(n_layers: int) -> tuple:
+    """Kimi K3's placement of its global (Gated MLA) layers (issue 47, difference 6): every
+    fourth layer, 0-based 3, 7, 11, ..., and the last; KDA elsewhere.  K3's 93 layers give the
+    24 global layers 3, 7, ..., 91 and 92; a 4-layer model gets kda, kda, kda, mla.
+    ``model.layers = "k3"`` in a config is this list."""
+    return tuple("mla" if (i % 4 == 3 or i == n_layers - 1) else "kda" for i in range(n_layers))
 
 
 def _stack_defaults(m) -> dict:
@@ -235,8 +247,11 @@ def _check_value(section: str, f: dataclasses.Field, value):
         if not isinstance(value, str):
             raise ConfigError(f"{name} = {value!r}: must be a string")
     elif f.type == "tuple":
+        if name == "model.layers" and value == K3_PLACEMENT:
+            return value          # expanded by ModelConfig once n_layers is known
         if not isinstance(value, (list, tuple)) or not value:
-            raise ConfigError(f"{name} = {value!r}: must be a non-empty list of "
+            k3 = f'"{K3_PLACEMENT}" or ' if name == "model.layers" else ""
+            raise ConfigError(f"{name} = {value!r}: must be {k3}a non-empty list of "
                               f"{', '.join(map(repr, meta['choices']))}, one per layer")
         for i, v in enumerate(value):
             if v not in meta["choices"]:

@@ -230,6 +230,12 @@ CASES = {
     # SiTU-GLU (issue 47): the SITU table and the up cap, on the plain and the latent MoE
     "situ": ({"glu": "situ"}, 24, False),
     "situ_latent": ({"glu": "situ", "moe_latent": 8}, 16, False),
+    # K3's LatentMoE exit norm (issue 47 difference 4): the routed sum's RMSNorm before lat_up,
+    # with SwiGLU, and as K3 has it (SiTU-GLU, routed scale 1.0); and at width 6 (zp, zr padded)
+    "exit_norm": ({"moe_latent": 8, "latent_exit_norm": True}, 16, False),
+    "k3_latent": ({"glu": "situ", "moe_latent": 8, "latent_exit_norm": True, "routed_scaling": 1,
+                   "norm_eps": 1e-5}, 16, False),
+    "exit_norm6_kE_no_shared": ({"moe_latent": 6, "top_k": 4, "n_shared": 0, "latent_exit_norm": True}, 16, True),
 }
 
 
