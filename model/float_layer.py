@@ -190,7 +190,8 @@ def channel_mix(p: LayerParams, cfg: Config, hn, trace=None, select=None):
     if p.dense is not None:
         return dense_step(p.dense, cfg, hn, trace)
     if p.lmoe is not None:
-        return latent_moe_step(p.lmoe, hn, cfg.model.top_k, cfg.model.routed_scaling, trace, cfg.model.glu)[0]
+        return latent_moe_step(p.lmoe, hn, cfg.model.top_k, cfg.model.routed_scaling, trace, cfg.model.glu,
+                               cfg.model.norm_eps)[0]
     return moe_step(p.moe, cfg, hn, trace, select)[0]
 
 

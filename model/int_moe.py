@@ -16,6 +16,11 @@ LatentMoE (model.moe_latent = l > 0; the router and the shared experts as above)
   zr     = requantize(racc, lat_m, lat_s, act_bits)             int8 (l), own scale
   acc    = (engine(W_lat_up zr) << wn_frac) + shared as above   W_lat_up's output: expert_out_bits at
                                                                 the experts' common output scale
+
+K3's exit norm (model.latent_exit_norm; QMoE.lat_norm):
+  zp     = requantize(racc, lat_m, lat_s, resid_bits)           16 bits (l), own scale
+  zr     = int_normalize(zp, lat_norm, act_bits)                int8 unit vector (l): the layers'
+                                                                RMSNorm, its weight folded into W_lat_up
 """
 from __future__ import annotations
 
@@ -152,7 +157,14 @@ def int_moe_step(q: QMoE, cfg: Config, fm: Formats, hn, trace=None, h=None):
         # the weighted latent sum to int8, then up to width d at the experts' output scale:
         # from there it joins the combine as a shared expert's output does
         check_width(racc, derived_widths(cfg)["moe_combine_acc"], "latent combine accumulator")
-        t["lat_routed"] = requantize(racc, q.lat_m, q.lat_s, fm.act_bits)
+        if q.lat_norm is None:
+            t["lat_routed"] = requantize(racc, q.lat_m, q.lat_s, fm.act_bits)
+        else:
+            # K3's exit norm: the sum to 16 bits first (the norm is scale-free, so a 16-bit
+            # value keeps small tokens' shape; int8 would leave them a few levels), then the
+            # RMSNorm the layers use (one rsqrt per token) to int8
+            t["lat_pre"] = requantize(racc, q.lat_m, q.lat_s, fm.resid_bits)
+            t["lat_routed"] = int_normalize(t["lat_pre"][..., None, :], q.lat_norm, fm, fm.act_bits)[..., 0, :]
         acc = int_linear(q.lat_up, t["lat_routed"], fm, "latent up") << fm.wn_frac
     else:
         acc = racc

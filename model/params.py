@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Optional
 from pathlib import Path
 
@@ -119,6 +119,9 @@ class LatentMoEParams:
     sh_gate: np.ndarray      # (n_shared, d_ff, d)
     sh_up: np.ndarray        # (n_shared, d_ff, d)
     sh_down: np.ndarray      # (n_shared, d, d_ff)
+    # K3's exit norm (model.latent_exit_norm, issue 47 difference 4): the weight of the RMSNorm
+    # on the routed latent sum, before w_lat_up; None (and no flat name) without it
+    exit_norm_w: Optional[np.ndarray] = None   # (l,)
 
 
 # flat-name prefix of each part a layer can have, and its container
@@ -155,7 +158,8 @@ class LayerParams:
             if part is None:
                 continue
             for f in fields(part):
-                flat[f"{prefix}.{f.name}"] = getattr(part, f.name)
+                if getattr(part, f.name) is not None:     # an optional part's field it lacks
+                    flat[f"{prefix}.{f.name}"] = getattr(part, f.name)
         return flat
 
     @classmethod
@@ -164,11 +168,12 @@ class LayerParams:
         A dense layer is one with ``dense.*`` names, an MLA layer one with ``mla.*``, a
         LatentMoE one with ``lmoe.*``."""
         def part(name, kind):
-            missing = [f.name for f in fields(kind) if f"{prefix}{name}.{f.name}" not in flat]
+            # a field with a default (None) is optional: LatentMoE's exit norm weight
+            missing = [f.name for f in fields(kind) if f"{prefix}{name}.{f.name}" not in flat and f.default is MISSING]
             if missing:
                 raise ValueError(f"parameters: missing {prefix}{name}.{missing[0]}")
             return kind(**{f.name: np.asarray(flat[f"{prefix}{name}.{f.name}"], dtype=np.float64)
-                           for f in fields(kind)})
+                           for f in fields(kind) if f"{prefix}{name}.{f.name}" in flat})
         for name in ("attn_norm_w", "mlp_norm_w"):
             if prefix + name not in flat:
                 raise ValueError(f"parameters: missing {prefix}{name}")
@@ -202,6 +207,8 @@ def expected_shapes(cfg: Config, mixer: str = "moe", kind: str = "kda") -> dict[
         }
     if mixer == "moe" and m.moe_latent:
         L = m.moe_latent
+        if m.latent_exit_norm:
+            shapes["lmoe.exit_norm_w"] = (L,)
         return shapes | {
             "lmoe.w_router": (E, d), "lmoe.router_bias": (E,), "lmoe.w_lat_down": (L, d), "lmoe.w_lat_up": (d, L),
             "lmoe.w_gate": (E, f, L), "lmoe.w_up": (E, f, L), "lmoe.w_down": (E, L, f),
@@ -290,6 +297,9 @@ def _with_channel_mixer(cfg: Config, rng, mixer: str, dense, norm_w, **token_mix
             sh_gate=dense("moe.sh_gate"), sh_up=dense("moe.sh_up"), sh_down=dense("moe.sh_down", 0.5))}
     token_mixer.setdefault("kda", None)
     p = LayerParams(attn_norm_w=norm_w(d), mlp_norm_w=norm_w(d), **token_mixer, **ch)
+    if mixer != "dense" and m.moe_latent and m.latent_exit_norm:
+        # drawn last, so a model without the exit norm keeps every other parameter of its seed
+        p.lmoe.exit_norm_w = norm_w(m.moe_latent)
     check_shapes(p, cfg)
     return p
 

@@ -143,6 +143,10 @@ class QMoE:
     # mx_norm to 16 bits (the MLP norm's rsqrt, its own K), the LatentMoE's is lat_down's
     # output, then 16 bits wide
     mx_norm: Optional[QNorm] = None
+    # K3's exit norm (model.latent_exit_norm, issue 47 difference 4): (lat_m, lat_s) then take the
+    # routed latent sum to resid_bits, and lat_norm (int_normalize, the layers' RMSNorm) to the int8
+    # unit vector lat_up reads; the norm's weight is folded into lat_up's columns
+    lat_norm: Optional[QNorm] = None
 
 
 @dataclass

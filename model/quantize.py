@@ -378,11 +378,25 @@ def _quantize_latent_moe(params: LayerParams, cfg: Config, fm: Formats, tr, s_hn
     q_shared = _expert_bank(p.sh_gate, p.sh_up, p.sh_down, shared, wn, s_hn, s_gate, s_act, s_e, fm,
                             f.shared_expert_weights, glu)
 
-    sc["lat_routed"] = act_scale(tr["lat_routed"], mse=False)
-    lat_m, lat_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["lat_routed"], fm)
-    lat_up, _ = _linear(p.w_lat_up, sc["lat_routed"], s_e, fm, fm.expert_out_bits)
+    lat_norm = None
+    if p.exit_norm_w is None:
+        sc["lat_routed"] = act_scale(tr["lat_routed"], mse=False)
+        lat_m, lat_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["lat_routed"], fm)
+        lat_up, _ = _linear(p.w_lat_up, sc["lat_routed"], s_e, fm, fm.expert_out_bits)
+    else:
+        # K3's exit norm: the sum to 16 bits (max|x| with the residual headroom), its RMSNorm
+        # to int8 at the unit vector's MSE scale; the weight folded into lat_up's columns as
+        # every norm weight is into the next projection.  eps moves into sum-of-squares units
+        # as the layers' norms' does
+        l = p.w_lat_down.shape[0]
+        sc["lat_pre"] = act_scale(tr["lat_pre"], fm.resid_bits, headroom=RESID_HEADROOM)
+        lat_m, lat_s = _mult(s_e * 2.0 ** -fm.wn_frac / sc["lat_pre"], fm)
+        sc["lat_routed"] = act_scale(tr["lat_routed"])          # the unit-RMS sum (float trace)
+        lat_norm = _norm(cfg.model.norm_eps * l / sc["lat_pre"] ** 2, math.sqrt(l) / sc["lat_routed"], fm)
+        lat_up, _ = _linear(p.w_lat_up * p.exit_norm_w[None, :], sc["lat_routed"], s_e, fm, fm.expert_out_bits)
     q = QMoE(router=router, score=score, bias=bias, silu=silu, routed=q_routed, shared=q_shared,
-             lat_down=lat_down, lat_up=lat_up, lat_m=lat_m, lat_s=lat_s, **_combine(cfg, fm, tr, s_e, sc))
+             lat_down=lat_down, lat_up=lat_up, lat_m=lat_m, lat_s=lat_s, lat_norm=lat_norm,
+             **_combine(cfg, fm, tr, s_e, sc))
     return q, sc
 
 

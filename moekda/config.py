@@ -33,6 +33,7 @@ def _field(default, lo=None, hi=None, choices=None, doc=""):
 
 
 LAYER_KINDS = ("kda", "mla")
+K3_PLACEMENT = "k3"          # model.layers = "k3": k3_layers(n_layers)
 MIXER_KINDS = ("moe", "dense")
 GLU_KINDS = ("swiglu", "situ")
 ATTN_RES_MODES = ("none", "full", "block")
@@ -58,7 +59,8 @@ class ModelConfig:
     # its kind and its channel mixer.  n_layers = 1 with vocab = 0 is the one-layer chip.
     n_layers: int = _field(1, 1, 64, doc="layers of the stack, run one after another")
     layers: tuple = _field(None, choices=LAYER_KINDS,
-                           doc="kind of each layer, n_layers entries (omitted: all kda)")
+                           doc="kind of each layer, n_layers entries (omitted: all kda), or \"k3\": K3's "
+                               "placement, mla at every fourth layer (3, 7, ...) and the last, kda elsewhere")
     mixers: tuple = _field(None, choices=MIXER_KINDS,
                            doc="channel mixer of each layer, n_layers entries (omitted: all moe); "
                                "dense = one SwiGLU of width d_ff_dense")
@@ -84,12 +86,21 @@ class ModelConfig:
     glu: str = _field("swiglu", choices=GLU_KINDS,
                       doc="the experts' and dense mixer's gated unit: swiglu (SiLU(gate) * up) or situ "
                           "(K3's SiTU-GLU: 4 tanh(gate/4) sigmoid(gate) * 25 tanh(up/25))")
+    # ---- K3 as released (issue 47, difference 4): LatentMoE's exit norm.  K3 computes
+    # W_up RMSNorm(sum_i p_i E_i(z)) + Shared(x): the routed experts' latent sum is RMS-normalised
+    # (with a weight of width moe_latent) before the up-projection, so its size no longer follows
+    # the router's weights (K3 sets routed_scaling = 1.0; with the norm it only moves eps)
+    latent_exit_norm: bool = _field(False, doc="LatentMoE: RMSNorm (weight of width moe_latent, eps norm_eps) on "
+                                               "the routed experts' latent sum before lat_up, as Kimi K3 "
+                                               "(needs model.moe_latent > 0)")
 
     def __post_init__(self):
         # the omitted per-layer lists and the dense width follow from the other fields
         for name, value in _stack_defaults(self).items():
             if name in ("layers", "mixers") and getattr(self, name) is None:
                 object.__setattr__(self, name, value)
+        if self.layers == K3_PLACEMENT:
+            object.__setattr__(self, "layers", k3_layers(self.n_layers))
         if self.d_ff_dense == 0:
             object.__setattr__(self, "d_ff_dense", (self.top_k + self.n_shared) * self.d_ff)
 
@@ -102,6 +113,14 @@ class ModelConfig:
     def dense_chunks(self) -> int:
         """A dense mixer as d_ff-wide SwiGLU chunks (the shared-expert path's width)."""
         return self.d_ff_dense // self.d_ff
+
+
+def k3_layers(n_layers: int) -> tuple:
+    """Kimi K3's placement of its global (Gated MLA) layers (issue 47, difference 6): every
+    fourth layer, 0-based 3, 7, 11, ..., and the last; KDA elsewhere.  K3's 93 layers give the
+    24 global layers 3, 7, ..., 91 and 92; a 4-layer model gets kda, kda, kda, mla.
+    ``model.layers = "k3"`` in a config is this list."""
+    return tuple("mla" if (i % 4 == 3 or i == n_layers - 1) else "kda" for i in range(n_layers))
 
 
 def _stack_defaults(m) -> dict:
@@ -131,7 +150,7 @@ class HwConfig:
 # Config.to_dict at that default, so older configs keep their hash (and cache keys)
 _HW_LATER_DEFAULTS = {"state_memory": "flops", "sequences": 1}
 _MODEL_LATER_DEFAULTS = {"kv_rank": 0, "attn_res": "none", "attn_res_block": 2, "moe_latent": 0,
-                         "glu": "swiglu"}
+                         "glu": "swiglu", "latent_exit_norm": False}
 _PNR_LATER_DEFAULTS = {"macro_placement": "column", "macro_halo_um": 5.0, "antenna_diodes": "ports+macros"}
 ANTENNA_DIODE_NETS = ("none", "ports", "ports+macros")
 _FORMATS_LATER_DEFAULTS = {"routed_expert_weights": "int8", "shared_expert_weights": "int8",
@@ -235,8 +254,11 @@ def _check_value(section: str, f: dataclasses.Field, value):
         if not isinstance(value, str):
             raise ConfigError(f"{name} = {value!r}: must be a string")
     elif f.type == "tuple":
+        if name == "model.layers" and value == K3_PLACEMENT:
+            return value          # expanded by ModelConfig once n_layers is known
         if not isinstance(value, (list, tuple)) or not value:
-            raise ConfigError(f"{name} = {value!r}: must be a non-empty list of "
+            k3 = f'"{K3_PLACEMENT}" or ' if name == "model.layers" else ""
+            raise ConfigError(f"{name} = {value!r}: must be {k3}a non-empty list of "
                               f"{', '.join(map(repr, meta['choices']))}, one per layer")
         for i, v in enumerate(value):
             if v not in meta["choices"]:
@@ -345,6 +367,9 @@ def _check_stack(cfg: Config):
                           f"({m.d_model - 1}), or 0 for the plain MoE")
     if m.moe_latent and "moe" not in m.mixers:
         raise ConfigError(f"model.moe_latent = {m.moe_latent}: no \"moe\" in model.mixers to make latent")
+    if m.latent_exit_norm and not m.moe_latent:
+        raise ConfigError("model.latent_exit_norm = true: needs a LatentMoE (model.moe_latent 1 to "
+                          "model.d_model - 1); allowed with the plain MoE: false")
     f = cfg.formats
     if f.expert_inputs != "int8" and f.routed_expert_weights != "mxfp4":
         raise ConfigError(f'formats.expert_inputs = "{f.expert_inputs}": needs formats.routed_expert_weights = '

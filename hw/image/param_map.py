@@ -83,6 +83,13 @@ def mla_norm_ss_bits(cfg) -> int:
     return 2 * (fm.resid_bits - 1) + clog2(cfg.model.kv_rank + 1) + 1
 
 
+def lat_norm_ss_bits(cfg) -> int:
+    """Sum-of-squares width of LatentMoE's exit norm (``moe.lat_norm``, model.latent_exit_norm):
+    the squares of moe_latent resid_bits values."""
+    fm = formats_for(cfg)
+    return 2 * (fm.resid_bits - 1) + clog2(cfg.model.moe_latent + 1) + 1
+
+
 def kda_norm_ss_bits(cfg) -> int:
     """Sum-of-squares width of the KDA's shared normaliser (q, k L2 norms and the o RMSNorm)."""
     fm = formats_for(cfg)
@@ -211,7 +218,12 @@ def param_fields(cfg, mixer: str = "moe", kind: str = "kda") -> list[ParamField]
         # (lat_m, lat_s) to int8; lat_up back to d_model at the experts' output scale
         requant("moe.lat_down.m", "moe.lat_down.s", "LatentMoE down-projection")
         requant("moe.lat_up.m", "moe.lat_up.s", "LatentMoE up-projection")
-        requant("moe.lat_m", "moe.lat_s", "LatentMoE routed sum -> int8")
+        requant("moe.lat_m", "moe.lat_s", "LatentMoE routed sum -> int8" if not m.latent_exit_norm
+                else "LatentMoE routed sum -> resid_bits, into the exit norm")
+        if m.latent_exit_norm:
+            # K3's exit norm (issue 47 difference 4): the 16-bit sum's RMSNorm to int8, its
+            # weight folded into lat_up (QMoE.lat_norm)
+            norm("moe.lat_norm", lat_norm_ss_bits(cfg), "LatentMoE exit RMSNorm")
     requant("moe.comb_m", "moe.comb_s", "MoE combine -> resid_bits")
     residual("res2", "MoE residual add")
     _check_tree_order([f.name for f in out])

@@ -53,7 +53,10 @@ experts' sums sit in ``acc`` meanwhile.  The last routed expert's sums pass thro
 combine's requantiser with (lat_m, lat_s) (its (m, s) registers take them until zr is
 complete) into ``zr``, int8; LU's rows wait for it (``zr_ok``), stream on zr, and add
 into ``acc`` with weight 1.0 as a shared expert's down rows do; then the combine as ever.
-A dense layer's token on the same unit has no latent.
+A dense layer's token on the same unit has no latent.  With K3's exit norm
+(``model.latent_exit_norm``) the combine's requantiser gives the sum at resid_bits into
+``zp``, and the unit's own normaliser (hw/kda/norm.py; ``moe.lat_norm``) writes zr from
+it; zr_ok follows the norm.
 
 Ports
 -----
@@ -135,7 +138,8 @@ from hw.arith.matvec import MatVecEngine, MatVecFormats, saturate
 from hw.image.memory_map import layer_bits, layer_count, layer_mixer, layer_prefix, memory_map
 from hw.moe.arith import chunked_counter, prefix_add
 from hw.moe.route import RouteWeights
-from hw.image.param_map import EXPERT_MATS, param_map, param_layout, silu_fields, table_fields
+from hw.image.param_map import EXPERT_MATS, lat_norm_ss_bits, param_map, param_layout, silu_fields, table_fields
+from hw.kda.norm import Normalizer
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.arith.silu import silu
 from hw.arith.situ import up_cap
@@ -175,6 +179,7 @@ class MoEUnit(wiring.Component):
         self.nb_l = beats_per_row(self.lat, self.pb) if self.lat else 0
         self.routed_beats = 2 * self.f * self.nb_l + self.lat * self.nb_f if self.lat else self.expert_beats
         self.lat_beats = self.lat * self.nb_d + self.d * self.nb_l
+        self.exit_norm = bool(self.lat) and m.latent_exit_norm    # K3's exit norm on the routed sum
         self.nmat = 6 if self.lat else 4
         self.mat_bits = (self.nmat - 1).bit_length()
         # the stack: L layers on this unit, each its mixer kind and its own addresses
@@ -938,11 +943,39 @@ class MoEUnit(wiring.Component):
             m.d.sync += y_out.as_value().eq(Cat(y_out.as_value()[self.out_bits:], live["y"]))
             with m.If(live["row"] == d - 1):
                 m.d.sync += [out_valid.eq(1), busy.eq(0)]
-        if lat:
+        if lat and not self.exit_norm:
             with m.If(live["valid"] & live["zr"]):
                 m.d.sync += Cat(*zr).eq(Cat(*zr[1:], saturate(live["y"], fm.act_bits)))
                 with m.If(live["row"] == lat - 1):
                     m.d.sync += zr_ok.eq(1)
+        if self.exit_norm:
+            # K3's exit norm (model.latent_exit_norm): the sum by (lat_m, lat_s) at resid_bits
+            # into zp (a shift register, rows in order), then its RMSNorm (hw/kda/norm.py, the
+            # layers' integer RMSNorm, int_normalize) writes zr by index; lat_up's rows wait
+            # for zr_ok as before.  The unit has its own normaliser: the chip's shared one
+            # (hw/chip/datapath.py) serves the other stage's token meanwhile, and this one runs
+            # once a token for l values (2 l + ~30 cycles), on the token's critical chain.
+            zp = [Signal(signed(self.out_bits), name=f"zp{j}") for j in range(lat)]
+            m.submodules.exit_norm = nrm = Normalizer(fm, lat, self.out_bits, lat_norm_ss_bits(cfg), [fm.act_bits],
+                                                      param_layout(cfg, "moe.lat_norm"),
+                                                      clock_period_ns=cfg.hw.clock_period_ns)
+            zp_full = Signal()          # the last row is in zp: start the norm next cycle
+            nrm_run = Signal()
+            m.d.comb += [nrm.norms[0].eq(prm.lat_norm), nrm.mode.eq(0), nrm.rd_x.eq(Array(zp)[nrm.rd_idx]),
+                         nrm.start.eq(zp_full)]
+            m.d.sync += zp_full.eq(0)
+            with m.If(live["valid"] & live["zr"]):
+                m.d.sync += Cat(*zp).eq(Cat(*zp[1:], live["y"]))
+                with m.If(live["row"] == lat - 1):
+                    m.d.sync += zp_full.eq(1)
+            with m.If(nrm.wr_en):
+                for j in range(lat):
+                    with m.If(nrm.wr_idx == j):
+                        m.d.sync += zr[j].eq(nrm.wr_y)
+            with m.If(zp_full):
+                m.d.sync += nrm_run.eq(1)
+            with m.Elif(nrm_run & ~nrm.busy):
+                m.d.sync += [nrm_run.eq(0), zr_ok.eq(1)]
         m.d.comb += route.release.eq(out_row & (live["row"] == d - 1))
         return m
 

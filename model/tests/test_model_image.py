@@ -223,3 +223,20 @@ def test_attn_res_image_needs_its_values():
         pack_image(cfg, {**flat, "attn_res.u_s": np.full(9, 64)}, tensors)
     with pytest.raises(ValueError, match=r'parameter attn_res\.out_s: missing \(model\.attn_res = "block"\)'):
         pack_image(cfg, {k: v for k, v in flat.items() if k != "attn_res.out_s"}, tensors)
+
+
+def test_k3_model_image_round_trip():
+    """configs/model-tiny-k3.toml (issue 47): each MoE layer's block holds the LatentMoE exit
+    norm's (eps_int, m, s) after lat_m/lat_s; the integer model on the image's model runs the
+    same tokens, and every integer of the norm comes back."""
+    cfg = load_config("model-tiny-k3")
+    qm = quick_model(cfg, 2)[1]
+    img = qmodel_image(cfg, qm)
+    check_image(cfg, img)
+    back = assert_image_round_trip(cfg, qm, img)
+    for l, (q, b) in enumerate(zip(qm.layers, back.layers)):
+        if cfg.model.mixers[l] == "moe":
+            assert q.moe.lat_norm is not None and b.moe.lat_norm == q.moe.lat_norm
+    _, pm, addr = param_blocks(cfg)[1]
+    names = [f.name for f in pm.fields]
+    assert names.index("moe.lat_norm.eps_int") == names.index("moe.lat_s") + 1

@@ -180,7 +180,7 @@ def test_stack_defaults_and_round_trip():
     ({"n_layers": 2, "mixers": ["moe", "moe", "dense"]}, "model.mixers has 3 entries: must have one per layer"),
     ({"layers": ["attn"]}, "model.layers[0] = 'attn': allowed values are kda, mla"),
     ({"n_layers": 2, "mixers": ["moe", "sparse"]}, "model.mixers[1] = 'sparse': allowed values are moe, dense"),
-    ({"layers": "kda"}, "model.layers = 'kda': must be a non-empty list of 'kda', 'mla', one per layer"),
+    ({"layers": "kda"}, "model.layers = 'kda': must be \"k3\" or a non-empty list of 'kda', 'mla', one per layer"),
     ({"mixers": []}, "model.mixers = []: must be a non-empty list"),
     ({"mixers": [1]}, "model.mixers[0] = 1: allowed values are moe, dense"),
     ({"vocab": 8}, "model.vocab = 8: allowed values are 0 (no embedding or LM head) or 16 to 65536"),

@@ -230,10 +230,21 @@ CASES = {
     # SiTU-GLU (issue 47): the SITU table and the up cap, on the plain and the latent MoE
     "situ": ({"glu": "situ"}, 24, False),
     "situ_latent": ({"glu": "situ", "moe_latent": 8}, 16, False),
+    # K3's LatentMoE exit norm (issue 47 difference 4): the routed sum's RMSNorm before lat_up,
+    # with SwiGLU, and as K3 has it (SiTU-GLU, routed scale 1.0); and at width 6 (zp, zr padded)
+    "exit_norm": ({"moe_latent": 8, "latent_exit_norm": True}, 16, False),
+    "k3_latent": ({"glu": "situ", "moe_latent": 8, "latent_exit_norm": True, "routed_scaling": 1,
+                   "norm_eps": 1e-5}, 16, False),
+    "exit_norm6_kE_no_shared": ({"moe_latent": 6, "top_k": 4, "n_shared": 0, "latent_exit_norm": True}, 16, True),
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# the exit norm's other cases (SwiGLU; width 6 with kE and no shared expert) are slow: each is
+# ~4.5 min of Icarus, and k3_latent runs the same path in the default suite
+SLOW_CASES = {"exit_norm", "exit_norm6_kE_no_shared"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n for n in CASES])
 def test_moe_bit_exact_icarus(name, tmp_path):
     over, n, zero_bias = CASES[name]
     if name == "padded_rows":
@@ -312,7 +323,7 @@ def test_moe_256_tokens_verilator_k_extremes(k, tmp_path):
     _long_run(make_config(base, **over), 256, tmp_path, zero_bias=True)
 
 
-@pytest.mark.parametrize("config", sim_configs("tiny", "small", slow=("small",)) + ["latent"])
+@pytest.mark.parametrize("config", sim_configs("tiny", "small", slow=("small",)) + ["latent", "exit_norm"])
 def test_moe_cycles_per_token_without_stalls(config, tmp_path):
     """The port is the roofline: with no stalls a token takes its weight beats plus a
     bounded overhead: the memory latency, and the MAC drain and hidden conversion of its
@@ -322,14 +333,23 @@ def test_moe_cycles_per_token_without_stalls(config, tmp_path):
     layer's kind (a dense layer: C chunks).  A LatentMoE ("latent": tiny with
     moe_latent 8) waits once more, for zr: the last routed expert's down rows drain through
     the engine, the running sum and the combine pipeline before lat_up's rows can go
-    (measured 73 cycles over 464 beats against plain tiny's 52 over 592)."""
-    cfg = make_config("tiny", moe_latent=8) if config == "latent" else make_config(config)
+    (measured 73 cycles over 464 beats against plain tiny's 52 over 592); with K3's exit
+    norm ("exit_norm") the normaliser's run on top."""
+    if config in ("latent", "exit_norm"):
+        cfg = make_config("tiny", moe_latent=8, latent_exit_norm=config == "exit_norm")
+    else:
+        cfg = make_config(config)
     case = config_case(cfg, 12, seed=9)
     res = run_moe_bench(case, tmp_path, "icarus", stalls=0.0, reset_after=0)
     unit = res["unit"]
     # the last expert: MAC + product pipelines drain, exponent, conversion (nb_f beats + 3)
     last_expert = 32 + unit.nb_f
     zr_wait = 24 if cfg.model.moe_latent else 0
+    if cfg.model.latent_exit_norm:
+        # and K3's exit norm, on the same chain: the normaliser's 2 l + its rsqrt and sums
+        # (hw/kda/norm.py) before zr is complete (measured on tiny, l = 8: 615 cycles a token
+        # against 537 without the norm, 78 more)
+        zr_wait += 2 * cfg.model.moe_latent + 64
 
     def beats_and_bound(kind):
         beats = unit.bytes_per_token(kind) // cfg.hw.weight_port_bytes
