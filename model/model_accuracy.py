@@ -135,18 +135,22 @@ def study_args(argv, prog: str, doc: str, config: str, param_seed: int, eval_see
     return args, cfg
 
 
+def report_study(args, rows: list, s: dict) -> int:
+    """Print a study's summary and write its rows and summary to ``--output`` if given."""
+    print(json.dumps(s, indent=1))
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps({"rows": rows, "summary": s}, indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     args, cfg = study_args(argv, "model_accuracy", __doc__, "model-tiny", 400, 600)
     if cfg is None:
         return 2
     rows = [evaluate_model(cfg, args.param_seed + i, args.eval_seed + i, args.tokens) for i in range(args.pairs)]
     print(markdown(rows))
-    s = summary(rows)
-    print(json.dumps(s, indent=1))
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps({"rows": rows, "summary": s}, indent=1))
-    return 0
+    return report_study(args, rows, summary(rows))
 
 
 if __name__ == "__main__":

@@ -21,9 +21,7 @@ model and the logits cosine (dequantised integer logits).
 from __future__ import annotations
 
 import copy
-import json
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -33,7 +31,7 @@ from moekda.formats import formats_for
 from model.float_model import next_tokens, run_model
 from model.float_ops import silu
 from model.int_model import dequantize_logits, int_next_tokens, int_run_model
-from model.model_accuracy import study_args
+from model.model_accuracy import report_study, study_args
 from model.params import random_model_params, random_tokens
 from model.quantize import quant_weight, quant_weight_mxfp4, quantize_model
 
@@ -155,12 +153,7 @@ def main(argv=None) -> int:
         v = rows[-1]["variants"]
         print(f"pair P={args.param_seed + i} E={args.eval_seed + i}: " + ", ".join(
             f"{k} agree {x['agree']:.3f} cos {x['logits_cos_mean']:.4f}" for k, x in v.items()), flush=True)
-    s = summary(rows)
-    print(json.dumps(s, indent=1))
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps({"rows": rows, "summary": s}, indent=1))
-    return 0
+    return report_study(args, rows, summary(rows))
 
 
 if __name__ == "__main__":
