@@ -69,17 +69,24 @@ def test_the_placement_tcl_places_each_macro_mirrored_from_the_core_corner():
     assert re.search(r"getCoreArea", text)
 
 
-def test_macro_settings_of_a_netlist_with_and_without_macros(tmp_path):
+@pytest.fixture(scope="module")
+def kit():
+    """The set-up kit with its SRAM macros, or a skip saying why not."""
+    from pdk.kit import find_kit
+    try:
+        found = find_kit()
+    except Exception as e:
+        pytest.skip(f"no kit: {e}")
+    if not found.macros:
+        pytest.skip("the kit has no macros")
+    return found
+
+
+def test_macro_settings_of_a_netlist_with_and_without_macros(tmp_path, kit):
     from flow.paths import BuildPaths
     from flow.pnr import PnrPaths, macro_settings
     from moekda.config import load_config
-    from pdk.kit import PLATFORM, find_kit
-    try:
-        kit = find_kit()
-    except Exception as e:
-        pytest.skip(f"no kit: {e}")
-    if not kit.macros:
-        pytest.skip("the kit has no macros")
+    from pdk.kit import PLATFORM
     cfg = load_config("model-tiny-sram")
     paths = PnrPaths(BuildPaths.for_config(cfg, "layer", build_root=tmp_path))
     netlist = tmp_path / "n.v"
@@ -96,7 +103,7 @@ def test_macro_settings_of_a_netlist_with_and_without_macros(tmp_path):
         macro_settings(cfg, kit, paths, netlist, PLATFORM, None)
 
 
-def test_the_stage_scripts_place_the_macros_under_the_openroad_stand_ins(tmp_path):
+def test_the_stage_scripts_place_the_macros_under_the_openroad_stand_ins(tmp_path, kit):
     """`moekda pnr --check` on a netlist with macros (tiny's SRAM state): the generated
     placement reads the core's corner from the database and places every macro, LOCKED
     before tapcell cuts the rows (it stopped at `$core xMin` before the stand-ins had it)."""
@@ -105,15 +112,8 @@ def test_the_stage_scripts_place_the_macros_under_the_openroad_stand_ins(tmp_pat
     from flow.paths import BuildPaths
     from flow.pnr import PnrPaths, pnr_settings, write_config_tcl
     from moekda.config import load_config
-    from pdk.kit import find_kit
     if shutil.which("tclsh") is None:
         pytest.skip("tclsh not installed")
-    try:
-        kit = find_kit()
-    except Exception as e:
-        pytest.skip(f"no kit: {e}")
-    if not kit.macros:
-        pytest.skip("the kit has no macros")
     cfg = load_config("model-tiny-sram")
     paths = PnrPaths(BuildPaths.for_config(cfg, "layer", build_root=tmp_path)).make_dirs()
     netlist, sdc = tmp_path / "n.v", tmp_path / "n.sdc"
