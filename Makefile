@@ -59,7 +59,7 @@ versions: $(STAMP)
 # through locks (sim/cocotb_util.py); serially one of CI's two cores idled (half the suite
 # took 13 min).
 test: $(STAMP)
-	$(PYTEST) -m "not slow" -n 2 --dist loadfile --durations=15
+	$(PYTEST) -m "not slow" -n 2 --dist loadfile --durations=40
 
 # make sim: the simulations only.  tiny: the fast set; another CONFIG: every
 # simulation including the long runs; GL=1: the gate-level run of the netlist.

@@ -29,7 +29,8 @@ def full_config(base: str) -> str:
 
 @pytest.mark.skipif(not simulator_available("icarus"), reason="icarus not installed")
 @pytest.mark.parametrize("config", sim_configs("model-tiny-hybrid"))
-@pytest.mark.parametrize("mode", ["block", "full"])
+# full AttnRes is the block form's unit with every layer its own block: the slow suite's
+@pytest.mark.parametrize("mode", ["block", pytest.param("full", marks=pytest.mark.slow)])
 def test_depth_unit_matches_model_icarus(config, mode, tmp_path):
     if load_config(config).model.attn_res == "none":
         pytest.skip(f"config {config}: no Attention Residuals")

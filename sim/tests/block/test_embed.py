@@ -13,7 +13,7 @@ from sim.cocotb_util import run_cocotb, sim_configs, simulator_available
 
 
 @pytest.mark.skipif(not simulator_available("icarus"), reason="icarus not installed")
-@pytest.mark.parametrize("config", sim_configs("model-tiny", "model-small"))
+@pytest.mark.parametrize("config", sim_configs("model-tiny", "model-small", slow=("model-small",)))
 def test_embedding_matches_model_icarus(config):
     if load_config(config).model.vocab == 0:
         pytest.skip(f"config {config}: no vocabulary, no embedding")

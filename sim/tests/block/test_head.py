@@ -36,7 +36,7 @@ def test_head_matches_model_icarus(config, tmp_path):
           f"latency {measured['latency']}")
 
 
-@pytest.mark.parametrize("config", sim_configs("model-small"))
+@pytest.mark.parametrize("config", sim_configs("model-small", slow=("model-small",)))
 def test_head_one_token_small_icarus(config):
     """The untied head (its own lm_head region) with 16 lanes: two tokens, stalls, no reset pass."""
     _needs_vocab(config)

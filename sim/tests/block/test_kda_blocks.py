@@ -404,7 +404,7 @@ def test_sparse_event_count_across_the_halves():
 
 # ---- requantisation with run-time (m, s) ---------------------------------------------
 
-@pytest.mark.parametrize("period", [1.0, 2.5])
+@pytest.mark.parametrize("period", [1.0, pytest.param(2.5, marks=pytest.mark.slow)])   # 2.5: shallow pipeline
 def test_requantise_runtime_m_s_matches_model(period):
     """hw/arith/booth_multiply.py ``requantise`` with (m, s) per op as inputs against
     moekda.numerics.requantize, bit for bit: every op's own (m, s) and output width,

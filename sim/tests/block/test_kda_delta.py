@@ -57,7 +57,9 @@ def _run_and_check(dut, bench, memory: str, want: list, per_token: int, got_flat
 # the clock period sets the pipeline depth (hw/arith/pipeline.py): 1.0 ns is the deepest
 # pipeline the configs use, 2.5 ns a shallow one.  Each case with the state in flip-flops
 # and in SRAM macros (hw.state_memory): the same outputs, and no bank collision
-@pytest.mark.parametrize("memory", ["flops", "sram"])
+# (the flip-flop state's shapes run in the slow suite; its fast twins are the reset and
+# layers-apart cases below, the same shapes in SRAM here)
+@pytest.mark.parametrize("memory", [pytest.param("flops", marks=pytest.mark.slow), "sram"])
 @pytest.mark.parametrize("H,dk,P,shifts,qk_bits,period", [
     (1, 8, 4, DeltaShifts(f_k=7, f_v=4, f_s=9, o_shift=8), None, 1.0),
     (2, 8, 2, DeltaShifts(f_k=6, f_v=6, f_s=6, o_shift=0), None, 1.25),

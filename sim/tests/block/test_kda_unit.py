@@ -125,6 +125,7 @@ def test_kda_tiny_icarus_short_with_clear():
     run_kda(sim_config("tiny"), "icarus", 12, first=(0, 5))
 
 
+@pytest.mark.slow     # fast twin: test_kda_verilog_is_model_free, test_kda_model_tiny_layers_icarus
 def test_kda_one_netlist_runs_two_models():
     """The same build (no rebuild: the Verilog does not depend on the model) runs a
     second seed's model bit-exact, its parameters on ``params`` only."""
@@ -132,6 +133,7 @@ def test_kda_one_netlist_runs_two_models():
     run_kda(sim_config("tiny"), "icarus", 4, seed=3)
 
 
+@pytest.mark.slow     # fast twin: test_kda_delta.py's flops cases
 def test_kda_tiny_flops_icarus_short_with_clear():
     """The state in flip-flops (configs/tiny-flops.toml: hw.state_memory = "flops"; tiny has it
     in SRAM macros, whose RTL instantiates the fakeram45 cells and carries their behavioural
@@ -156,6 +158,7 @@ def test_kda_model_tiny_layers_icarus():
     run_model_kda("model-tiny", "icarus", MODEL_LAYERS, MODEL_FIRST, reset_in=17)
 
 
+@pytest.mark.slow     # fast twin: test_model_chip_reset_and_generation (two sequences)
 def test_kda_model_tiny_slots_icarus():
     """Two sequence slots (model-tiny's hw.sequences = 2): each (slot, layer) its own state
     and history, the same layer of the two slots back to back as the model chip runs them,
@@ -166,6 +169,7 @@ def test_kda_model_tiny_slots_icarus():
     run_model_kda("model-tiny", "icarus", layers, [0, 1, 2, 3, 5, 6, 9, 10], slots=slots)
 
 
+@pytest.mark.slow     # fast twin: tiny's SRAM state + test_kda_model_tiny_layers_icarus
 def test_kda_model_tiny_sram_layers_icarus():
     """The same with the four layers' states in SRAM macros (configs/model-tiny-sram.toml:
     2 x 2 fakeram45_64x32 a bank, the layer in the macro row and address): a shorter
@@ -173,6 +177,7 @@ def test_kda_model_tiny_sram_layers_icarus():
     run_model_kda("model-tiny-sram", "icarus", [0, 1, 2, 3, 2, 0, 2, 1, 3], [0, 1, 2, 3, 6])
 
 
+@pytest.mark.slow     # fast twin: test_kda_tiny_icarus_short_with_clear (same RTL, other widths)
 def test_kda_small_icarus_short():
     """The second config, quick: 3 tokens with stalls, a new sequence at the third."""
     run_kda(sim_config("small"), "icarus", 3, first=(0, 2))
@@ -254,7 +259,7 @@ def test_kda_cycles_constant_short():
     """Without stalls every token costs the same cycles.  On Icarus, whose build the other
     tests of this file share: on Verilator it was the suite's only user of that build
     (155 s, most of it the build); the 4096-token check below stays on Verilator."""
-    cycles = run_kda(sim_config("tiny"), "icarus", 16, stall=False, seed=1)
+    cycles = run_kda(sim_config("tiny"), "icarus", 8, stall=False, seed=1)
     assert len(set(cycles)) == 1, cycles
 
 

@@ -242,7 +242,11 @@ CASES = {
 # the exit norm's other cases (SwiGLU; width 6 with kE and no shared expert) and SiTU-GLU in the
 # LatentMoE are slow: each is minutes of Icarus, and k3_latent (SiTU-GLU, latent, exit norm)
 # runs the same paths in the default suite (issue 49 item 7: a default suite under 15 minutes)
-SLOW_CASES = {"exit_norm", "exit_norm6_kE_no_shared", "situ_latent"}
+# The default suite keeps tiny (the plain unit) and k3_latent (SiTU-GLU, latent, exit norm);
+# the other corners each repeat those paths with one dimension moved and run in the slow
+# suite (`pytest -m slow`, `make sim CONFIG=...`): minutes of Icarus each, 1.8k s together.
+SLOW_CASES = {"exit_norm", "exit_norm6_kE_no_shared", "situ_latent", "situ", "kE_no_shared",
+              "k1_zero_bias", "padded_rows", "latent6_kE_no_shared", "latent"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n for n in CASES])
@@ -271,6 +275,7 @@ def test_lanes_must_equal_port_bytes():
         MoEUnit(cfg)
 
 
+@pytest.mark.slow     # fast twin: test_moe_model_tiny_icarus (one netlist, four layers' models)
 def test_one_unit_runs_two_models(tmp_path):
     """Issue 13: the RTL is a function of the config alone.  One generated unit (the
     `moekda rtl --top moe` Verilog, built once) runs two different quantised models,
@@ -324,7 +329,8 @@ def test_moe_256_tokens_verilator_k_extremes(k, tmp_path):
     _long_run(make_config(base, **over), 256, tmp_path, zero_bias=True)
 
 
-@pytest.mark.parametrize("config", sim_configs("tiny", "small", slow=("small",)) + ["latent", "exit_norm"])
+@pytest.mark.parametrize("config", sim_configs("tiny", "small", slow=("small",)) +
+                         [pytest.param(c, marks=pytest.mark.slow) for c in ("latent", "exit_norm")])
 def test_moe_cycles_per_token_without_stalls(config, tmp_path):
     """The port is the roofline: with no stalls a token takes its weight beats plus a
     bounded overhead: the memory latency, and the MAC drain and hidden conversion of its
@@ -403,7 +409,7 @@ def layer_order_coverage(layers, mixers) -> dict:
             "same_layer": any(a == b for a, b in pairs)}
 
 
-@pytest.mark.parametrize("rows", ["config", "one_beat_rows", "situ"])
+@pytest.mark.parametrize("rows", ["config"] + [pytest.param(r, marks=pytest.mark.slow) for r in ("one_beat_rows", "situ")])
 def test_moe_model_tiny_icarus(rows, tmp_path):
     """model-tiny's four layers (layer 0 dense, 1..3 MoE) on one unit: tokens of every layer in
     a mixed order, each with its layer index and that layer's parameters on the ports (random

@@ -15,10 +15,11 @@ from moekda.config import load_config
 from moekda.formats import formats_for
 from model.int_ops import int_silu
 from model.quantize import _silu
+from sim.cocotb_util import sim_configs
 from sim.pysim import simulate
 
 
-@pytest.mark.parametrize("config", ("tiny", "small"))
+@pytest.mark.parametrize("config", sim_configs("tiny", "small", slow=("small",)))
 def test_silu_unit_matches_int_silu(config):
     cfg = load_config(config)
     fm = formats_for(cfg)

@@ -36,6 +36,7 @@ def driver():
     return ModelDriver(cfg, quantize_random_model(cfg, 0), label="seed0", model_seed=0)
 
 
+@pytest.mark.slow     # its own Verilator build; fast twins: test_moe.py k3_latent, test_hybrid_chip_short
 def test_latent_moe_chip_short():
     """model-tiny-kda-mla with LatentMoE (moe_latent 8): 6 tokens, two slots, stalls on both
     ports, a CSR clear, every logit compared; the dense first layer stays dense."""
@@ -58,6 +59,7 @@ def test_hybrid_chip_short(driver):
     assert res.tags.tolist() == sequence_positions(plan, driver.slots)[res.idx].tolist()
 
 
+@pytest.mark.slow     # 80 tokens; fast twin: test_chip_counters.py (MACS counts every beat)
 def test_hybrid_chip_counts_every_score_beat(driver):
     """Without stalls the MLA's score beats (cache port) and the MoE's weight beats (weight
     port) come at up to two a cycle for hundreds of cycles; MACS must count them all (with a

@@ -32,11 +32,15 @@ def _check(res):
     assert res.match, res.summary()
 
 
-def test_layer_short_icarus(driver):
+# On Verilator in the default suite (the build the damaged-image and bench-limit tests share);
+# on Icarus, 7 minutes of a loaded machine, in the slow one
+@pytest.mark.parametrize("simulator", [pytest.param("verilator", marks=[needs_verilator, pytest.mark.verilator]),
+                                       pytest.param("icarus", marks=pytest.mark.slow)])
+def test_layer_short(driver, simulator):
     """Quick: 8 tokens with stalls everywhere, a CSR clear before token 2, a reset with
     token 4 inside (the chip resumes at token 5 with a fresh state by itself)."""
     res = driver.run(RunPlan(tokens=8, first=(0,), clears=(2,), reset_at=4, abandon=1, seed=3),
-                     simulator="icarus", name="short")
+                     simulator=simulator, name=f"short_{simulator}")
     _check(res)
     # the counters count the part after the reset: tokens 5..7
     assert res.counters["TOKENS"] == 3
