@@ -15,7 +15,7 @@ Commands (``i``, one beat each: ``op``, ``slot``, ``v`` d x resid_bits):
            one beat on ``o`` (d x resid_bits).  ``v`` is not read.
 
 The value a START or ADD keeps is formed in a work register by a residual add
-(hw/chip/residual.py; x_0 with (0, emb_m, emb_s), a new value with (0, 1, 0), a partial with
+(hw/arith/residual.py; x_0 with (0, emb_m, emb_s), a new value with (0, 1, 0), a partial with
 (1, 1, 0): sat(rs(a m_a + b m_b, s)) is each of the model's steps exactly), its key by the
 shared normaliser (hw/kda/norm.py, ``attn_res.key_norm``, int8), then both are stored in the
 slot's row.  A key is computed once, when its value is kept: only a block's partial changes,
@@ -54,9 +54,9 @@ from amaranth.lib.wiring import In, Out, connect
 
 from hw.arith.matvec import MatVecEngine, MatVecFormats, port_groups
 from hw.attnres.kept import add_index, adds_to_partial, kept_count, kept_vectors, sublayers
-from hw.chip.residual import ResidualAdd
-from hw.chip.skid import SkidBuffer
-from hw.chip.weight_port import WeightPortSignature
+from hw.arith.residual import ResidualAdd
+from hw.stream.skid import SkidBuffer
+from hw.stream.weight_port import WeightPortSignature
 from hw.image.memory_map import memory_map, sequence_slots, slot_bits
 from hw.image.param_map import param_layout
 from hw.kda.norm import Normalizer

@@ -26,7 +26,7 @@ cycle (``=>``) when B is idle.  (Without HQ the port sat idle between the MoE's 
 weight read and the next token's first KDA read: about 100 cycles a hand-over on
 model-small.)  Within a
 stage the phases run one after the other: RMSNorm (hw/kda/norm.py), the block, the
-element-serial residual add (hw/chip/residual.py), which writes its sum over its own
+element-serial residual add (hw/arith/residual.py), which writes its sum over its own
 input (``h`` over ``x``, ``y`` over ``h``).  Stage A's RMSNorm of the next token need not
 wait for the hand-over: it runs on the token waiting on ``i`` as soon as the KDA has taken
 the current ``xn``, so the KDA starts the next token, and its weight reads, right at
@@ -82,8 +82,8 @@ from amaranth.lib.wiring import In, Out
 
 from hw.arith.counter import ChunkedCounter
 from hw.attnres.chip import vec_layout
-from hw.chip.residual import ResidualAdd
-from hw.chip.weight_port import WeightPortSignature
+from hw.arith.residual import ResidualAdd
+from hw.stream.weight_port import WeightPortSignature
 from hw.image.memory_map import layer_bits, layer_count, layer_mixer, mixer_layers, slot_bits
 from hw.image.param_map import layer_bank_bits, param_layout, param_map
 from hw.kda.norm import Normalizer

@@ -49,7 +49,7 @@ from hw.image.memory_map import layer_bits
 from hw.image.param_map import (fetch_halves, layer_bank_bits, layer_block_bytes, mixer_split_bit, param_layout,
                                 param_map)
 from hw.arith.pipeline import Pipe, plan_pipeline
-from hw.chip.weight_port import WeightPortSignature, split_request
+from hw.stream.weight_port import WeightPortSignature, split_request
 
 # bits of ``errors`` (CSR LOAD_ERRORS), in header-word order, then the checksum
 LOAD_ERRORS = ("MAGIC", "VERSION", "CONFIG_HASH", "LENGTH", "CHECKSUM")

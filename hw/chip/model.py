@@ -57,8 +57,8 @@ from hw.chip.head import Head
 from hw.chip.layer import connect_status, sequence_rules, weight_port_slices
 from hw.chip.loader import ImageLoader
 from hw.chip.weight_arbiter import WeightArbiter
-from hw.chip.skid import SkidBuffer
-from hw.chip.weight_port import WeightPortSignature
+from hw.stream.skid import SkidBuffer
+from hw.stream.weight_port import WeightPortSignature
 from hw.image.format import image_layout
 from hw.image.memory_map import (layer_bits, layer_count, layer_kind, layer_prefix, memory_map, mla_tensors,
                                  moe_token_regions, sequence_slots, slot_bits)
