@@ -150,12 +150,13 @@ class DeltaRule(wiring.Component):
         })
 
     def elaborate(self, platform):
-        # The delta rule in five named pieces, each building into this Module (the Verilog
-        # is the one the single elaborate gave, byte for byte): the shifts' registers, the
-        # issue of a word (cursors, read, lane operands), the word pipeline (decay, update,
-        # write-back, lane products, the two accumulators), the per-column u and o
-        # pipelines, and the schedule that interleaves the passes.  They share one clock
-        # plan and the state memory, so they stay one component.
+        # The delta rule in named pieces: the shifts' registers, the issue of a word
+        # (cursors, read, lane operands), the word pipeline (decay, update, write-back, lane
+        # products, the two accumulators) and the schedule that interleaves the passes are
+        # methods building into this Module (they share the state memory's read and write
+        # and the word's tag); the per-column steps between and after the passes, u_c and
+        # o_c, are components of their own (ColumnU, ColumnOut: a column's sum in, a
+        # fixed latency, no stall).
         m = Module()
         fm = self.fm
         H, dk, dv, nb = self.heads, self.d_k, self.d_v, self.blocks
@@ -179,8 +180,8 @@ class DeltaRule(wiring.Component):
 
         rd = self._issue(m, mem, c1, c2, pass2, issuing, u_regs)
         col, sum_k, sum_o = self._word_pipeline(m, plan, mem, rd, sh, acc_width)
-        u_new, u_valid, u_par = self._u_pipeline(m, plan, sh, col, sum_k, acc_width)
-        o_pend, p2_begin, odepth = self._o_pipeline(m, plan, sh, col, sum_o, acc_width)
+        u_new, u_valid, u_par = self._u_pipeline(m, sh, col, sum_k, acc_width)
+        o_pend, p2_begin, odepth = self._o_pipeline(m, sh, col, sum_o, acc_width)
         for n in range(2):
             with m.If(u_valid & (u_par == n)):
                 m.d.sync += [u_regs[n].eq(u_new), u_ok[n].eq(1)]
@@ -359,82 +360,32 @@ class DeltaRule(wiring.Component):
         live["snew"] = new_s
         return live
 
-    def _u_pipeline(self, m, plan, sh, col, sum_k, acc_width):
-        """Per column: u_c = sat(rs(beta_h ((v_c << (f_s - f_v)) - kS), unit_frac)), with
-        kS = sat(rs(sum_k, f_k)), resolved over clock-derived stages.  Returns u_c, its
-        valid strobe and its column's parity."""
-        fm, dl, N, dv = self.fm, plan.delays, self.heads * self.d_v, self.d_v
-        sb, uf = fm.state_bits, fm.unit_frac
-        d_sv = sh["d_sv"]
-        dw = max(sb, fm.qkv_bits + sh["sv_hi"]) + 2
-        cu = {"valid": Signal(name="cu_valid"), "par": Signal(name="cu_par"),
-              "s": Signal(acc_width, name="cu_s"), "c": Signal(acc_width, name="cu_c"),
-              "v": Signal(signed(fm.qkv_bits), name="cu_v"), "beta": Signal(unsigned(uf + 1), name="cu_beta")}
-        v_c = Array(self.v[i] for i in range(N))[col["col"]]
-        beta_c = Array(self.beta[c // dv] for c in range(N))[col["col"]]
-        m.d.sync += [cu["valid"].eq(col["valid"] & ~col["pass2"] & col["last"]), cu["par"].eq(col["col"][0]),
-                     cu["s"].eq(sum_k[0]), cu["c"].eq(sum_k[1]),
-                     cu["v"].eq(v_c), cu["beta"].eq(beta_c)]
-        up = Pipe(m, plan, "du")
-        # v << (f_s - f_v): a left barrel, one level per bit of the difference's range
-        vsh = sign_extend(cu.pop("v"), dw)
-        live = cu
-        for bit in range(len(d_sv)):
-            live = up.spend(dl.mux_level, {**live, "vsh": vsh})
-            v = Value.cast(live.pop("vsh"))
-            vsh = Signal(dw, name=f"du_vsh{bit}")
-            m.d.comb += vsh.eq(Mux(d_sv[bit], Cat(Const(0, 1 << bit), v)[:dw], v))
-        live["vsh"] = vsh
-        live = up.spend(dl.csa_level, live)
-        live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), sh["rnd_ks"], acc_width)
-        live = pipelined_add(up, live, "a", "b", "acc", acc_width)
-        live = barrel_shift_saturate(up, live, "acc", sh["f_k"], acc_width, sh["lv"]["f_k"], "ks", [sb])
-        # beta (vsh - ks) = beta vsh + beta ~ks + beta (~ks = -ks - 1): no carry chain for the
-        # difference (as wide as the largest f_s - f_v allows), both products and beta
-        # itself are words of one Booth tree with the rounding constant.  A mux level more
-        # than a lone Booth select: the products' sign extensions (28 bits of ~ks) merge
-        # into nets that fan out across the tree's top (small at 1 ns was 0.110 ns short
-        # with 4 compressor levels behind the select)
-        w_u = dw + uf + 3
-        live = up.spend(dl.booth_select + dl.mux_level, live)
-        beta = live.pop("beta")
-        live["words"] = (booth_partial_products(m, live.pop("vsh"), beta, w_u, multiplier_signed=False, name="du_bv")
-                         + booth_partial_products(m, ~Value.cast(live.pop("ks")), beta, w_u, multiplier_signed=False,
-                                                  name="du_bk")
-                         + [zero_extend(beta, w_u), Const(1 << (uf - 1) if uf else 0, w_u)])
-        live = reduce_to_two(up, live, "words", w_u)
-        live["ba"], live["bb"] = live.pop("words")
-        live = pipelined_add(up, live, "ba", "bb", "bu", w_u)
-        live = up.spend(dl.saturate, live)
-        u_new = Signal(signed(sb), name="du_u")
-        m.d.comb += u_new.eq(clamp(Value.cast(live["bu"])[uf:].as_signed(), sb))
-        return u_new, live["valid"], live["par"]
+    def _u_pipeline(self, m, sh, col, sum_k, acc_width):
+        """Per column: u_c on its own component (ColumnU) from the column's pass-1 sum, v_c
+        and beta_h.  Returns u_c, its valid strobe and its column's parity."""
+        N, dv = self.heads * self.d_v, self.d_v
+        m.submodules.column_u = cu = ColumnU(self.fm, acc_width, sh["lv"]["f_k"], sh["sv_hi"], self.clock_period_ns)
+        m.d.comb += [cu.i.valid.eq(col["valid"] & ~col["pass2"] & col["last"]), cu.i.par.eq(col["col"][0]),
+                     cu.i.s.eq(sum_k[0]), cu.i.c.eq(sum_k[1]),
+                     cu.i.v.eq(Array(self.v[i] for i in range(N))[col["col"]]),
+                     cu.i.beta.eq(Array(self.beta[c // dv] for c in range(N))[col["col"]]),
+                     cu.f_k.eq(sh["f_k"]), cu.d_sv.eq(sh["d_sv"]), cu.rnd_ks.eq(sh["rnd_ks"])]
+        return cu.u, cu.valid, cu.par
 
-    def _o_pipeline(self, m, plan, sh, col, sum_o, acc_width):
-        """Per column: o_c = sat(rs(sum_o, o_shift)), into a small FIFO on ``o``.  Returns
-        the count of columns in flight to it, the strobe that adds one, and its depth."""
-        dl, o_bits = plan.delays, self.fm.o_bits
-        co = {"valid": Signal(name="co_valid"), "s": Signal(acc_width, name="co_s"),
-              "c": Signal(acc_width, name="co_c")}
-        m.d.sync += [co["valid"].eq(col["valid"] & col["pass2"] & col["last"]), co["s"].eq(sum_o[0]),
-                     co["c"].eq(sum_o[1])]
-        op = Pipe(m, plan, "do")
-        live = op.spend(dl.csa_level, co)
-        live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), sh["rnd_o"], acc_width)
-        live = pipelined_add(op, live, "a", "b", "acc", acc_width)
-        live = barrel_shift_saturate(op, live, "acc", sh["o_sh"], acc_width, sh["lv"]["o_shift"], "y", [o_bits])
-        live = op.register(live)
-        ODEPTH = 2
-        m.submodules.o_fifo = o_fifo = SyncFIFOBuffered(width=o_bits, depth=ODEPTH)
-        m.d.comb += [o_fifo.w_en.eq(live["valid"]), o_fifo.w_data.eq(live["y"]),
-                     self.o.valid.eq(o_fifo.r_rdy), self.o.payload.eq(o_fifo.r_data.as_signed()),
-                     o_fifo.r_en.eq(self.o.ready)]
+    def _o_pipeline(self, m, sh, col, sum_o, acc_width):
+        """Per column: o_c on its own component (ColumnOut, with the FIFO on ``o``) from the
+        column's pass-2 sum.  Returns the count of columns in flight to it, the strobe that
+        adds one, and the FIFO's depth."""
+        m.submodules.column_out = co = ColumnOut(self.fm, acc_width, sh["lv"]["o_shift"], self.clock_period_ns)
+        m.d.comb += [co.i.valid.eq(col["valid"] & col["pass2"] & col["last"]), co.i.s.eq(sum_o[0]),
+                     co.i.c.eq(sum_o[1]), co.o_shift.eq(sh["o_sh"]), co.rnd_o.eq(sh["rnd_o"])]
+        wiring.connect(m, co.o, wiring.flipped(self.o))
         # columns whose pass 2 started and whose o_c is not yet taken: a pass 2 starts
         # only with a FIFO place for its o_c, so the never-stalling pipeline cannot overflow it
-        o_pend = Signal(range(ODEPTH + 1))
+        o_pend = Signal(range(co.depth + 1))
         p2_begin = Signal()
         m.d.sync += o_pend.eq(o_pend + p2_begin - (self.o.valid & self.o.ready))
-        return o_pend, p2_begin, ODEPTH
+        return o_pend, p2_begin, co.depth
 
     def _schedule(self, m, mem, c1, c2, pass2, issuing, u_ok, o_pend, p2_begin, ODEPTH) -> None:
         """The schedule: the FSM that interleaves the passes P1(0) P1(1) P2(0) P1(2) P2(1) ...,
@@ -502,6 +453,116 @@ class DeltaRule(wiring.Component):
                     else:
                         m.d.comb += mem.commit.eq(Cat(self.layer == l for l in range(self.layers)))
                     m.next = "IDLE"
+
+
+class ColumnU(wiring.Component):
+    """The delta rule's step between a column's two passes (module doc):
+
+        u_c = sat(rs(beta_h ((v_c << (f_s - f_v)) - kS), unit_frac)),  kS = sat(rs(sum_k, f_k))
+
+    ``i`` carries the column's pass-1 sum (carry-save ``s``, ``c``), its v_c and beta_h and
+    its parity; registered here on entry, then over clock-derived stages to ``u`` with
+    ``valid`` and ``par`` a fixed number of cycles later, never stalling.  ``f_k``, ``d_sv``
+    (f_s - f_v) and ``rnd_ks`` (2**(f_k-1) as a word) come from the owner's shift registers,
+    stable while a token runs."""
+
+    def __init__(self, fm: Formats, acc_width: int, f_k_levels: int, sv_hi: int, clock_period_ns: float):
+        self.fm, self.acc_width, self.f_k_levels = fm, acc_width, f_k_levels
+        self.dw = max(fm.state_bits, fm.qkv_bits + sv_hi) + 2     # v << (f_s - f_v), sign included
+        self.clock_period_ns = clock_period_ns
+        super().__init__({
+            "i": In(data.StructLayout({"valid": 1, "par": 1, "s": acc_width, "c": acc_width,
+                                       "v": signed(fm.qkv_bits), "beta": unsigned(fm.unit_frac + 1)})),
+            "f_k": In(f_k_levels),
+            "d_sv": In(max(1, sv_hi.bit_length())),
+            "rnd_ks": In(acc_width),
+            "u": Out(signed(fm.state_bits)),
+            "valid": Out(1),
+            "par": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        fm, acc_width, dw, d_sv = self.fm, self.acc_width, self.dw, self.d_sv
+        sb, uf = fm.state_bits, fm.unit_frac
+        plan = plan_pipeline(self.clock_period_ns)
+        dl = plan.delays
+        cu = {"valid": Signal(name="cu_valid"), "par": Signal(name="cu_par"),
+              "s": Signal(acc_width, name="cu_s"), "c": Signal(acc_width, name="cu_c"),
+              "v": Signal(signed(fm.qkv_bits), name="cu_v"), "beta": Signal(unsigned(uf + 1), name="cu_beta")}
+        m.d.sync += [cu[key].eq(self.i[key]) for key in cu]
+        up = Pipe(m, plan, "du")
+        # v << (f_s - f_v): a left barrel, one level per bit of the difference's range
+        vsh = sign_extend(cu.pop("v"), dw)
+        live = cu
+        for bit in range(len(d_sv)):
+            live = up.spend(dl.mux_level, {**live, "vsh": vsh})
+            v = Value.cast(live.pop("vsh"))
+            vsh = Signal(dw, name=f"du_vsh{bit}")
+            m.d.comb += vsh.eq(Mux(d_sv[bit], Cat(Const(0, 1 << bit), v)[:dw], v))
+        live["vsh"] = vsh
+        live = up.spend(dl.csa_level, live)
+        live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), self.rnd_ks, acc_width)
+        live = pipelined_add(up, live, "a", "b", "acc", acc_width)
+        live = barrel_shift_saturate(up, live, "acc", self.f_k, acc_width, self.f_k_levels, "ks", [sb])
+        # beta (vsh - ks) = beta vsh + beta ~ks + beta (~ks = -ks - 1): no carry chain for the
+        # difference (as wide as the largest f_s - f_v allows), both products and beta
+        # itself are words of one Booth tree with the rounding constant.  A mux level more
+        # than a lone Booth select: the products' sign extensions (28 bits of ~ks) merge
+        # into nets that fan out across the tree's top (small at 1 ns was 0.110 ns short
+        # with 4 compressor levels behind the select)
+        w_u = dw + uf + 3
+        live = up.spend(dl.booth_select + dl.mux_level, live)
+        beta = live.pop("beta")
+        live["words"] = (booth_partial_products(m, live.pop("vsh"), beta, w_u, multiplier_signed=False, name="du_bv")
+                         + booth_partial_products(m, ~Value.cast(live.pop("ks")), beta, w_u, multiplier_signed=False,
+                                                  name="du_bk")
+                         + [zero_extend(beta, w_u), Const(1 << (uf - 1) if uf else 0, w_u)])
+        live = reduce_to_two(up, live, "words", w_u)
+        live["ba"], live["bb"] = live.pop("words")
+        live = pipelined_add(up, live, "ba", "bb", "bu", w_u)
+        live = up.spend(dl.saturate, live)
+        m.d.comb += [self.u.eq(clamp(Value.cast(live["bu"])[uf:].as_signed(), sb)),
+                     self.valid.eq(live["valid"]), self.par.eq(live["par"])]
+        return m
+
+
+class ColumnOut(wiring.Component):
+    """The delta rule's output of a column: o_c = sat_{o_bits}(rs(sum_o, o_shift)) from the
+    column's pass-2 sum (carry-save, ``i``, registered here on entry), over clock-derived
+    stages into a ``depth``-entry FIFO on ``o``.  The pipeline never stalls: the owner starts
+    a column's pass 2 only with a place in the FIFO for its o_c.  ``o_shift`` and ``rnd_o``
+    (2**(o_shift-1) as a word) come from the owner's shift registers."""
+
+    def __init__(self, fm: Formats, acc_width: int, o_shift_levels: int, clock_period_ns: float, depth: int = 2):
+        self.fm, self.acc_width, self.o_shift_levels, self.depth = fm, acc_width, o_shift_levels, depth
+        self.clock_period_ns = clock_period_ns
+        super().__init__({
+            "i": In(data.StructLayout({"valid": 1, "s": acc_width, "c": acc_width})),
+            "o_shift": In(o_shift_levels),
+            "rnd_o": In(acc_width),
+            "o": Out(stream.Signature(signed(fm.o_bits))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        acc_width, o_bits = self.acc_width, self.fm.o_bits
+        plan = plan_pipeline(self.clock_period_ns)
+        dl = plan.delays
+        co = {"valid": Signal(name="co_valid"), "s": Signal(acc_width, name="co_s"),
+              "c": Signal(acc_width, name="co_c")}
+        m.d.sync += [co[key].eq(self.i[key]) for key in co]
+        op = Pipe(m, plan, "do")
+        live = op.spend(dl.csa_level, co)
+        live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), self.rnd_o, acc_width)
+        live = pipelined_add(op, live, "a", "b", "acc", acc_width)
+        live = barrel_shift_saturate(op, live, "acc", self.o_shift, acc_width, self.o_shift_levels, "y", [o_bits])
+        live = op.register(live)
+        m.submodules.o_fifo = o_fifo = SyncFIFOBuffered(width=o_bits, depth=self.depth)
+        m.d.comb += [o_fifo.w_en.eq(live["valid"]), o_fifo.w_data.eq(live["y"]),
+                     self.o.valid.eq(o_fifo.r_rdy), self.o.payload.eq(o_fifo.r_data.as_signed()),
+                     o_fifo.r_en.eq(self.o.ready)]
+        return m
 
 
 class _Cursor:
