@@ -196,7 +196,7 @@ def _parse_status(text: str) -> tuple[int, int, list[str]]:
 # ---- blocks: RTL, then the flow's synthesis, then the check ---------------------------------
 
 def _residual(cfg):
-    from hw.chip.residual import ResidualAdd
+    from hw.arith.residual import ResidualAdd
     from moekda.formats import formats_for
     return ResidualAdd.for_config(cfg, formats_for(cfg).act_bits, cfg.model.d_model)
 

@@ -22,7 +22,7 @@ from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
 from hw.attnres.unit import DepthUnit, Op
-from hw.chip.weight_port import WeightPortSignature
+from hw.stream.weight_port import WeightPortSignature
 from hw.image.memory_map import slot_bits
 from hw.image.param_map import param_layout
 from moekda.formats import formats_for

@@ -80,7 +80,7 @@ def depth_query_bytes_per_token(cfg) -> int:
     without Attention Residuals."""
     if cfg.model.attn_res == "none":
         return 0
-    from hw.chip.weight_port import padded_row_bytes
+    from hw.stream.weight_port import padded_row_bytes
     return (sublayers(cfg) + 1) * padded_row_bytes(cfg.model.d_model, cfg.hw.weight_port_bytes)
 
 

@@ -15,7 +15,7 @@ Commands (``i``, one beat each: ``op``, ``slot``, ``v`` d x resid_bits):
            one beat on ``o`` (d x resid_bits).  ``v`` is not read.
 
 The value a START or ADD keeps is formed in a work register by a residual add
-(hw/chip/residual.py; x_0 with (0, emb_m, emb_s), a new value with (0, 1, 0), a partial with
+(hw/arith/residual.py; x_0 with (0, emb_m, emb_s), a new value with (0, 1, 0), a partial with
 (1, 1, 0): sat(rs(a m_a + b m_b, s)) is each of the model's steps exactly), its key by the
 shared normaliser (hw/kda/norm.py, ``attn_res.key_norm``, int8), then both are stored in the
 slot's row.  A key is computed once, when its value is kept: only a block's partial changes,
@@ -54,9 +54,9 @@ from amaranth.lib.wiring import In, Out, connect
 
 from hw.arith.matvec import MatVecEngine, MatVecFormats, port_groups
 from hw.attnres.kept import add_index, adds_to_partial, kept_count, kept_vectors, sublayers
-from hw.chip.residual import ResidualAdd
-from hw.chip.skid import SkidBuffer
-from hw.chip.weight_port import WeightPortSignature
+from hw.arith.residual import ResidualAdd
+from hw.stream.skid import SkidBuffer
+from hw.stream.weight_port import WeightPortSignature
 from hw.image.memory_map import memory_map, sequence_slots, slot_bits
 from hw.image.param_map import param_layout
 from hw.kda.norm import Normalizer
@@ -103,11 +103,12 @@ class DepthUnit(wiring.Component):
         })
 
     def elaborate(self, platform):
+        # the kept rows, forming a value and its key, and the control here; the mix (query
+        # row, scores, softmax) is a method of its own, building into this Module
         m = Module()
         cfg, fm, P = self.cfg, self.fm, self.params
-        d, N, K, S, W = self.d, self.N, self.K, self.slots, self.W
+        d, N, K, S = self.d, self.N, self.K, self.slots
         rb, a = fm.resid_bits, fm.act_bits
-        lanes = cfg.hw.lanes
 
         def vec(name, n, shape):
             return [Signal(shape, name=f"{name}{i}") for i in range(n)]
@@ -152,60 +153,9 @@ class DepthUnit(wiring.Component):
             m.d.sync += Array(KEYW)[norm.wr_idx].eq(norm.wr_y)
 
         # ---- the mix: query row, scores, softmax ---------------------------------------------
-        qreg = self.queries
-        qbeats = qreg.row_beats
-        q_addr = Array(Const(qreg.row_addr(k), 32) for k in range(N + 1))
-        q_req = Signal()
-        q_beat = Signal(range(qbeats + 1))
-        m.d.comb += [self.wport.req.valid.eq(q_req), self.wport.req.payload.addr.eq(q_addr[n]),
-                     self.wport.req.payload.beats.eq(qbeats)]
-        with m.If(self.wport.req.valid & self.wport.req.ready):
-            m.d.sync += q_req.eq(0)
-        resp = self.wport.resp
-        with m.If(resp.valid & resp.ready):
-            m.d.sync += q_beat.eq(q_beat + 1)
-            for b in range(qbeats):
-                with m.If(q_beat == b):
-                    m.d.sync += [Q[b * W + j].eq(resp.payload.data[8 * j:8 * j + 8].as_signed())
-                                 for j in range(W) if b * W + j < d]
-
-        fmt = MatVecFormats.from_config(cfg, out_widths=[fm.mla_u_bits])
-        m.submodules.engine = eng = MatVecEngine(fmt)
-        m.d.comb += self.mac_beat.eq(eng.beat)
-        ebeats = -(-d // lanes)
-        sc_on = Signal()
-        sc_i = Signal(range(K + 1))
-        sc_b = Signal(range(ebeats))
-        key_now = Signal(d * a)
-        m.d.comb += key_now.eq(key_rows[base + sc_i])
-        key_groups = port_groups([key_now[e * a:(e + 1) * a].as_signed() for e in range(d)], lanes, a)
-        p = eng.i.payload
-        m.d.comb += [eng.i.valid.eq(sc_on), p.w.eq(Array(key_groups)[sc_b]),
-                     p.x.eq(Array(port_groups(Q, lanes, a))[sc_b]),
-                     p.first.eq(sc_b == 0), p.last.eq(sc_b == ebeats - 1),
-                     p.mult.eq(P.u_m[n]), p.shift.eq(P.u_s[n])]
-        with m.If(eng.i.valid & eng.i.ready):
-            m.d.sync += sc_b.eq(sc_b + 1)
-            with m.If(sc_b == ebeats - 1):
-                m.d.sync += [sc_b.eq(0), sc_i.eq(sc_i + 1)]
-                with m.If(sc_i == kept - 1):
-                    m.d.sync += sc_on.eq(0)
-
-        w = derived_widths(cfg)
-        m.submodules.softmax = sm = OnlineSoftmax(d, u_bits=fm.mla_u_bits, value_bits=rb, out_bits=rb,
-                                                  frac_bits=fm.mla_exp_frac, table=fm.mla_exp2_table,
-                                                  sum_bits=w["attn_res_sum"], acc_bits=w["attn_res_acc"])
-        # scores and values into the softmax through a register slice: the engine's FIFO read
-        # and the value row's mux end there, not in the softmax's first stage
-        m.submodules.softmax_slice = sk = SkidBuffer(sm.i.payload.shape())
-        connect(m, sk.o, sm.i)
-        connect(m, sm.o, wiring.flipped(self.o))
-        mixed = Signal(range(K + 1))             # scores passed on
-        m.d.comb += [sk.i.valid.eq(eng.o.valid), eng.o.ready.eq(sk.i.ready),
-                     sk.i.payload.u.eq(eng.o.payload.y), sk.i.payload.c.eq(val_rows[base + mixed]),
-                     sk.i.payload.last.eq(mixed == kept - 1)]
-        with m.If(eng.o.valid & eng.o.ready):
-            m.d.sync += mixed.eq(mixed + 1)
+        mx = self._mix(m, Q, n, kept, base, val_rows, key_rows)
+        q_req, q_beat, qbeats, resp = mx["q_req"], mx["q_beat"], mx["qbeats"], self.wport.resp
+        sc_on, sc_i, sc_b, mixed = mx["sc_on"], mx["sc_i"], mx["sc_b"], mx["mixed"]
 
         # ---- control ------------------------------------------------------------------------
         cmd = self.i.payload
@@ -264,6 +214,72 @@ class DepthUnit(wiring.Component):
                     m.next = "IDLE"
         return m
 
+
+    def _mix(self, m, Q, n, kept, base, val_rows, key_rows) -> dict:
+        """The mix: the query row read on the weight port into ``Q``, the scores of the kept
+        keys on the engine, the softmax over them with the kept values.  Returns the
+        control's handles: the query request and beat count, the score cursor, the scores
+        passed on."""
+        cfg, fm, P = self.cfg, self.fm, self.params
+        d, N, K, W = self.d, self.N, self.K, self.W
+        rb, a = fm.resid_bits, fm.act_bits
+        lanes = cfg.hw.lanes
+        qreg = self.queries
+        qbeats = qreg.row_beats
+        q_addr = Array(Const(qreg.row_addr(k), 32) for k in range(N + 1))
+        q_req = Signal()
+        q_beat = Signal(range(qbeats + 1))
+        m.d.comb += [self.wport.req.valid.eq(q_req), self.wport.req.payload.addr.eq(q_addr[n]),
+                     self.wport.req.payload.beats.eq(qbeats)]
+        with m.If(self.wport.req.valid & self.wport.req.ready):
+            m.d.sync += q_req.eq(0)
+        resp = self.wport.resp
+        with m.If(resp.valid & resp.ready):
+            m.d.sync += q_beat.eq(q_beat + 1)
+            for b in range(qbeats):
+                with m.If(q_beat == b):
+                    m.d.sync += [Q[b * W + j].eq(resp.payload.data[8 * j:8 * j + 8].as_signed())
+                                 for j in range(W) if b * W + j < d]
+
+        fmt = MatVecFormats.from_config(cfg, out_widths=[fm.mla_u_bits])
+        m.submodules.engine = eng = MatVecEngine(fmt)
+        m.d.comb += self.mac_beat.eq(eng.beat)
+        ebeats = -(-d // lanes)
+        sc_on = Signal()
+        sc_i = Signal(range(K + 1))
+        sc_b = Signal(range(ebeats))
+        key_now = Signal(d * a)
+        m.d.comb += key_now.eq(key_rows[base + sc_i])
+        key_groups = port_groups([key_now[e * a:(e + 1) * a].as_signed() for e in range(d)], lanes, a)
+        p = eng.i.payload
+        m.d.comb += [eng.i.valid.eq(sc_on), p.w.eq(Array(key_groups)[sc_b]),
+                     p.x.eq(Array(port_groups(Q, lanes, a))[sc_b]),
+                     p.first.eq(sc_b == 0), p.last.eq(sc_b == ebeats - 1),
+                     p.mult.eq(P.u_m[n]), p.shift.eq(P.u_s[n])]
+        with m.If(eng.i.valid & eng.i.ready):
+            m.d.sync += sc_b.eq(sc_b + 1)
+            with m.If(sc_b == ebeats - 1):
+                m.d.sync += [sc_b.eq(0), sc_i.eq(sc_i + 1)]
+                with m.If(sc_i == kept - 1):
+                    m.d.sync += sc_on.eq(0)
+
+        w = derived_widths(cfg)
+        m.submodules.softmax = sm = OnlineSoftmax(d, u_bits=fm.mla_u_bits, value_bits=rb, out_bits=rb,
+                                                  frac_bits=fm.mla_exp_frac, table=fm.mla_exp2_table,
+                                                  sum_bits=w["attn_res_sum"], acc_bits=w["attn_res_acc"])
+        # scores and values into the softmax through a register slice: the engine's FIFO read
+        # and the value row's mux end there, not in the softmax's first stage
+        m.submodules.softmax_slice = sk = SkidBuffer(sm.i.payload.shape())
+        connect(m, sk.o, sm.i)
+        connect(m, sm.o, wiring.flipped(self.o))
+        mixed = Signal(range(K + 1))             # scores passed on
+        m.d.comb += [sk.i.valid.eq(eng.o.valid), eng.o.ready.eq(sk.i.ready),
+                     sk.i.payload.u.eq(eng.o.payload.y), sk.i.payload.c.eq(val_rows[base + mixed]),
+                     sk.i.payload.last.eq(mixed == kept - 1)]
+        with m.If(eng.o.valid & eng.o.ready):
+            m.d.sync += mixed.eq(mixed + 1)
+        return {"q_req": q_req, "q_beat": q_beat, "qbeats": qbeats, "sc_on": sc_on, "sc_i": sc_i, "sc_b": sc_b,
+                "mixed": mixed}
 
 def default_attnres(cfg) -> DepthUnit:
     """What `moekda rtl/synth --top attnres` builds: the config's depth unit."""

@@ -26,7 +26,7 @@ cycle (``=>``) when B is idle.  (Without HQ the port sat idle between the MoE's 
 weight read and the next token's first KDA read: about 100 cycles a hand-over on
 model-small.)  Within a
 stage the phases run one after the other: RMSNorm (hw/kda/norm.py), the block, the
-element-serial residual add (hw/chip/residual.py), which writes its sum over its own
+element-serial residual add (hw/arith/residual.py), which writes its sum over its own
 input (``h`` over ``x``, ``y`` over ``h``).  Stage A's RMSNorm of the next token need not
 wait for the hand-over: it runs on the token waiting on ``i`` as soon as the KDA has taken
 the current ``xn``, so the KDA starts the next token, and its weight reads, right at
@@ -82,8 +82,8 @@ from amaranth.lib.wiring import In, Out
 
 from hw.arith.counter import ChunkedCounter
 from hw.attnres.chip import vec_layout
-from hw.chip.residual import ResidualAdd
-from hw.chip.weight_port import WeightPortSignature
+from hw.arith.residual import ResidualAdd
+from hw.stream.weight_port import WeightPortSignature
 from hw.image.memory_map import layer_bits, layer_count, layer_mixer, mixer_layers, slot_bits
 from hw.image.param_map import layer_bank_bits, param_layout, param_map
 from hw.kda.norm import Normalizer
@@ -178,6 +178,9 @@ class LayerDatapath(wiring.Component):
         return moe_v, view("dense", kind), mla_v
 
     def elaborate(self, platform):
+        # the stages' registers, the hand-over and the two stage FSMs here; the token mixers,
+        # the shared RMSNorm's owner, its early run and the status outputs are methods of their
+        # own, building into this Module (they share the stages' registers and FSMs)
         m = Module()
         cfg, fm, d = self.cfg, self.fm, self.d
         rb, a = fm.resid_bits, fm.act_bits
@@ -185,27 +188,7 @@ class LayerDatapath(wiring.Component):
         P, D, M = self._views(m)
 
         # the token mixers: mix_in / mix_out stand for the unit of stage A's token
-        mix_in = stream.Signature(data.ArrayLayout(signed(a), d)).create(path=("mix_in",))
-        mix_out = stream.Signature(data.ArrayLayout(signed(a), d)).create(path=("mix_out",))
-        is_mla = Signal()                       # stage A's token is of an MLA layer
-        units = []                              # (unit, selected)
-        if self.kda_layers:
-            m.submodules.kda = kda = KdaUnit(cfg)
-            m.d.comb += kda.params.eq(P.kda)
-            wiring.connect(m, kda.wport, wiring.flipped(self.kda_wport))
-            units.append((kda, ~is_mla if self.mla_layers else Const(1)))
-        if self.mla_layers:
-            m.submodules.mla = mla = MlaUnit(cfg)
-            m.d.comb += mla.params.eq(M.mla)
-            wiring.connect(m, mla.wport, wiring.flipped(self.mla_wport))
-            wiring.connect(m, mla.cport, wiring.flipped(self.cport))
-            units.append((mla, is_mla if self.kda_layers else Const(1)))
-        for unit, sel in units:
-            m.d.comb += [unit.i.valid.eq(mix_in.valid & sel), unit.i.payload.x.eq(mix_in.payload),
-                         unit.o.ready.eq(mix_out.ready & sel)]
-            with m.If(sel):
-                m.d.comb += [mix_in.ready.eq(unit.i.ready), mix_out.valid.eq(unit.o.valid),
-                             mix_out.payload.eq(unit.o.payload)]
+        mix_in, mix_out, is_mla, units, kda, mla = self._token_mixers(m, P, M)
         m.submodules.moe = moe = MoEUnit(cfg)
         m.d.comb += moe.params.eq(P.moe)
         if D is not None:
@@ -261,32 +244,12 @@ class LayerDatapath(wiring.Component):
         layer_q, tag_q, slot_q = Signal(layer_bits(cfg)), Signal(SEQ_BITS), Signal(slot_bits(cfg))
         lat_q = ChunkedCounter(32, name="lat_q")
 
-        # stage A's RMSNorm early: once the KDA has taken NA (stage A past SEND), the norm
-        # normalises the token waiting on ``i`` straight from the stream's payload (held
-        # stable while valid, the stream rule), so the next token goes to the KDA right at
-        # acceptance and its weight reads fill the port (docs/chip.md)
-        pre_want, pre_start, pre_run, pre_done = Signal(), Signal(), Signal(), Signal()
-        # the shared norm's owner: a stage asks in its NORM_START (the early run asks by
-        # pre_want) and starts it when it is idle.  Stage B goes first: its RMSNorm holds
-        # up the MoE's weight reads now, an early run only the next token's, and that one
-        # still ends long before the KDA is done with the current token
-        req_a, req_b, grant_a, grant_b = Signal(), Signal(), Signal(), Signal()
-        owner_b = Signal()                      # the run under way is stage B's
-        free = ~norm.busy
-        m.d.comb += [grant_b.eq(free & req_b), grant_a.eq(free & req_a & ~req_b),
-                     pre_start.eq(free & pre_want & ~req_b),
-                     norm.start.eq(grant_a | grant_b | pre_start), norm.mode.eq(req_b)]
-        with m.If(norm.start):
-            m.d.sync += owner_b.eq(grant_b)
-        # (the source is chosen per element by the owner and pre_run registers, ahead of
-        # the index mux: no extra level after it; the norm reads nothing in its start cycle)
-        m.d.comb += norm.rd_x.eq(Array(Mux(owner_b, HB[n], Mux(pre_run, self.i.payload.x[n], XA[n]))
-                                       for n in range(d))[norm.rd_idx])
-        with m.If(norm.wr_en):
-            with m.If(owner_b):
-                m.d.sync += Array(NB)[norm.wr_idx].eq(norm.wr_y)
-            with m.Else():
-                m.d.sync += Array(NA)[norm.wr_idx].eq(norm.wr_y)
+        # the shared RMSNorm's owner, and stage A's RMSNorm early: once the KDA has taken NA
+        # (stage A past SEND), the norm normalises the token waiting on ``i`` straight from
+        # the stream's payload (held stable while valid, the stream rule), so the next token
+        # goes to the KDA right at acceptance and its weight reads fill the port (docs/chip.md)
+        pre_want, pre_start, pre_run, pre_done, req_a, req_b, grant_a, grant_b = \
+            self._norm_owner(m, norm, XA, NA, HB, NB)
         # residual adds: they select element idx themselves (registered one-hot select) and write it
         # back a fixed number of cycles later, so the sum replaces its own input (x by h,
         # h by y); the block's output stays on its stream (ready low) until the last write
@@ -357,6 +320,75 @@ class LayerDatapath(wiring.Component):
                 with m.If(self.o.ready):
                     m.next = "IDLE"
 
+        self._early_norm(m, norm, stage_a, accept, pre_want, pre_start, pre_run, pre_done)
+
+        self._status(m, stage_a, stage_b, units, moe, accept, enq, handoff, done_b, pre_run,
+                     (q_full, q_wait), (layer_a, layer_q, layer_b), stage_b_idle, (lat_a, lat_q, lat_b))
+        return m
+
+    def _token_mixers(self, m, P, M):
+        """Stage A's token mixers, the KDA and the MLA unit of the config's layers, behind one
+        pair of streams: mix_in / mix_out stand for the unit of stage A's token (``is_mla``
+        picks it).  Returns the streams, the pick, the (unit, selected) pairs and each unit
+        (None where the config has no layer of its kind)."""
+        cfg, a, d = self.cfg, self.fm.act_bits, self.d
+        kda = mla = None
+        mix_in = stream.Signature(data.ArrayLayout(signed(a), d)).create(path=("mix_in",))
+        mix_out = stream.Signature(data.ArrayLayout(signed(a), d)).create(path=("mix_out",))
+        is_mla = Signal()                       # stage A's token is of an MLA layer
+        units = []                              # (unit, selected)
+        if self.kda_layers:
+            m.submodules.kda = kda = KdaUnit(cfg)
+            m.d.comb += kda.params.eq(P.kda)
+            wiring.connect(m, kda.wport, wiring.flipped(self.kda_wport))
+            units.append((kda, ~is_mla if self.mla_layers else Const(1)))
+        if self.mla_layers:
+            m.submodules.mla = mla = MlaUnit(cfg)
+            m.d.comb += mla.params.eq(M.mla)
+            wiring.connect(m, mla.wport, wiring.flipped(self.mla_wport))
+            wiring.connect(m, mla.cport, wiring.flipped(self.cport))
+            units.append((mla, is_mla if self.kda_layers else Const(1)))
+        for unit, sel in units:
+            m.d.comb += [unit.i.valid.eq(mix_in.valid & sel), unit.i.payload.x.eq(mix_in.payload),
+                         unit.o.ready.eq(mix_out.ready & sel)]
+            with m.If(sel):
+                m.d.comb += [mix_in.ready.eq(unit.i.ready), mix_out.valid.eq(unit.o.valid),
+                             mix_out.payload.eq(unit.o.payload)]
+        return mix_in, mix_out, is_mla, units, kda, mla
+
+    def _norm_owner(self, m, norm, XA, NA, HB, NB):
+        """The shared RMSNorm's owner and its early run's handshake: who starts it (stage B
+        first), which registers it reads (HB, ``i``'s payload or XA) and writes (NB or NA).
+        Returns the early run's (want, start, run, done) and the stages' (request, grant)."""
+        d = self.d
+        pre_want, pre_start, pre_run, pre_done = Signal(), Signal(), Signal(), Signal()
+        # the shared norm's owner: a stage asks in its NORM_START (the early run asks by
+        # pre_want) and starts it when it is idle.  Stage B goes first: its RMSNorm holds
+        # up the MoE's weight reads now, an early run only the next token's, and that one
+        # still ends long before the KDA is done with the current token
+        req_a, req_b, grant_a, grant_b = Signal(), Signal(), Signal(), Signal()
+        owner_b = Signal()                      # the run under way is stage B's
+        free = ~norm.busy
+        m.d.comb += [grant_b.eq(free & req_b), grant_a.eq(free & req_a & ~req_b),
+                     pre_start.eq(free & pre_want & ~req_b),
+                     norm.start.eq(grant_a | grant_b | pre_start), norm.mode.eq(req_b)]
+        with m.If(norm.start):
+            m.d.sync += owner_b.eq(grant_b)
+        # (the source is chosen per element by the owner and pre_run registers, ahead of
+        # the index mux: no extra level after it; the norm reads nothing in its start cycle)
+        m.d.comb += norm.rd_x.eq(Array(Mux(owner_b, HB[n], Mux(pre_run, self.i.payload.x[n], XA[n]))
+                                       for n in range(d))[norm.rd_idx])
+        with m.If(norm.wr_en):
+            with m.If(owner_b):
+                m.d.sync += Array(NB)[norm.wr_idx].eq(norm.wr_y)
+            with m.Else():
+                m.d.sync += Array(NA)[norm.wr_idx].eq(norm.wr_y)
+        return pre_want, pre_start, pre_run, pre_done, req_a, req_b, grant_a, grant_b
+
+    def _early_norm(self, m, norm, stage_a, accept, pre_want, pre_start, pre_run, pre_done) -> None:
+        """Stage A's RMSNorm early (docs/chip.md): wanted once the KDA holds NA, for the token
+        waiting on ``i``; its result kept until that token is accepted, voided when it is
+        withdrawn or the parameters change."""
         kda_has_na = Signal()
         m.d.comb += kda_has_na.eq(stage_a.ongoing("WAIT") | stage_a.ongoing("RES") |
                                   stage_a.ongoing("RES_DRAIN") | stage_a.ongoing("HOLD"))
@@ -374,6 +406,11 @@ class LayerDatapath(wiring.Component):
         with m.If(accept | ~self.i.valid | self.params_change):   # used, withdrawn, or parameters change
             m.d.sync += [pre_done.eq(0), pre_ok.eq(0)]
 
+    def _status(self, m, stage_a, stage_b, units, moe, accept, enq, handoff, done_b, pre_run, q, layers,
+                stage_b_idle, lats) -> None:
+        """What the top reads: busy and idle, where each stage is and its layer, the MAC
+        beats, and the latency counters behind ``token_cycles``."""
+        (q_full, q_wait), (layer_a, layer_q, layer_b), (lat_a, lat_q, lat_b) = q, layers, lats
         busy_a, busy_b = ~stage_a.ongoing("IDLE"), ~stage_b.ongoing("IDLE")
         q_used = q_full | q_wait
         m.d.comb += [self.busy.eq(busy_a | q_used | busy_b), self.idle.eq(~busy_a & ~q_used & ~busy_b & ~pre_run),
@@ -393,8 +430,6 @@ class LayerDatapath(wiring.Component):
             c.elaborate(m)
         with m.If(done_b):
             m.d.sync += self.token_cycles.eq(lat_b.next)
-        return m
-
 
 def norm_unit_residual(m, d: int, norm, req, grant, unit_in, unit_out, res, then: str, name: str) -> Signal:
     """The states one stage runs per token, inside the caller's FSM, from NORM_START to

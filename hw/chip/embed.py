@@ -15,7 +15,7 @@ Ports
 ``o``      stream, one beat per token: hw/chip/layer.py ``token_in_layout``, i.e. ``x``
            (d_model x resid_bits signed, each the sign-extended int8 entry) and ``first``:
            what the layer stack takes.  Payload and valid come straight from registers.
-``wport``  weight port (hw/chip/weight_port.py): one request per token of
+``wport``  weight port (hw/stream/weight_port.py): one request per token of
            ``beats_per_row(d_model)`` beats at ``embedding.addr + token * row_bytes``.
 
 Schedule
@@ -41,7 +41,7 @@ from amaranth.lib.wiring import In, Out
 from hw.arith.booth_multiply import booth_multiply
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.chip.layer import token_in_layout
-from hw.chip.weight_port import MAX_BEATS, WeightPortSignature
+from hw.stream.weight_port import MAX_BEATS, WeightPortSignature
 from hw.image.memory_map import memory_map
 from moekda.config import ConfigError
 from moekda.formats import formats_for

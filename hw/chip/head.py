@@ -21,9 +21,9 @@ Ports
 ``next``      stream, one beat per token: ``token`` (``token_bits``) and ``logit`` (resid_bits
               signed), the argmax and its value.  From registers.
 ``logits``    stream, one beat per logit of an enabled token: ``index`` (0 .. V-1, in order) and
-              ``value`` (resid_bits signed).  Through a register slice (hw/chip/skid.py): valid,
+              ``value`` (resid_bits signed).  Through a register slice (hw/stream/skid.py): valid,
               payload and the ready it answers are flops.
-``wport``     weight port (hw/chip/weight_port.py): per token V rows of beats_per_row(d) beats,
+``wport``     weight port (hw/stream/weight_port.py): per token V rows of beats_per_row(d) beats,
               the region read in one request (cut where the 16-bit ``beats`` field needs).
 ``params``    ``param_layout(cfg, "head", mixer="head")``.
 ``mac_beat``  the engine's ``beat``: one beat of hw.lanes MACs (the chip's MACS counter).
@@ -67,8 +67,8 @@ from hw.arith.booth_multiply import barrel_shift_saturate, booth_multiply, clamp
 from hw.arith.matvec import MatVecEngine, MatVecFormats
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.chip.embed import require_vocab, token_bits
-from hw.chip.skid import SkidBuffer
-from hw.chip.weight_port import WeightPortSignature, split_request
+from hw.stream.skid import SkidBuffer
+from hw.stream.weight_port import WeightPortSignature, split_request
 from hw.image.memory_map import memory_map
 from hw.image.param_map import head_param_fields, param_layout
 from hw.kda.norm import Normalizer

@@ -23,7 +23,7 @@ Ports
           residual stream) and ``first`` (a new sequence starts here).
 ``o``     stream, one beat per token: ``y`` (d_model x resid_bits signed) and ``seq``,
           the token's position in its sequence (token_out_layout).
-``wport`` the weight port (hw/chip/weight_port.py): every weight matrix of the layer
+``wport`` the weight port (hw/stream/weight_port.py): every weight matrix of the layer
           is read from the external weight memory (hw/image/memory_map.py).
 ``bus``   Wishbone classic slave, the control and status registers (hw/chip/csr.py).
 
@@ -44,9 +44,9 @@ from hw.chip.datapath import SEQ_BITS, LayerDatapath
 from hw.image.memory_map import memory_map, moe_token_regions
 from hw.image.format import image_layout
 from hw.chip.loader import ImageLoader
-from hw.chip.skid import SkidBuffer
+from hw.stream.skid import SkidBuffer
 from hw.chip.weight_arbiter import WeightArbiter
-from hw.chip.weight_port import WeightPortSignature, WeightRequest, response_layout
+from hw.stream.weight_port import WeightPortSignature, WeightRequest, response_layout
 from moekda.formats import formats_for
 
 
@@ -194,7 +194,7 @@ def connect_status(m, csr, chip, loader, busy, loading, clear_pending, mac_beats
 
 def weight_port_slices(m, cfg, inner, outer, prefix: str = "") -> None:
     """The chip's weight port ``outer`` from the arbiter's ``inner``, both directions through
-    a register slice (hw/chip/skid.py): the grant logic of three clients plus a block's
+    a register slice (hw/stream/skid.py): the grant logic of three clients plus a block's
     request logic did not fit small's 1 ns with the output delay (-0.094 ns), and a block's
     resp.ready through the arbiter to the pin was the routed tiny layer's worst path once
     the clock tree's insertion delay was in it (-0.08 ns); one cycle of latency each way,

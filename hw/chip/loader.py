@@ -49,7 +49,7 @@ from hw.image.memory_map import layer_bits
 from hw.image.param_map import (fetch_halves, layer_bank_bits, layer_block_bytes, mixer_split_bit, param_layout,
                                 param_map)
 from hw.arith.pipeline import Pipe, plan_pipeline
-from hw.chip.weight_port import WeightPortSignature, split_request
+from hw.stream.weight_port import WeightPortSignature, split_request
 
 # bits of ``errors`` (CSR LOAD_ERRORS), in header-word order, then the checksum
 LOAD_ERRORS = ("MAGIC", "VERSION", "CONFIG_HASH", "LENGTH", "CHECKSUM")
@@ -119,27 +119,7 @@ class ImageLoader(wiring.Component):
                                  self.wport.req.payload.beats.eq(nb)]
         with m.If(self.wport.req.valid & self.wport.req.ready & ~fetching):
             m.d.sync += req_idx.eq(req_idx + 1)
-        if self.model:
-            # FETCH: one request, the beats of one half of the layer's block (block sizes are
-            # equal: one beat count per half)
-            fetch_req = Signal()
-            fetch_addr = Signal(32)
-            half = Signal()                     # the half being fetched: 0 token mixer, 1 channel mixer
-            f_layer = Signal(layer_bits(self.cfg))
-            half_beats = Signal(range(self.block_bytes // W + 1))
-            m.d.comb += half_beats.eq(Mux(half, self.halves[1][1], self.halves[0][1]))
-            # the strobe's layer and half are registered and the address is looked up from the
-            # registers: the strobe itself comes from the top's comparisons of the datapath's
-            # state, and the table lookup behind them was model-small-sram's worst path
-            addrs = [Array(Const(a + b0 * W, 32) for a, _ in self.layer_blocks) for b0, _ in self.halves]
-            m.d.comb += fetch_addr.eq(Mux(half, addrs[1][f_layer], addrs[0][f_layer]))
-            with m.If(self.fetch & ~self.start & ~running & ~fetching):
-                m.d.sync += [fetch_req.eq(1), half.eq(self.fetch_half), f_layer.eq(self.fetch_layer)]
-            with m.If(fetch_req):
-                m.d.comb += [self.wport.req.valid.eq(1), self.wport.req.payload.addr.eq(fetch_addr),
-                             self.wport.req.payload.beats.eq(half_beats)]
-                with m.If(self.wport.req.ready):
-                    m.d.sync += fetch_req.eq(0)
+        half, half_beats = self._fetch_request(m, running, fetching) if self.model else (None, None)
 
         # ---- response beats
         m.d.comb += self.wport.resp.ready.eq(running | fetching)
@@ -180,56 +160,10 @@ class ImageLoader(wiring.Component):
                 m.d.sync += errors.eq(errors | ERR[LOAD_ERRORS[h]])
 
         # ---- parameter region: shift its beats into the bank
-        # reset-less: no reset gate per bit; after a reset ``loaded`` is low and nothing reads it
-        if not self.model:
-            p0, p1 = lay.params_addr // W, (lay.params_addr + lay.params_bytes) // W
-            bank = Signal(8 * lay.params_bytes, name="param_bank", reset_less=True)
-            self._shift_in(m, bank, beat_go & (beat.value >= p0) & (beat.value < p1), data, W)
-            m.d.comb += self.bank.as_value().eq(bank[:self.pmap.bits])
-        else:
-            # LOAD shifts layer 0's block into both halves (the first token needs no FETCH),
-            # FETCH one half of any layer's
-            a0 = self.layer_blocks[0][0] // W
-            regs = []
-            for h, (b0, nb) in enumerate(self.halves):
-                reg = Signal(8 * W * nb, name=f"param_bank_{('token', 'channel')[h]}", reset_less=True)
-                mine = fetching & (half == h)
-                self._shift_in(m, reg, beat_go & (mine | (running & (beat.value >= a0 + b0) &
-                                                          (beat.value < a0 + b0 + nb))), data, W)
-                regs.append(reg)
-            (_, _), (b1, _) = self.halves
-            bank = Cat(regs[0][:self.split], regs[1][self.split - 8 * W * b1:])
-            m.d.comb += self.bank.eq(bank[:len(self.bank)])
-            if self.head_block:
-                (h_addr, h_pm), = self.head_block
-                head = Signal(8 * h_pm.nbytes, name="head_bank", reset_less=True)
-                self._shift_in(m, head, beat_go & ~fetching & (beat.value >= h_addr // W) &
-                               (beat.value < (h_addr + h_pm.nbytes) // W), data, W)
-                block = View(param_layout(self.cfg, mixer="head"), head[:h_pm.bits])
-                if self.cfg.model.vocab:
-                    m.d.comb += self.head_params.eq(block.head)
-                if self.cfg.model.attn_res != "none":
-                    m.d.comb += self.attn_res_params.eq(block.attn_res)
+        self._param_bank(m, beat_go, beat, data, running, fetching, half)
 
-        # ---- checksum: the beat's words to two (clock-derived stages), then a 4:2
-        # into the carry-save accumulator; resolved by a pipelined add after the last beat
-        pipe = Pipe(m, plan, "load_sum")
-        live = reduce_to_two(pipe, {"valid": words_valid, "words": words}, "words", 32)
-        live = pipe.register(live)
-        acc_s, acc_c = Signal(32, name="load_acc_s"), Signal(32, name="load_acc_c")
-        with m.If(self.start):
-            m.d.sync += [acc_s.eq(0), acc_c.eq(0)]
-        with m.Elif(live["valid"]):
-            ws, wc = live["words"]
-            s1, c1 = compress_3_2(acc_s, acc_c, ws, 32)
-            s2, c2 = compress_3_2(s1, c1, wc, 32)
-            m.d.sync += [acc_s.eq(s2), acc_c.eq(c2)]
-        fin = Pipe(m, plan, "load_fin")
-        total = pipelined_add(fin, {"a": acc_s, "b": acc_c}, "a", "b", "total", 32)["total"]
-        sum_zero = Signal()
-        m.d.sync += sum_zero.eq(total == 0)
-        # from the last beat: the tree's stages, the accumulate, the add's stages, the compare
-        drain = pipe.stages + fin.stages + 3
+        # ---- checksum
+        sum_zero, drain = self._checksum(m, plan, words_valid, words)
         wait = Signal(range(drain + 1))
 
         # ---- control
@@ -264,6 +198,89 @@ class ImageLoader(wiring.Component):
                         m.d.sync += errors.eq(errors | ERR["CHECKSUM"])
                     m.next = "IDLE"
         return m
+
+    def _fetch_request(self, m, running, fetching):
+        """FETCH (a model's): one request, the beats of one half of the layer's block (block
+        sizes are equal: one beat count per half).  Returns the half being fetched (0 token
+        mixer, 1 channel mixer) and its beat count."""
+        W = self.W
+        fetch_req = Signal()
+        fetch_addr = Signal(32)
+        half = Signal()                     # the half being fetched: 0 token mixer, 1 channel mixer
+        f_layer = Signal(layer_bits(self.cfg))
+        half_beats = Signal(range(self.block_bytes // W + 1))
+        m.d.comb += half_beats.eq(Mux(half, self.halves[1][1], self.halves[0][1]))
+        # the strobe's layer and half are registered and the address is looked up from the
+        # registers: the strobe itself comes from the top's comparisons of the datapath's
+        # state, and the table lookup behind them was model-small-sram's worst path
+        addrs = [Array(Const(a + b0 * W, 32) for a, _ in self.layer_blocks) for b0, _ in self.halves]
+        m.d.comb += fetch_addr.eq(Mux(half, addrs[1][f_layer], addrs[0][f_layer]))
+        with m.If(self.fetch & ~self.start & ~running & ~fetching):
+            m.d.sync += [fetch_req.eq(1), half.eq(self.fetch_half), f_layer.eq(self.fetch_layer)]
+        with m.If(fetch_req):
+            m.d.comb += [self.wport.req.valid.eq(1), self.wport.req.payload.addr.eq(fetch_addr),
+                         self.wport.req.payload.beats.eq(half_beats)]
+            with m.If(self.wport.req.ready):
+                m.d.sync += fetch_req.eq(0)
+        return half, half_beats
+
+    def _param_bank(self, m, beat_go, beat, data, running, fetching, half) -> None:
+        """The parameter region's beats shifted into the bank: the layer chip's one bank, or
+        a model's two halves of one layer's block and the head's block."""
+        W, lay = self.W, self.layout
+        # reset-less: no reset gate per bit; after a reset ``loaded`` is low and nothing reads it
+        if not self.model:
+            p0, p1 = lay.params_addr // W, (lay.params_addr + lay.params_bytes) // W
+            bank = Signal(8 * lay.params_bytes, name="param_bank", reset_less=True)
+            self._shift_in(m, bank, beat_go & (beat.value >= p0) & (beat.value < p1), data, W)
+            m.d.comb += self.bank.as_value().eq(bank[:self.pmap.bits])
+        else:
+            # LOAD shifts layer 0's block into both halves (the first token needs no FETCH),
+            # FETCH one half of any layer's
+            a0 = self.layer_blocks[0][0] // W
+            regs = []
+            for h, (b0, nb) in enumerate(self.halves):
+                reg = Signal(8 * W * nb, name=f"param_bank_{('token', 'channel')[h]}", reset_less=True)
+                mine = fetching & (half == h)
+                self._shift_in(m, reg, beat_go & (mine | (running & (beat.value >= a0 + b0) &
+                                                          (beat.value < a0 + b0 + nb))), data, W)
+                regs.append(reg)
+            (_, _), (b1, _) = self.halves
+            bank = Cat(regs[0][:self.split], regs[1][self.split - 8 * W * b1:])
+            m.d.comb += self.bank.eq(bank[:len(self.bank)])
+            if self.head_block:
+                (h_addr, h_pm), = self.head_block
+                head = Signal(8 * h_pm.nbytes, name="head_bank", reset_less=True)
+                self._shift_in(m, head, beat_go & ~fetching & (beat.value >= h_addr // W) &
+                               (beat.value < (h_addr + h_pm.nbytes) // W), data, W)
+                block = View(param_layout(self.cfg, mixer="head"), head[:h_pm.bits])
+                if self.cfg.model.vocab:
+                    m.d.comb += self.head_params.eq(block.head)
+                if self.cfg.model.attn_res != "none":
+                    m.d.comb += self.attn_res_params.eq(block.attn_res)
+
+    def _checksum(self, m, plan, words_valid, words):
+        """The image's checksum: the beat's words to two (clock-derived stages), then a 4:2
+        into the carry-save accumulator; resolved by a pipelined add after the last beat.
+        Returns the registered "sum is zero" and the cycles from the last beat to it."""
+        pipe = Pipe(m, plan, "load_sum")
+        live = reduce_to_two(pipe, {"valid": words_valid, "words": words}, "words", 32)
+        live = pipe.register(live)
+        acc_s, acc_c = Signal(32, name="load_acc_s"), Signal(32, name="load_acc_c")
+        with m.If(self.start):
+            m.d.sync += [acc_s.eq(0), acc_c.eq(0)]
+        with m.Elif(live["valid"]):
+            ws, wc = live["words"]
+            s1, c1 = compress_3_2(acc_s, acc_c, ws, 32)
+            s2, c2 = compress_3_2(s1, c1, wc, 32)
+            m.d.sync += [acc_s.eq(s2), acc_c.eq(c2)]
+        fin = Pipe(m, plan, "load_fin")
+        total = pipelined_add(fin, {"a": acc_s, "b": acc_c}, "a", "b", "total", 32)["total"]
+        sum_zero = Signal()
+        m.d.sync += sum_zero.eq(total == 0)
+        # from the last beat: the tree's stages, the accumulate, the add's stages, the compare
+        drain = pipe.stages + fin.stages + 3
+        return sum_zero, drain
 
     @staticmethod
     def _shift_in(m, bank, enable, data, W) -> None:

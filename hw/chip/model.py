@@ -57,8 +57,8 @@ from hw.chip.head import Head
 from hw.chip.layer import connect_status, sequence_rules, weight_port_slices
 from hw.chip.loader import ImageLoader
 from hw.chip.weight_arbiter import WeightArbiter
-from hw.chip.skid import SkidBuffer
-from hw.chip.weight_port import WeightPortSignature
+from hw.stream.skid import SkidBuffer
+from hw.stream.weight_port import WeightPortSignature
 from hw.image.format import image_layout
 from hw.image.memory_map import (layer_bits, layer_count, layer_kind, layer_prefix, memory_map, mla_tensors,
                                  moe_token_regions, sequence_slots, slot_bits)
@@ -168,6 +168,8 @@ class ModelTop(wiring.Component):
         })
 
     def elaborate(self, platform):
+        # the slots and their moves here; the ports and CSRs, the FETCH policy and the head
+        # are methods of their own, building into this Module (they share the slots' registers)
         m = Module()
         cfg, L, S = self.cfg, self.L, self.S
         fm = formats_for(cfg)
@@ -179,44 +181,7 @@ class ModelTop(wiring.Component):
         m.submodules.embed = embed = Embedding(cfg)
         m.submodules.head = head = Head(cfg)
         m.d.comb += [dp.bank.eq(loader.bank), head.params.eq(loader.head_params)]
-        # fixed priority, most critical first: a FETCH gates a stage (the hand-over to stage B
-        # waits for the channel half, stage A for the token half), and it is short (289 beats
-        # at most on model-small), so it goes before stage A (the KDA), the longer stage; the
-        # MoE streams in stage A's delta rule; the head has a slot's time.  (The KDA first, the
-        # loader second: model-small-sram 16,549 against 16,630 cycles a token at 64-beat
-        # pieces.)  Requests go down in pieces (WeightArbiter chunk) so a later, more urgent
-        # one waits behind at most ARB_AHEAD pieces, not behind a whole expert
-        # (the MLA unit, a hybrid's other token mixer, has stage A's rank after the
-        # fetches: its layers are one in four and its first read is the one that waits)
-        clients = [loader.wport] + ([dp.kda_wport] if dp.kda_layers else []) + [embed.wport] + \
-            ([dp.mla_wport] if dp.mla_layers else []) + [dp.moe_wport, head.wport]
-        depth = None
-        if dp.attn_res:
-            # Attention Residuals: every stage input is a mix of the depth unit (hw/attnres/chip.py);
-            # its query reads gate a stage, so they rank after the fetches, before the MoE's
-            m.submodules.depth = depth = DepthSequencer(cfg)
-            m.d.comb += depth.params.eq(loader.attn_res_params)
-            clients.insert(clients.index(dp.moe_wport), depth.wport)
-        m.submodules.arbiter = arb = WeightArbiter(cfg.hw.weight_port_bytes, len(clients), priority=True,
-                                                   chunk=ARB_CHUNK, ahead=ARB_AHEAD)
-        for n, port in enumerate(clients):
-            connect(m, port, arb.up[n])
-        weight_port_slices(m, cfg, arb.down, self.wport)
-        if dp.mla_layers:
-            # the cache port through register slices too: its read requests come from the
-            # unit's score loop and its responses feed the engine, as the weight port's
-            weight_port_slices(m, cfg, dp.cport, self.cport, prefix="cache_")
-            m.submodules.cache_wr_slice = cwr = SkidBuffer(cache_write_layout(cfg.hw.weight_port_bytes))
-            connect(m, dp.cport.wr, cwr.i)
-            connect(m, cwr.o, wiring.flipped(self.cport.wr))
-        m.submodules.csr = csr = LayerCsr(cfg, model_macs_per_token(cfg), image_layout(cfg).length,
-                                          engines=dp.engines + 1 + (depth is not None), stages=True,
-                                          # the cache port feeds the MLA's scores beside the weight
-                                          # port, the depth unit's kept keys its engine from registers
-                                          mac_rate=2 if dp.mla_layers or depth is not None else 1)
-        connect(m, wiring.flipped(self.bus), csr.bus)
-        connect(m, head.logits, wiring.flipped(self.logits))
-        m.d.comb += head.logits_en.eq(csr.logits_en)
+        depth, csr = self._ports(m, loader, dp, embed, head)
 
         # ---- LOAD: waits until no token is inside; leaves layer 0's block in both halves
         load_pending, loading, load_start = Signal(), Signal(), Signal()
@@ -335,6 +300,72 @@ class ModelTop(wiring.Component):
                     with m.Else():
                         m.d.sync += [lay[s].eq(lay[s] + 1), st[s].eq(Slot.READY)]
 
+        self._fetch_policy(m, loader, dp, ready, lay, (BA, BB), fb_busy, load_pending, offering,
+                           (strobe, strobe_half, strobe_layer))
+
+        # ---- the head, one token at a time; the next id (and its logits) out
+        head_offer, head_busy = self._head_and_out(m, head, st, X, tags, cycles, token_cycles, accept, in_slot)
+
+        busy = ~all_empty
+        clear_pending = Signal()
+        m.d.comb += clear_pending.eq(Cat(q.clear_pending for q in seqs).any())
+        connect_status(m, csr, self, loader, busy=busy, loading=loading, clear_pending=clear_pending,
+                       mac_beats=Cat(dp.mac_beat, head.mac_beat, *([depth.mac_beat] if depth else [])),
+                       token_cycles=token_cycles)
+        m.d.comb += [csr.ev_fetch.eq(loader.fetching), csr.ev_layer.eq(dp.busy),
+                     csr.ev_head.eq(head_offer | head_busy)]
+        return m
+
+    def _ports(self, m, loader, dp, embed, head):
+        """The weight port's clients onto one arbiter and out through register slices (the
+        cache port too, on a hybrid), the depth unit where the config has Attention
+        Residuals, the CSRs on the bus and the logits out.  Returns the depth unit (or None)
+        and the CSRs."""
+        cfg = self.cfg
+        # fixed priority, most critical first: a FETCH gates a stage (the hand-over to stage B
+        # waits for the channel half, stage A for the token half), and it is short (289 beats
+        # at most on model-small), so it goes before stage A (the KDA), the longer stage; the
+        # MoE streams in stage A's delta rule; the head has a slot's time.  (The KDA first, the
+        # loader second: model-small-sram 16,549 against 16,630 cycles a token at 64-beat
+        # pieces.)  Requests go down in pieces (WeightArbiter chunk) so a later, more urgent
+        # one waits behind at most ARB_AHEAD pieces, not behind a whole expert
+        # (the MLA unit, a hybrid's other token mixer, has stage A's rank after the
+        # fetches: its layers are one in four and its first read is the one that waits)
+        clients = [loader.wport] + ([dp.kda_wport] if dp.kda_layers else []) + [embed.wport] + \
+            ([dp.mla_wport] if dp.mla_layers else []) + [dp.moe_wport, head.wport]
+        depth = None
+        if dp.attn_res:
+            # Attention Residuals: every stage input is a mix of the depth unit (hw/attnres/chip.py);
+            # its query reads gate a stage, so they rank after the fetches, before the MoE's
+            m.submodules.depth = depth = DepthSequencer(cfg)
+            m.d.comb += depth.params.eq(loader.attn_res_params)
+            clients.insert(clients.index(dp.moe_wport), depth.wport)
+        m.submodules.arbiter = arb = WeightArbiter(cfg.hw.weight_port_bytes, len(clients), priority=True,
+                                                   chunk=ARB_CHUNK, ahead=ARB_AHEAD)
+        for n, port in enumerate(clients):
+            connect(m, port, arb.up[n])
+        weight_port_slices(m, cfg, arb.down, self.wport)
+        if dp.mla_layers:
+            # the cache port through register slices too: its read requests come from the
+            # unit's score loop and its responses feed the engine, as the weight port's
+            weight_port_slices(m, cfg, dp.cport, self.cport, prefix="cache_")
+            m.submodules.cache_wr_slice = cwr = SkidBuffer(cache_write_layout(cfg.hw.weight_port_bytes))
+            connect(m, dp.cport.wr, cwr.i)
+            connect(m, cwr.o, wiring.flipped(self.cport.wr))
+        m.submodules.csr = csr = LayerCsr(cfg, model_macs_per_token(cfg), image_layout(cfg).length,
+                                          engines=dp.engines + 1 + (depth is not None), stages=True,
+                                          # the cache port feeds the MLA's scores beside the weight
+                                          # port, the depth unit's kept keys its engine from registers
+                                          mac_rate=2 if dp.mla_layers or depth is not None else 1)
+        connect(m, wiring.flipped(self.bus), csr.bus)
+        connect(m, head.logits, wiring.flipped(self.logits))
+        m.d.comb += head.logits_en.eq(csr.logits_en)
+        return depth, csr
+
+    def _fetch_policy(self, m, loader, dp, ready, lay, banks, fb_busy, load_pending, offering, strobes) -> None:
+        """Which half of the parameter bank the loader fills next, and with which layer."""
+        L, S, lb = self.L, self.S, layer_bits(self.cfg)
+        (BA, BB), (strobe, strobe_half, strobe_layer) = banks, strobes
         # ---- FETCH, one half at a time: the channel half for the token in stage A (so the
         # hand-over to stage B need not wait), else the token half for a ready slot, else
         # (nothing ready, and stage A empty or its token done with it) the token half of the
@@ -361,7 +392,11 @@ class ModelTop(wiring.Component):
                 m.d.comb += [strobe.eq(1), strobe_half.eq(0), strobe_layer.eq(b_next),
                              dp.params_change.eq(1)]
 
-        # ---- the head, one token at a time; the next id (and its logits) out
+    def _head_and_out(self, m, head, st, X, tags, cycles, token_cycles, accept, in_slot) -> tuple:
+        """The head, one token at a time (the lowest slot waiting for it first), the next id
+        and its logits out on ``o``, the slot freed, and each slot's cycle count.  Returns
+        the head's (offered, busy)."""
+        S = self.S
         head_offer, head_busy = Signal(), Signal()
         head_slot = Signal(range(S))
         with m.If(~head_offer & ~head_busy):
@@ -387,13 +422,4 @@ class ModelTop(wiring.Component):
             m.d.comb += cycles[s].inc.eq(st[s] != Slot.EMPTY)
             cycles[s].load(accept & (in_slot == s), 1)
             cycles[s].elaborate(m)
-
-        busy = ~all_empty
-        clear_pending = Signal()
-        m.d.comb += clear_pending.eq(Cat(q.clear_pending for q in seqs).any())
-        connect_status(m, csr, self, loader, busy=busy, loading=loading, clear_pending=clear_pending,
-                       mac_beats=Cat(dp.mac_beat, head.mac_beat, *([depth.mac_beat] if depth else [])),
-                       token_cycles=token_cycles)
-        m.d.comb += [csr.ev_fetch.eq(loader.fetching), csr.ev_layer.eq(dp.busy),
-                     csr.ev_head.eq(head_offer | head_busy)]
-        return m
+        return head_offer, head_busy

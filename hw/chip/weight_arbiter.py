@@ -35,7 +35,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-from hw.chip.weight_port import BEATS_BITS, WeightPortSignature
+from hw.stream.weight_port import BEATS_BITS, WeightPortSignature
 
 
 class WeightArbiter(wiring.Component):

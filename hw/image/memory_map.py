@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw.chip.weight_port import beats_per_row, padded_row_bytes
+from hw.stream.weight_port import beats_per_row, padded_row_bytes
 
 
 @dataclass(frozen=True)

@@ -427,7 +427,7 @@ def _sublayer_residual(n: int) -> str:
 def attn_res_residuals(cfg, flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """With Attention Residuals the layers' residual adds are not used as adds: sub-layer n's
     output v_n = requantize(out, out_m[n], out_s[n], resid_bits) is exactly what the chip's
-    residual add (hw/chip/residual.py, sat(rs(a m_a + b m_b, s))) gives with m_a = 0, so the
+    residual add (hw/arith/residual.py, sat(rs(a m_a + b m_b, s))) gives with m_a = 0, so the
     image keeps out_m, out_s once, as layer l's ``res1`` (sub-layer 2l + 1) and ``res2``
     (2l + 2) with m_a = 0.  Returns those residual-add values from ``flat``'s
     ``attn_res.out_m|out_s``."""

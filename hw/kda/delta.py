@@ -150,25 +150,54 @@ class DeltaRule(wiring.Component):
         })
 
     def elaborate(self, platform):
+        # The delta rule in named pieces: the shifts' registers, the issue of a word
+        # (cursors, read, lane operands), the word pipeline (decay, update, write-back, lane
+        # products, the two accumulators) and the schedule that interleaves the passes are
+        # methods building into this Module (they share the state memory's read and write
+        # and the word's tag); the per-column steps between and after the passes, u_c and
+        # o_c, are components of their own (ColumnU, ColumnOut: a column's sum in, a
+        # fixed latency, no stall).
         m = Module()
         fm = self.fm
-        H, dk, dv, P, nb = self.heads, self.d_k, self.d_v, self.lanes, self.blocks
-        sb, af, uf, qk = fm.state_bits, fm.alpha_frac, fm.unit_frac, fm.qk_bits
+        H, dk, dv, nb = self.heads, self.d_k, self.d_v, self.blocks
+        sb, qk = fm.state_bits, fm.qk_bits
         plan = plan_pipeline(self.clock_period_ns)
-        dl = plan.delays
-        m.submodules.mem = mem = StateMemory(H, dk, dv, P, sb, kind=self.state_memory, layers=self.layers)
-
-        def address(word):
-            """The memory address of the token's layer's ``word`` (the layer: the high bits)."""
-            assert len(Value.cast(word)) == word_bits(mem.words)
-            return Cat(word, self.layer) if self.layers > 1 else word
+        m.submodules.mem = mem = StateMemory(H, dk, dv, self.lanes, sb, kind=self.state_memory, layers=self.layers)
         if mem.banks == 2:
             m.d.comb += self.collision.eq(mem.collision)
         acc_width = sb + qk + (dk - 1).bit_length() + 1
-        w_dec, w_ku = sb + af + 2, sb + qk + 1
+        sh = self._shift_registers(m, acc_width, sb + fm.alpha_frac + 2, sb + qk + 1)
 
-        # ---- the shifts: registered from the inputs with what follows from them (the
-        # rounding words 2**(s-1), f_s - f_v), so no path runs from the ports into a tree
+        # ---- control: two issue cursors, one per pass, each walking the words in
+        # memory order (column-major: column c = h*d_v + j holds words c*nb .. c*nb+nb-1).
+        # The passes interleave column by column - P1(0) P1(1) P2(0) P1(2) P2(1) ... - so
+        # while u_c is being computed, P2(c-1) and P1(c+1) keep the read port busy.
+        c1, c2 = _Cursor(m, "p1", mem.words, H, nb, dv), _Cursor(m, "p2", mem.words, H, nb, dv)
+        pass2 = Signal()
+        issuing = Signal()
+        u_regs = [Signal(signed(sb), name=f"u{n}") for n in range(2)]   # by column parity
+        u_ok = [Signal(name=f"u_ok{n}") for n in range(2)]
+
+        rd = self._issue(m, mem, c1, c2, pass2, issuing, u_regs)
+        col, sum_k, sum_o = self._word_pipeline(m, plan, mem, rd, sh, acc_width)
+        u_new, u_valid, u_par = self._u_pipeline(m, sh, col, sum_k, acc_width)
+        o_pend, p2_begin, odepth = self._o_pipeline(m, sh, col, sum_o, acc_width)
+        for n in range(2):
+            with m.If(u_valid & (u_par == n)):
+                m.d.sync += [u_regs[n].eq(u_new), u_ok[n].eq(1)]
+        self._schedule(m, mem, c1, c2, pass2, issuing, u_ok, o_pend, p2_begin, odepth)
+        m.d.comb += mem.clear.eq(self.clear)
+        return m
+
+    def _address(self, mem, word):
+        """The memory address of the token's layer's ``word`` (the layer: the high bits)."""
+        assert len(Value.cast(word)) == word_bits(mem.words)
+        return Cat(word, self.layer) if self.layers > 1 else word
+
+    def _shift_registers(self, m, acc_width: int, w_dec: int, w_ku: int) -> dict:
+        """The shifts: registered from the inputs with what follows from them (the
+        rounding words 2**(s-1), f_s - f_v), so no path runs from the ports into a tree.
+        Returns the registers and the words' widths the pipelines need."""
         sf, shifts = self.shift_fields, self.shifts
         lv = {k: max(1, hi.bit_length()) for k, (_, hi) in sf.items()}   # barrel levels
         f_k = Signal(lv["f_k"], name="sh_fk", reset_less=True)
@@ -181,45 +210,19 @@ class DeltaRule(wiring.Component):
         m.d.sync += [f_k.eq(shifts.f_k), o_sh.eq(shifts.o_shift), d_sv.eq(shifts.f_s - shifts.f_v),
                      rnd_ku.eq(rounding_word(shifts.f_k, w_ku)), rnd_ks.eq(rounding_word(shifts.f_k, acc_width)),
                      rnd_o.eq(rounding_word(shifts.o_shift, acc_width))]
+        return {"lv": lv, "f_k": f_k, "o_sh": o_sh, "sv_hi": sv_hi, "d_sv": d_sv, "rnd_ku": rnd_ku,
+                "rnd_ks": rnd_ks, "rnd_o": rnd_o, "w_dec": w_dec, "w_ku": w_ku}
 
-        # ---- control: two issue cursors, one per pass, each walking the words in
-        # memory order (column-major: column c = h*d_v + j holds words c*nb .. c*nb+nb-1).
-        # The passes interleave column by column - P1(0) P1(1) P2(0) P1(2) P2(1) ... - so
-        # while u_c is being computed, P2(c-1) and P1(c+1) keep the read port busy.
-        N = H * dv
+    def _issue(self, m, mem, c1, c2, pass2, issuing, u_regs) -> dict:
+        """Issue: the memory read and the lane operands, both one cycle.  The lane-select
+        muxes (H*nb row blocks) sit alone in the issue cycle: their outputs are registered
+        next to the memory's read register, so no product starts behind a mux.  k and q
+        only travel as far as their product.  The word to read is chosen (the FSM's pass,
+        the cursor) one cycle ahead, so the state memory's read mux (words deep) starts
+        from a register.  Returns the tag and operands of the word leaving the memory."""
+        H, nb, P, N = self.heads, self.blocks, self.lanes, self.heads * self.d_v
+        sb, af, qk = self.fm.state_bits, self.fm.alpha_frac, self.fm.qk_bits
 
-        class Cursor:
-            def __init__(self, name):
-                self.addr = Signal(range(mem.words), name=f"{name}_addr")
-                self.g = Signal(range(H * nb), name=f"{name}_g")          # row block h*nb + b
-                self.g_head = Signal(range(H * nb), name=f"{name}_ghead")  # h*nb
-                self.b = Signal(range(nb), name=f"{name}_b")
-                self.j = Signal(range(dv), name=f"{name}_j")
-                self.col = Signal(range(N + 1), name=f"{name}_col")
-                self.last = self.b == nb - 1
-
-            def reset(self):
-                return [v.eq(0) for v in (self.addr, self.g, self.g_head, self.b, self.j, self.col)]
-
-            def advance(self):
-                m.d.sync += [self.addr.eq(self.addr + 1), self.b.eq(self.b + 1), self.g.eq(self.g + 1)]
-                with m.If(self.last):
-                    m.d.sync += [self.b.eq(0), self.col.eq(self.col + 1), self.j.eq(self.j + 1),
-                                 self.g.eq(self.g_head)]
-                    with m.If(self.j == dv - 1):       # next head: g + 1 is its first block
-                        m.d.sync += [self.j.eq(0), self.g_head.eq(self.g_head + nb), self.g.eq(self.g + 1)]
-        c1, c2 = Cursor("p1"), Cursor("p2")
-        pass2 = Signal()
-        issuing = Signal()
-        u_regs = [Signal(signed(sb), name=f"u{n}") for n in range(2)]   # by column parity
-        u_ok = [Signal(name=f"u_ok{n}") for n in range(2)]
-
-        # ---- issue: the memory read and the lane operands, both one cycle ------------
-        # The lane-select muxes (H*nb row blocks) sit alone in the issue cycle: their
-        # outputs are registered next to the memory's read register, so no product
-        # starts behind a mux.  k and q only travel as far as their product.
-        # The word to read is chosen (the FSM's pass, the cursor) one cycle ahead, so the
-        # state memory's read mux (words deep) starts from a register
         def tag(name):
             return {"valid": Signal(name=f"{name}_valid"), "pass2": Signal(name=f"{name}_pass2"),
                     "last": Signal(name=f"{name}_last"), "col": Signal(range(N + 1), name=f"{name}_col"),
@@ -231,7 +234,7 @@ class DeltaRule(wiring.Component):
                      iss["last"].eq(Mux(pass2, c2.last, c1.last)), iss["col"].eq(Mux(pass2, c2.col, c1.col)),
                      iss["u"].eq(Array(u_regs)[c2.col[0]])]
 
-        m.d.comb += [mem.rd_en.eq(iss["valid"]), mem.rd_addr.eq(address(iss["addr"]))]
+        m.d.comb += [mem.rd_en.eq(iss["valid"]), mem.rd_addr.eq(self._address(mem, iss["addr"]))]
         # the tag waits out the memory's read latency; the lane selects take the last cycle
         for n in range(mem.READ_LATENCY - 1):
             held = tag(f"iss{n + 1}")
@@ -249,8 +252,14 @@ class DeltaRule(wiring.Component):
         for l, (al, kl, ql) in enumerate(zip(lanes_of(self.alpha), lanes_of(self.k), lanes_of(self.q))):
             m.d.sync += [rd["alpha"][l].eq(al), rd["k"][l].eq(kl), rd["kq"][l].eq(Mux(iss["pass2"], ql, kl))]
         rd["s"] = [mem.rd_data[l] for l in range(P)]
+        return rd
 
-        # ---- the word pipeline, registers placed by the clock (hw/arith/pipeline.py) ---------
+    def _word_pipeline(self, m, plan, mem, rd, sh, acc_width):
+        """The word pipeline, registers placed by the clock (hw/arith/pipeline.py): the
+        decay and the update, the write-back, the lane products and the two accumulators.
+        Returns the finished word's column tag and the two accumulators' sums."""
+        dl, P, af = plan.delays, self.lanes, self.fm.alpha_frac
+        w_dec, w_ku = sh["w_dec"], sh["w_ku"]
         dp = Pipe(m, plan, "dl")
         live = rd                               # rd_data leaves the memory's read register
         # decay S*alpha and the rank-1 term k*u as Booth trees, rounding constants as
@@ -260,7 +269,8 @@ class DeltaRule(wiring.Component):
         for l in range(P):
             live[f"dec{l}"] = booth_partial_products(m, Cat(live["alpha"][l], Const(0, 1)), live["s"][l], w_dec,
                                                      name=f"dl_dec{l}") + [rnd_af]
-            live[f"ku{l}"] = booth_partial_products(m, live["u"], live["k"][l], w_ku, name=f"dl_ku{l}") + [rnd_ku]
+            live[f"ku{l}"] = booth_partial_products(m, live["u"], live["k"][l], w_ku,
+                                                    name=f"dl_ku{l}") + [sh["rnd_ku"]]
         for key in ("alpha", "k", "s", "u"):
             live.pop(key)
         keys = [f"{n}{l}" for n in ("dec", "ku") for l in range(P)]
@@ -272,36 +282,8 @@ class DeltaRule(wiring.Component):
         live = pipelined_add_all(dp, live, jobs)
         # rs(k u, f_k): the rounded products shifted by f_k, every lane through one barrel
         live["ku"] = [live.pop(f"ku{l}") for l in range(P)]
-        live = barrel_shift_saturate(dp, live, "ku", f_k, w_ku, lv["f_k"], "ku")
-        # S1 = rs(S alpha), S2 = sat(S1 + rs(k u)) in pass 2, S1 passed on in pass 1.  With
-        # f_k a run-time value rs(k u) keeps up to w_ku bits, but |S1| < 2**(sb-1): when
-        # rs(k u) does not fit sb + 1 bits the sum saturates to its sign, so the add is
-        # sb + 2 bits wide on its low bits and the fit test runs beside it
-        tw = sb + 2
-        live = dp.spend(dl.adder(tw), live)
-        s1s, ts, fits, negs = [], [], [], []
-        kus = live.pop("ku")
-        for l in range(P):
-            s1 = Value.cast(live.pop(f"dec{l}"))[af:af + sb].as_signed()   # |S1| <= |S|: no overflow
-            ku = Value.cast(kus[l])
-            t = Signal(signed(tw), name=f"dl_s1ku{l}")
-            fit, neg = Signal(name=f"dl_kufit{l}"), Signal(name=f"dl_kuneg{l}")
-            top = ku[sb:]
-            m.d.comb += [t.eq(s1 + ku[:sb + 1].as_signed()), fit.eq((top == 0) | (top == (1 << len(top)) - 1)),
-                         neg.eq(ku[-1])]
-            s1s.append(s1)
-            ts.append(t)
-            fits.append(fit)
-            negs.append(neg)
-        live = dp.spend(dl.saturate + dl.mux_level, {**live, "s1": s1s, "t": ts, "fit": fits, "neg": negs})
-        new_s = [Signal(signed(sb), name=f"dl_snew{l}") for l in range(P)]
-        lo, hi = -(1 << (sb - 1)), (1 << (sb - 1)) - 1
-        for l in range(P):
-            s2 = Mux(live["fit"][l], clamp(live["t"][l], sb), Mux(live["neg"][l], lo, hi))
-            m.d.comb += new_s[l].eq(Mux(live["pass2"], s2, live["s1"][l]))
-        live.pop("fit"), live.pop("neg")
-        live.pop("s1"), live.pop("t")
-        live["snew"] = new_s
+        live = barrel_shift_saturate(dp, live, "ku", sh["f_k"], w_ku, sh["lv"]["f_k"], "ku")
+        live = self._update(m, dp, dl, live)
         # the write-back leaves from a register: the memory's address decode (one
         # enable per word, each fanning out to a word of flip-flops) has the cycle alone
         live = dp.register(live)
@@ -312,7 +294,7 @@ class DeltaRule(wiring.Component):
         if mem.banks == 2 and self.write_delay % 2 == 0:
             live = dp.register(live)
             self.write_delay += 1
-        m.d.comb += [mem.wr_en.eq(live["valid"] & live["pass2"]), mem.wr_addr.eq(address(live["addr"])),
+        m.d.comb += [mem.wr_en.eq(live["valid"] & live["pass2"]), mem.wr_addr.eq(self._address(mem, live["addr"])),
                      mem.wr_data.eq(Cat(*live["snew"]))]
         # the lane products k_i S1_i (pass 1) / q_i S2_i (pass 2), all lanes in one tree;
         # a mux level more than a lone Booth select: each snew bit fans out to every digit's
@@ -343,77 +325,73 @@ class DeltaRule(wiring.Component):
             return total
         sum_k = accumulate("acc_k", ~c_pass2)
         sum_o = accumulate("acc_o", c_pass2)
+        return {"valid": c_valid, "pass2": c_pass2, "last": c_last, "col": c_col}, sum_k, sum_o
 
-        # ---- per column: u_c = sat(rs(beta_h ((v_c << (f_s - f_v)) - kS), unit_frac)) ----------
-        # kS = sat(rs(sum_k, f_k)), resolved over clock-derived stages
-        dw = max(sb, fm.qkv_bits + sv_hi) + 2
-        cu = {"valid": Signal(name="cu_valid"), "par": Signal(name="cu_par"),
-              "s": Signal(acc_width, name="cu_s"), "c": Signal(acc_width, name="cu_c"),
-              "v": Signal(signed(fm.qkv_bits), name="cu_v"), "beta": Signal(unsigned(uf + 1), name="cu_beta")}
-        v_c = Array(self.v[i] for i in range(N))[c_col]
-        beta_c = Array(self.beta[c // dv] for c in range(N))[c_col]
-        m.d.sync += [cu["valid"].eq(c_valid & ~c_pass2 & c_last), cu["par"].eq(c_col[0]),
-                     cu["s"].eq(sum_k[0]), cu["c"].eq(sum_k[1]),
-                     cu["v"].eq(v_c), cu["beta"].eq(beta_c)]
-        up = Pipe(m, plan, "du")
-        # v << (f_s - f_v): a left barrel, one level per bit of the difference's range
-        vsh = sign_extend(cu.pop("v"), dw)
-        live = cu
-        for bit in range(len(d_sv)):
-            live = up.spend(dl.mux_level, {**live, "vsh": vsh})
-            v = Value.cast(live.pop("vsh"))
-            vsh = Signal(dw, name=f"du_vsh{bit}")
-            m.d.comb += vsh.eq(Mux(d_sv[bit], Cat(Const(0, 1 << bit), v)[:dw], v))
-        live["vsh"] = vsh
-        live = up.spend(dl.csa_level, live)
-        live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), rnd_ks, acc_width)
-        live = pipelined_add(up, live, "a", "b", "acc", acc_width)
-        live = barrel_shift_saturate(up, live, "acc", f_k, acc_width, lv["f_k"], "ks", [sb])
-        # beta (vsh - ks) = beta vsh + beta ~ks + beta (~ks = -ks - 1): no carry chain for the
-        # difference (as wide as the largest f_s - f_v allows), both products and beta
-        # itself are words of one Booth tree with the rounding constant.  A mux level more
-        # than a lone Booth select: the products' sign extensions (28 bits of ~ks) merge
-        # into nets that fan out across the tree's top (small at 1 ns was 0.110 ns short
-        # with 4 compressor levels behind the select)
-        w_u = dw + uf + 3
-        live = up.spend(dl.booth_select + dl.mux_level, live)
-        beta = live.pop("beta")
-        live["words"] = (booth_partial_products(m, live.pop("vsh"), beta, w_u, multiplier_signed=False, name="du_bv")
-                         + booth_partial_products(m, ~Value.cast(live.pop("ks")), beta, w_u, multiplier_signed=False,
-                                                  name="du_bk")
-                         + [zero_extend(beta, w_u), Const(1 << (uf - 1) if uf else 0, w_u)])
-        live = reduce_to_two(up, live, "words", w_u)
-        live["ba"], live["bb"] = live.pop("words")
-        live = pipelined_add(up, live, "ba", "bb", "bu", w_u)
-        live = up.spend(dl.saturate, live)
-        u_new = Signal(signed(sb), name="du_u")
-        m.d.comb += u_new.eq(clamp(Value.cast(live["bu"])[uf:].as_signed(), sb))
-        u_valid, u_par = live["valid"], live["par"]
+    def _update(self, m, dp, dl, live) -> dict:
+        """S1 = rs(S alpha), S2 = sat(S1 + rs(k u)) in pass 2, S1 passed on in pass 1: the
+        word's new state ``snew``.  With f_k a run-time value rs(k u) keeps up to w_ku bits,
+        but |S1| < 2**(sb-1): when rs(k u) does not fit sb + 1 bits the sum saturates to its
+        sign, so the add is sb + 2 bits wide on its low bits and the fit test runs beside it."""
+        P, sb, af = self.lanes, self.fm.state_bits, self.fm.alpha_frac
+        tw = sb + 2
+        live = dp.spend(dl.adder(tw), live)
+        s1s, ts, fits, negs = [], [], [], []
+        kus = live.pop("ku")
+        for l in range(P):
+            s1 = Value.cast(live.pop(f"dec{l}"))[af:af + sb].as_signed()   # |S1| <= |S|: no overflow
+            ku = Value.cast(kus[l])
+            t = Signal(signed(tw), name=f"dl_s1ku{l}")
+            fit, neg = Signal(name=f"dl_kufit{l}"), Signal(name=f"dl_kuneg{l}")
+            top = ku[sb:]
+            m.d.comb += [t.eq(s1 + ku[:sb + 1].as_signed()), fit.eq((top == 0) | (top == (1 << len(top)) - 1)),
+                         neg.eq(ku[-1])]
+            s1s.append(s1)
+            ts.append(t)
+            fits.append(fit)
+            negs.append(neg)
+        live = dp.spend(dl.saturate + dl.mux_level, {**live, "s1": s1s, "t": ts, "fit": fits, "neg": negs})
+        new_s = [Signal(signed(sb), name=f"dl_snew{l}") for l in range(P)]
+        lo, hi = -(1 << (sb - 1)), (1 << (sb - 1)) - 1
+        for l in range(P):
+            s2 = Mux(live["fit"][l], clamp(live["t"][l], sb), Mux(live["neg"][l], lo, hi))
+            m.d.comb += new_s[l].eq(Mux(live["pass2"], s2, live["s1"][l]))
+        live.pop("fit"), live.pop("neg")
+        live.pop("s1"), live.pop("t")
+        live["snew"] = new_s
+        return live
 
-        # ---- per column: o_c = sat(rs(sum_o, o_shift)), into a small FIFO on ``o`` ------------
-        co = {"valid": Signal(name="co_valid"), "s": Signal(acc_width, name="co_s"),
-              "c": Signal(acc_width, name="co_c")}
-        m.d.sync += [co["valid"].eq(c_valid & c_pass2 & c_last), co["s"].eq(sum_o[0]), co["c"].eq(sum_o[1])]
-        op = Pipe(m, plan, "do")
-        live = op.spend(dl.csa_level, co)
-        live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), rnd_o, acc_width)
-        live = pipelined_add(op, live, "a", "b", "acc", acc_width)
-        live = barrel_shift_saturate(op, live, "acc", o_sh, acc_width, lv["o_shift"], "y", [fm.o_bits])
-        live = op.register(live)
-        ODEPTH = 2
-        m.submodules.o_fifo = o_fifo = SyncFIFOBuffered(width=fm.o_bits, depth=ODEPTH)
-        m.d.comb += [o_fifo.w_en.eq(live["valid"]), o_fifo.w_data.eq(live["y"]),
-                     self.o.valid.eq(o_fifo.r_rdy), self.o.payload.eq(o_fifo.r_data.as_signed()),
-                     o_fifo.r_en.eq(self.o.ready)]
+    def _u_pipeline(self, m, sh, col, sum_k, acc_width):
+        """Per column: u_c on its own component (ColumnU) from the column's pass-1 sum, v_c
+        and beta_h.  Returns u_c, its valid strobe and its column's parity."""
+        N, dv = self.heads * self.d_v, self.d_v
+        m.submodules.column_u = cu = ColumnU(self.fm, acc_width, sh["lv"]["f_k"], sh["sv_hi"], self.clock_period_ns)
+        m.d.comb += [cu.i.valid.eq(col["valid"] & ~col["pass2"] & col["last"]), cu.i.par.eq(col["col"][0]),
+                     cu.i.s.eq(sum_k[0]), cu.i.c.eq(sum_k[1]),
+                     cu.i.v.eq(Array(self.v[i] for i in range(N))[col["col"]]),
+                     cu.i.beta.eq(Array(self.beta[c // dv] for c in range(N))[col["col"]]),
+                     cu.f_k.eq(sh["f_k"]), cu.d_sv.eq(sh["d_sv"]), cu.rnd_ks.eq(sh["rnd_ks"])]
+        return cu.u, cu.valid, cu.par
+
+    def _o_pipeline(self, m, sh, col, sum_o, acc_width):
+        """Per column: o_c on its own component (ColumnOut, with the FIFO on ``o``) from the
+        column's pass-2 sum.  Returns the count of columns in flight to it, the strobe that
+        adds one, and the FIFO's depth."""
+        m.submodules.column_out = co = ColumnOut(self.fm, acc_width, sh["lv"]["o_shift"], self.clock_period_ns)
+        m.d.comb += [co.i.valid.eq(col["valid"] & col["pass2"] & col["last"]), co.i.s.eq(sum_o[0]),
+                     co.i.c.eq(sum_o[1]), co.o_shift.eq(sh["o_sh"]), co.rnd_o.eq(sh["rnd_o"])]
+        wiring.connect(m, co.o, wiring.flipped(self.o))
         # columns whose pass 2 started and whose o_c is not yet taken: a pass 2 starts
         # only with a FIFO place for its o_c, so the never-stalling pipeline cannot overflow it
-        o_pend = Signal(range(ODEPTH + 1))
+        o_pend = Signal(range(co.depth + 1))
         p2_begin = Signal()
         m.d.sync += o_pend.eq(o_pend + p2_begin - (self.o.valid & self.o.ready))
+        return o_pend, p2_begin, co.depth
 
-        for n in range(2):
-            with m.If(u_valid & (u_par == n)):
-                m.d.sync += [u_regs[n].eq(u_new), u_ok[n].eq(1)]
+    def _schedule(self, m, mem, c1, c2, pass2, issuing, u_ok, o_pend, p2_begin, ODEPTH) -> None:
+        """The schedule: the FSM that interleaves the passes P1(0) P1(1) P2(0) P1(2) P2(1) ...,
+        a pass-2 column waiting for its u_c and a place in the o FIFO, and with two banks
+        the issue parity (module doc)."""
+        N = self.heads * self.d_v
         u_here = Array(u_ok)[c2.col[0]]
 
         # with two banks a word is issued only on a cycle of its bank's parity: ``phase``
@@ -475,5 +453,140 @@ class DeltaRule(wiring.Component):
                     else:
                         m.d.comb += mem.commit.eq(Cat(self.layer == l for l in range(self.layers)))
                     m.next = "IDLE"
-        m.d.comb += mem.clear.eq(self.clear)
+
+
+class ColumnU(wiring.Component):
+    """The delta rule's step between a column's two passes (module doc):
+
+        u_c = sat(rs(beta_h ((v_c << (f_s - f_v)) - kS), unit_frac)),  kS = sat(rs(sum_k, f_k))
+
+    ``i`` carries the column's pass-1 sum (carry-save ``s``, ``c``), its v_c and beta_h and
+    its parity; registered here on entry, then over clock-derived stages to ``u`` with
+    ``valid`` and ``par`` a fixed number of cycles later, never stalling.  ``f_k``, ``d_sv``
+    (f_s - f_v) and ``rnd_ks`` (2**(f_k-1) as a word) come from the owner's shift registers,
+    stable while a token runs."""
+
+    def __init__(self, fm: Formats, acc_width: int, f_k_levels: int, sv_hi: int, clock_period_ns: float):
+        self.fm, self.acc_width, self.f_k_levels = fm, acc_width, f_k_levels
+        self.dw = max(fm.state_bits, fm.qkv_bits + sv_hi) + 2     # v << (f_s - f_v), sign included
+        self.clock_period_ns = clock_period_ns
+        super().__init__({
+            "i": In(data.StructLayout({"valid": 1, "par": 1, "s": acc_width, "c": acc_width,
+                                       "v": signed(fm.qkv_bits), "beta": unsigned(fm.unit_frac + 1)})),
+            "f_k": In(f_k_levels),
+            "d_sv": In(max(1, sv_hi.bit_length())),
+            "rnd_ks": In(acc_width),
+            "u": Out(signed(fm.state_bits)),
+            "valid": Out(1),
+            "par": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        fm, acc_width, dw, d_sv = self.fm, self.acc_width, self.dw, self.d_sv
+        sb, uf = fm.state_bits, fm.unit_frac
+        plan = plan_pipeline(self.clock_period_ns)
+        dl = plan.delays
+        cu = {"valid": Signal(name="cu_valid"), "par": Signal(name="cu_par"),
+              "s": Signal(acc_width, name="cu_s"), "c": Signal(acc_width, name="cu_c"),
+              "v": Signal(signed(fm.qkv_bits), name="cu_v"), "beta": Signal(unsigned(uf + 1), name="cu_beta")}
+        m.d.sync += [cu[key].eq(self.i[key]) for key in cu]
+        up = Pipe(m, plan, "du")
+        # v << (f_s - f_v): a left barrel, one level per bit of the difference's range
+        vsh = sign_extend(cu.pop("v"), dw)
+        live = cu
+        for bit in range(len(d_sv)):
+            live = up.spend(dl.mux_level, {**live, "vsh": vsh})
+            v = Value.cast(live.pop("vsh"))
+            vsh = Signal(dw, name=f"du_vsh{bit}")
+            m.d.comb += vsh.eq(Mux(d_sv[bit], Cat(Const(0, 1 << bit), v)[:dw], v))
+        live["vsh"] = vsh
+        live = up.spend(dl.csa_level, live)
+        live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), self.rnd_ks, acc_width)
+        live = pipelined_add(up, live, "a", "b", "acc", acc_width)
+        live = barrel_shift_saturate(up, live, "acc", self.f_k, acc_width, self.f_k_levels, "ks", [sb])
+        # beta (vsh - ks) = beta vsh + beta ~ks + beta (~ks = -ks - 1): no carry chain for the
+        # difference (as wide as the largest f_s - f_v allows), both products and beta
+        # itself are words of one Booth tree with the rounding constant.  A mux level more
+        # than a lone Booth select: the products' sign extensions (28 bits of ~ks) merge
+        # into nets that fan out across the tree's top (small at 1 ns was 0.110 ns short
+        # with 4 compressor levels behind the select)
+        w_u = dw + uf + 3
+        live = up.spend(dl.booth_select + dl.mux_level, live)
+        beta = live.pop("beta")
+        live["words"] = (booth_partial_products(m, live.pop("vsh"), beta, w_u, multiplier_signed=False, name="du_bv")
+                         + booth_partial_products(m, ~Value.cast(live.pop("ks")), beta, w_u, multiplier_signed=False,
+                                                  name="du_bk")
+                         + [zero_extend(beta, w_u), Const(1 << (uf - 1) if uf else 0, w_u)])
+        live = reduce_to_two(up, live, "words", w_u)
+        live["ba"], live["bb"] = live.pop("words")
+        live = pipelined_add(up, live, "ba", "bb", "bu", w_u)
+        live = up.spend(dl.saturate, live)
+        m.d.comb += [self.u.eq(clamp(Value.cast(live["bu"])[uf:].as_signed(), sb)),
+                     self.valid.eq(live["valid"]), self.par.eq(live["par"])]
         return m
+
+
+class ColumnOut(wiring.Component):
+    """The delta rule's output of a column: o_c = sat_{o_bits}(rs(sum_o, o_shift)) from the
+    column's pass-2 sum (carry-save, ``i``, registered here on entry), over clock-derived
+    stages into a ``depth``-entry FIFO on ``o``.  The pipeline never stalls: the owner starts
+    a column's pass 2 only with a place in the FIFO for its o_c.  ``o_shift`` and ``rnd_o``
+    (2**(o_shift-1) as a word) come from the owner's shift registers."""
+
+    def __init__(self, fm: Formats, acc_width: int, o_shift_levels: int, clock_period_ns: float, depth: int = 2):
+        self.fm, self.acc_width, self.o_shift_levels, self.depth = fm, acc_width, o_shift_levels, depth
+        self.clock_period_ns = clock_period_ns
+        super().__init__({
+            "i": In(data.StructLayout({"valid": 1, "s": acc_width, "c": acc_width})),
+            "o_shift": In(o_shift_levels),
+            "rnd_o": In(acc_width),
+            "o": Out(stream.Signature(signed(fm.o_bits))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        acc_width, o_bits = self.acc_width, self.fm.o_bits
+        plan = plan_pipeline(self.clock_period_ns)
+        dl = plan.delays
+        co = {"valid": Signal(name="co_valid"), "s": Signal(acc_width, name="co_s"),
+              "c": Signal(acc_width, name="co_c")}
+        m.d.sync += [co[key].eq(self.i[key]) for key in co]
+        op = Pipe(m, plan, "do")
+        live = op.spend(dl.csa_level, co)
+        live["a"], live["b"] = compress_3_2(live.pop("s"), live.pop("c"), self.rnd_o, acc_width)
+        live = pipelined_add(op, live, "a", "b", "acc", acc_width)
+        live = barrel_shift_saturate(op, live, "acc", self.o_shift, acc_width, self.o_shift_levels, "y", [o_bits])
+        live = op.register(live)
+        m.submodules.o_fifo = o_fifo = SyncFIFOBuffered(width=o_bits, depth=self.depth)
+        m.d.comb += [o_fifo.w_en.eq(live["valid"]), o_fifo.w_data.eq(live["y"]),
+                     self.o.valid.eq(o_fifo.r_rdy), self.o.payload.eq(o_fifo.r_data.as_signed()),
+                     o_fifo.r_en.eq(self.o.ready)]
+        return m
+
+
+class _Cursor:
+    """One pass's issue cursor: walks the words in memory order (column-major, column
+    c = h*d_v + j holding words c*nb .. c*nb+nb-1), with the row block and column it is at."""
+    def __init__(self, m, name, words, H, nb, dv):
+        self.m, self.nb, self.dv = m, nb, dv
+        N = H * dv
+        self.addr = Signal(range(words), name=f"{name}_addr")
+        self.g = Signal(range(H * nb), name=f"{name}_g")          # row block h*nb + b
+        self.g_head = Signal(range(H * nb), name=f"{name}_ghead")  # h*nb
+        self.b = Signal(range(nb), name=f"{name}_b")
+        self.j = Signal(range(dv), name=f"{name}_j")
+        self.col = Signal(range(N + 1), name=f"{name}_col")
+        self.last = self.b == nb - 1
+
+    def reset(self):
+        return [v.eq(0) for v in (self.addr, self.g, self.g_head, self.b, self.j, self.col)]
+
+    def advance(self):
+        m, nb, dv = self.m, self.nb, self.dv
+        m.d.sync += [self.addr.eq(self.addr + 1), self.b.eq(self.b + 1), self.g.eq(self.g + 1)]
+        with m.If(self.last):
+            m.d.sync += [self.b.eq(0), self.col.eq(self.col + 1), self.j.eq(self.j + 1),
+                         self.g.eq(self.g_head)]
+            with m.If(self.j == dv - 1):       # next head: g + 1 is its first block
+                m.d.sync += [self.j.eq(0), self.g_head.eq(self.g_head + nb), self.g.eq(self.g + 1)]

@@ -104,6 +104,9 @@ class ShortConv(wiring.Component):
         })
 
     def elaborate(self, platform):
+        # the read of a channel's history and taps, the counts and the flip-flop history here;
+        # the SRAM history and the sum with its output FIFO are methods of their own, building
+        # into this Module (one component: they share stage 1 and the clock plan)
         m = Module()
         C, K, L = self.channels, self.kernel, self.layers
         sram = self.memory == "sram"
@@ -196,43 +199,7 @@ class ShortConv(wiring.Component):
 
         d = plan.delays
         if sram:
-            # one access per accepted channel: the masked write of x into its byte slot,
-            # and the old word read out (read-before-write) into the macro's own register.
-            # A macro row of the array per ``spec.words`` words; the row read is picked
-            # after the macros by a registered one-hot, like the state memory's banks
-            arr, ib = self.macros, self.in_bits
-            spec = arr.spec
-            wb = (K - 1) * ib
-            word = Signal(range(L * C))
-            m.d.comb += word.eq(chan if L == 1 else self.layer * C + chan)
-            ab = spec.addr_bits
-            row = word >> ab
-            s1_ph = Signal.like(phases[0], name="s1_phase")
-            m.d.sync += s1_ph.eq(phase)
-            wd = Cat(*([self.i.payload] * (K - 1)))
-            mask = Cat(*(Mux(phase == j, Const((1 << ib) - 1, ib), Const(0, ib)) for j in range(K - 1)))
-            picks = []
-            for r in range(arr.rows):
-                here, picked = Signal(name=f"hist_r{r}"), Signal(name=f"hist_r{r}_picked")
-                m.d.comb += here.eq(accept & (row == r))
-                m.d.sync += picked.eq(here)
-                outs = []
-                for c in range(arr.cols):
-                    ram = FakeRam(spec)
-                    m.submodules[f"hist_r{r}_c{c}"] = ram
-                    lo = c * spec.bits
-                    m.d.comb += [ram.ce_in.eq(here), ram.we_in.eq(here), ram.addr_in.eq(word[:ab]),
-                                 ram.wd_in.eq(wd[lo:lo + spec.bits]), ram.w_mask_in.eq(mask[lo:lo + spec.bits])]
-                    outs.append(ram.rd_out)
-                picks.append(Mux(picked, Cat(*outs)[:wb], 0) if arr.rows > 1 else Cat(*outs)[:wb])
-            old = Value.cast(or_tree(picks))
-            slots = [old[j * ib:(j + 1) * ib] for j in range(K - 1)]
-            # slot m of the window is byte (phase + m) mod (K-1)
-            m.d.comb += [hist_rd_data[mm].eq(Array(slots[(j + mm) % (K - 1)] for j in range(K - 1))[s1_ph])
-                         for mm in range(K - 1)]
-            # the macro's clock-to-output over a flip-flop's (0.2 ns on the small fakeram45s,
-            # hw/mem/fakeram.py) as two mux levels, the row pick, the byte rotation
-            pick = (2 + (arr.rows - 1).bit_length() + (K - 2).bit_length()) * d.mux_level
+            pick = self._sram_history(m, d, accept, chan, phase, phases, hist_rd_data)
         elif L > 1:
             m.d.comb += hist_rd_data.eq(or_tree(Mux(s1_layer_is[l], Value.cast(hist_rd_layer[l]), 0)
                                                 for l in range(L)))
@@ -257,11 +224,61 @@ class ShortConv(wiring.Component):
                     with m.If(here & s1_sel[c]):
                         m.d.sync += hist[c].eq(Cat(*window[1:]))
 
-        # acc = sum_j taps_j * window_j: every tap's Booth partial products in one tree
-        width = self.acc_bits
         # the window's masks, after the layer's pick with several layers (an AND, an OR tree)
         if not sram:
             pick = (1 + (L - 1).bit_length()) * d.mux_level if L > 1 else 0
+        self._sum(m, pipe, d, pick, s1_valid, window, s1_taps, accept)
+        return m
+
+    def _sram_history(self, m, d, accept, chan, phase, phases, hist_rd_data):
+        """The history in SRAM macros: one access per accepted channel, the masked write of
+        x into its byte slot and the old word read out (read-before-write) into the macro's
+        own register.  A macro row of the array per ``spec.words`` words; the row read is
+        picked after the macros by a registered one-hot, like the state memory's banks.
+        Drives ``hist_rd_data`` (the window's history, oldest first); returns the delay of
+        the read's pick, for the sum's first stage."""
+        C, K, L = self.channels, self.kernel, self.layers
+        arr, ib = self.macros, self.in_bits
+        spec = arr.spec
+        wb = (K - 1) * ib
+        word = Signal(range(L * C))
+        m.d.comb += word.eq(chan if L == 1 else self.layer * C + chan)
+        ab = spec.addr_bits
+        row = word >> ab
+        s1_ph = Signal.like(phases[0], name="s1_phase")
+        m.d.sync += s1_ph.eq(phase)
+        wd = Cat(*([self.i.payload] * (K - 1)))
+        mask = Cat(*(Mux(phase == j, Const((1 << ib) - 1, ib), Const(0, ib)) for j in range(K - 1)))
+        picks = []
+        for r in range(arr.rows):
+            here, picked = Signal(name=f"hist_r{r}"), Signal(name=f"hist_r{r}_picked")
+            m.d.comb += here.eq(accept & (row == r))
+            m.d.sync += picked.eq(here)
+            outs = []
+            for c in range(arr.cols):
+                ram = FakeRam(spec)
+                m.submodules[f"hist_r{r}_c{c}"] = ram
+                lo = c * spec.bits
+                m.d.comb += [ram.ce_in.eq(here), ram.we_in.eq(here), ram.addr_in.eq(word[:ab]),
+                             ram.wd_in.eq(wd[lo:lo + spec.bits]), ram.w_mask_in.eq(mask[lo:lo + spec.bits])]
+                outs.append(ram.rd_out)
+            picks.append(Mux(picked, Cat(*outs)[:wb], 0) if arr.rows > 1 else Cat(*outs)[:wb])
+        old = Value.cast(or_tree(picks))
+        slots = [old[j * ib:(j + 1) * ib] for j in range(K - 1)]
+        # slot m of the window is byte (phase + m) mod (K-1)
+        m.d.comb += [hist_rd_data[mm].eq(Array(slots[(j + mm) % (K - 1)] for j in range(K - 1))[s1_ph])
+                     for mm in range(K - 1)]
+        # the macro's clock-to-output over a flip-flop's (0.2 ns on the small fakeram45s,
+        # hw/mem/fakeram.py) as two mux levels, the row pick, the byte rotation
+        pick = (2 + (arr.rows - 1).bit_length() + (K - 2).bit_length()) * d.mux_level
+        return pick
+
+    def _sum(self, m, pipe, d, pick, s1_valid, window, s1_taps, accept):
+        """acc = sum_j taps_j * window_j over clock-derived stages, then ``o``: straight out
+        when the consumer never stalls, else through a FIFO with a credit per channel."""
+        K = self.kernel
+        # every tap's Booth partial products in one tree
+        width = self.acc_bits
         live = pipe.spend(2 * d.mux_level + pick, {"valid": s1_valid, "win": window,
                                             "taps": [s1_taps[j] for j in range(K)]})
         live = pipe.spend(d.booth_select, live)
@@ -274,7 +291,7 @@ class ShortConv(wiring.Component):
         live = pipe.register(live)
         if self.always_ready:
             m.d.comb += [self.o.valid.eq(live["valid"]), self.o.payload.eq(live["acc"])]
-            return m
+            return
         # an accepted channel holds a credit for stage 1, the pipeline's stages, the two
         # cycles SyncFIFOBuffered takes from w_en to r_rdy and the cycle ``credit`` takes to
         # see the read: with fewer places ``i`` fell to not ready at one channel a cycle
@@ -289,4 +306,3 @@ class ShortConv(wiring.Component):
         taken = self.o.valid & self.o.ready
         m.d.sync += credit.eq(credit + accept - taken)
         m.d.comb += self.i.ready.eq(credit < depth)
-        return m

@@ -27,7 +27,7 @@ Ports
         the token is accepted.  ``params`` must then be the layer's block (the
         top loads it between tokens, under the rule below).
 ``o``   stream, one beat per token: d_model int8.
-``wport`` weight port (hw/chip/weight_port.py).
+``wport`` weight port (hw/stream/weight_port.py).
 ``params`` the per-model values (hw/image/param_map.py).
 ``cycles`` free-running cycle counter; ``token_cycles`` the cycles the last
         token took from its acceptance on ``i`` to its offer on ``o``;
@@ -92,7 +92,7 @@ from hw.image.param_map import kda_norm_ss_bits, param_layout, param_map, struct
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.arith.silu import silu
 from hw.kda.short_conv import ShortConv
-from hw.chip.weight_port import WeightPortSignature, split_request
+from hw.stream.weight_port import WeightPortSignature, split_request
 from moekda.config import ConfigError
 from moekda.formats import formats_for
 

@@ -19,7 +19,7 @@ Layout (one source of truth: the unit and the testbench memory read these functi
   the layer;
 * context c starts at ``c * cache_tokens * row_stride``.
 
-The port (``CachePortSignature``) is a weight port (hw/chip/weight_port.py: ``req``,
+The port (``CachePortSignature``) is a weight port (hw/stream/weight_port.py: ``req``,
 ``resp``, the same rules) plus ``wr``, a stream of single-beat writes {addr, data}.  The
 memory applies a write when it accepts it, and a read request accepted after a write
 returns the written bytes (one memory, requests in order).
@@ -30,7 +30,7 @@ from amaranth.hdl import unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.chip.weight_port import ADDR_BITS, WeightRequest, padded_row_bytes, response_layout
+from hw.stream.weight_port import ADDR_BITS, WeightRequest, padded_row_bytes, response_layout
 from hw.image.memory_map import mixer_layers, sequence_slots
 from moekda.formats import formats_for
 

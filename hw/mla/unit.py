@@ -61,8 +61,8 @@ from hw.arith.counter import ChunkedCounter, sparse_event_count
 from hw.arith.lut import LookupTable, drive_constant
 from hw.arith.matvec import MatVecEngine, MatVecFormats, port_groups
 from hw.arith.pipeline import Pipe, plan_pipeline
-from hw.chip.skid import SkidBuffer
-from hw.chip.weight_port import WeightPortSignature, split_request
+from hw.stream.skid import SkidBuffer
+from hw.stream.weight_port import WeightPortSignature, split_request
 from hw.image.memory_map import layer_bits, layer_prefix, memory_map, sequence_slots, slot_bits
 from hw.image.param_map import mla_norm_ss_bits, param_layout, table_shape
 from hw.kda.norm import Normalizer

@@ -63,7 +63,7 @@ Ports
 ``tokens``  stream, one beat per token: d_model int8 (the normalised hn).
 ``out``     stream, one beat per token: d_model x resid_bits signed (the MoE
             output, at the scale the residual add takes).
-``wport``   weight port (hw/chip/weight_port.py).
+``wport``   weight port (hw/stream/weight_port.py).
 ``params``  the per-model values (hw/image/param_map.py), one vector in the Verilog.
 ``dense_params`` (only when a layer of the config is dense) the dense layer's values,
             ``param_layout(cfg, "dense", mixer="dense")``; ``params`` is then unused for
@@ -144,7 +144,7 @@ from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.arith.silu import silu
 from hw.arith.situ import up_cap
 from hw.moe.topk import TopK
-from hw.chip.weight_port import MAX_BEATS, WeightPortSignature, beats_per_row
+from hw.stream.weight_port import MAX_BEATS, WeightPortSignature, beats_per_row
 from moekda.config import ConfigError
 from moekda.tables import fixed_table, situ_in_bits, situ_table
 from moekda.formats import derived_widths, formats_for

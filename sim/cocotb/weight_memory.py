@@ -1,4 +1,4 @@
-"""Testbench weight memory: the other end of a block's weight port (hw/chip/weight_port.py).
+"""Testbench weight memory: the other end of a block's weight port (hw/stream/weight_port.py).
 
 Runs Python every clock cycle: the block benches (KDA, MoE) use it.  The layer
 bench uses its HDL twin sim/hdl/weight_memory.py (same timing rule, checked

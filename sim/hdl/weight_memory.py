@@ -1,6 +1,6 @@
 """HdlWeightMemory: the weight memory the layer bench simulates in the HDL, not in Python.
 
-Not part of the chip.  It is the other end of a weight port (hw/chip/weight_port.py)
+Not part of the chip.  It is the other end of a weight port (hw/stream/weight_port.py)
 with the timing of the Python model sim/cocotb/weight_memory.py, so a long
 simulation needs no Python call per clock cycle:
 
@@ -43,7 +43,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from hw.chip.weight_port import BEATS_BITS, WeightRequest, ceil_div, response_layout
+from hw.stream.weight_port import BEATS_BITS, WeightRequest, ceil_div, response_layout
 from hw.mla.cache import cache_contexts, cache_tokens, cache_write_layout, row_stride
 
 COUNT_BITS = 48          # bytes of a 4096-token run of small (~0.5 GB) fit with room to spare

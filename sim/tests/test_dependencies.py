@@ -123,3 +123,22 @@ def test_no_import_circles():
         if v not in index:
             visit(v)
     assert not circles, circles
+
+
+# hw's floors inside it: the chip (hw/chip/) assembles the blocks, and the tops and the cost
+# model read the chip; nothing below imports it
+ABOVE_THE_CHIP = {"hw.chip", "hw.tops", "hw.cost"}
+
+
+def test_the_blocks_do_not_import_the_chip():
+    """The blocks (KDA, MLA, MoE, AttnRes) and what they share (hw/arith, hw/stream: the
+    weight port, the register slice, the residual add) sit below the chip: they import
+    nothing from hw/chip (issue 49; they imported hw.chip.{weight_port,skid,residual})."""
+    found = {}
+    for mod, p in _sources():
+        if _floor(mod) != "hw" or any(mod == a or mod.startswith(a + ".") for a in ABOVE_THE_CHIP):
+            continue
+        chip = sorted(m for m in _imports(p) if m == "hw.chip" or m.startswith("hw.chip."))
+        if chip:
+            found[str(p.relative_to(REPO_ROOT))] = chip
+    assert found == {}, found

@@ -1,5 +1,5 @@
 """The layer bench's HDL weight memory (sim/hdl/weight_memory.py) against the port
-contract (hw/chip/weight_port.py) and the Python memory model's timing
+contract (hw/stream/weight_port.py) and the Python memory model's timing
 (sim/cocotb/weight_memory.py), in Amaranth's simulator.
 
 * stall-free: a random list of requests issued back to back gets exactly the

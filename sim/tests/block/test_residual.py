@@ -1,4 +1,4 @@
-"""hw/chip/residual.py against model.int_ops.int_residual_add, bit for bit: the layer's
+"""hw/arith/residual.py against model.int_ops.int_residual_add, bit for bit: the layer's
 two residual adds (KDA int8 branch, MoE resid_bits branch) of tiny and small, plus
 corner scales (s = 0, a zero multiplier, all-ones multipliers, shifts past the sum's
 width), with random, extreme and saturating operands, indices in any order and gaps in
@@ -11,7 +11,7 @@ import pytest
 from amaranth.back import rtlil
 
 from hw.image.param_map import param_layout, region_value
-from hw.chip.residual import ResidualAdd, residual_layout
+from hw.arith.residual import ResidualAdd, residual_layout
 from moekda.config import load_config
 from moekda.formats import formats_for
 from sim.cocotb_util import sim_configs

@@ -1,4 +1,4 @@
-"""hw/chip/skid.py: the register slice passes every beat once, in order, at full rate, and
+"""hw/stream/skid.py: the register slice passes every beat once, in order, at full rate, and
 what it drives depends on no input of the same cycle (the reason it is at the chip's pins)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from hw.chip.skid import SkidBuffer
+from hw.stream.skid import SkidBuffer
 from sim.pysim import simulate
 
 
