@@ -48,7 +48,9 @@ CATEGORIES: tuple[Category, ...] = (
              ("norm/**", "kda/norm/**",
               "norm1/**", "norm2/**")),   # the layer's two RMSNorms before they were shared (1448559): older netlists
     Category("kda_datapath", "KDA datapath",
-             ("kda", "kda/delta/**", "kda/conv/**", "kda/lut_*/**", "kda/silu_sigmoid/**")),
+             ("kda", "kda/delta/**", "kda/lut_*/**",
+              "kda/qkv/**",                # short convolution, requantisation, SiLU (hw/kda/rows.py)
+              "kda/seq/**", "kda/rq/**", "kda/pending/**", "kda/gate/**", "kda/phases/**")),
     Category("router_topk", "router and top-k",
              ("moe/route/**", "moe/topk/**", "moe/activations/score_lut/**")),
     Category("experts", "experts' datapath (MoE control, SiLU or SiTU-GLU, combine)",
