@@ -48,12 +48,16 @@ CATEGORIES: tuple[Category, ...] = (
              ("norm/**", "kda/norm/**",
               "norm1/**", "norm2/**")),   # the layer's two RMSNorms before they were shared (1448559): older netlists
     Category("kda_datapath", "KDA datapath",
-             ("kda", "kda/delta/**", "kda/conv/**", "kda/lut_*/**", "kda/silu_sigmoid/**")),
+             ("kda", "kda/delta/**", "kda/lut_*/**",
+              "kda/qkv/**",                # short convolution, requantisation, SiLU (hw/kda/rows.py)
+              "kda/seq/**", "kda/rq/**", "kda/pending/**", "kda/gate/**", "kda/phases/**")),
     Category("router_topk", "router and top-k",
-             ("moe/route/**", "moe/topk/**", "moe/score_lut/**")),
+             ("moe/route/**", "moe/topk/**", "moe/activations/score_lut/**")),
     Category("experts", "experts' datapath (MoE control, SiLU or SiTU-GLU, combine)",
-             ("moe", "moe/silu_sigmoid/**",
-              "moe/situ_lut/**", "moe/cap_cap/**")),   # SiTU-GLU (model.glu = "situ"): SITU and CAP ROMs
+             ("moe", "moe/requests/**", "moe/feeder/**",      # hw/moe/*.py, one instance a part
+              "moe/activations", "moe/activations/silu_sigmoid/**",
+              "moe/activations/situ_lut/**", "moe/activations/cap_cap/**",   # SiTU-GLU: SITU and CAP ROMs
+              "moe/sums/**", "moe/hidden/**", "moe/combine")),
     Category("residual", "token buffers and residual adds (top)",
              (TOP, DATAPATH, "res1/**", "res2/**")),
     Category("control", "control (weight arbiter, port slices, CSRs)",

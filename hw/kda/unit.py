@@ -27,7 +27,7 @@ Ports
         the token is accepted.  ``params`` must then be the layer's block (the
         top loads it between tokens, under the rule below).
 ``o``   stream, one beat per token: d_model int8.
-``wport`` weight port (hw/stream/weight_port.py).
+``wport`` weight port (hw/chip/weight_port.py).
 ``params`` the per-model values (hw/image/param_map.py).
 ``cycles`` free-running cycle counter; ``token_cycles`` the cycles the last
         token took from its acceptance on ``i`` to its offer on ``o``;
@@ -75,24 +75,26 @@ q norm's (m, s).
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Shape, Signal, Value, signed, unsigned
+from types import SimpleNamespace
+
+from amaranth import Array, Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.arith.booth_multiply import booth_multiply, requantise
 from hw.arith.counter import sparse_event_count
-from hw.arith.carry_save import pipelined_add
-from hw.kda.delta import DeltaRule
 from hw.arith.matvec import MatVecEngine, port_groups
-from hw.kda.norm import Normalizer
-from hw.arith.lut import LookupTable, drive_constant
+from hw.arith.pipeline import plan_pipeline
+from hw.stream.weight_port import WeightPortSignature, split_request
 from hw.image.memory_map import (layer_bits, layer_count, layer_prefix, memory_map, mixer_layers, sequence_slots,
                                  slot_bits, state_contexts)
 from hw.image.param_map import kda_norm_ss_bits, param_layout, param_map, structural, table_shape
-from hw.arith.pipeline import Pipe, plan_pipeline
-from hw.arith.silu import silu
-from hw.kda.short_conv import ShortConv
-from hw.stream.weight_port import WeightPortSignature, split_request
+from hw.kda.delta import DeltaRule
+from hw.kda.norm import Normalizer
+from hw.kda.phases import KdaPhases
+from hw.kda.rows import ProjectionRequantiser, QkvActivation
+from hw.proj.requests import unit_layer
+from hw.proj.results import GatedProduct, PendingRows, TableStage
+from hw.proj.sequencer import ProjectionSequencer, connect_weight_port, input_group
 from moekda.config import ConfigError
 from moekda.formats import formats_for
 
@@ -127,6 +129,71 @@ def kda_requests(cfg, layer: int = 0) -> tuple[list[tuple[int, int]], list[tuple
         addr, nbytes = mm.span([prefix + t for t in tensors])
         return split_request(addr, nbytes // W, W)
     return reads([t for op, t, _, _ in OPS if op != "o"]), reads(["kda.w_o"])
+
+
+def vec(name, n, shape):
+    return [Signal(shape, name=f"{name}{i}") for i in range(n)]
+
+
+def view(regs, n, shape):
+    """The first ``n`` registers of ``regs`` read as ``shape`` (their low bits)."""
+    shape = Shape.cast(shape)
+    assert n <= len(regs) and all(len(reg) >= shape.width for reg in regs[:n])
+    return [reg[:shape.width].as_signed() if shape.signed else reg[:shape.width] for reg in regs[:n]]
+
+
+def token_registers(fm, d, H, dk, dv, r) -> SimpleNamespace:
+    """The registers holding a token's vectors.  The phases run in sequence, so a vector
+    whose last reader is done can hand its registers on to one written later (docs/chip.md
+    "The KDA unit's registers"):
+      x  (ACCEPT .. the x projections)       -> zo  (the o norm .. W_o's beats)
+      qs (its SiLU .. the q norm's read)     -> qn  (the q norm's write .. the delta rule)
+      ks likewise                            -> kn
+      v  (its SiLU .. column c's u)          -> o16 (column c's o .. the o norm's read)
+      qn's registers, once the delta rule is done -> out (W_o's rows .. the output's release)
+    The norm rewrites q and k in place: each element is read in its scale pass before its
+    own write, and never again.  The delta rule reads v_c when column c's pass 1 ends, long
+    before o_c comes out of pass 2.  A register is as wide as the wider of its vectors; a
+    narrower vector is written sign- or zero-extended and read from the low bits, so every
+    vector reads back exactly what was stored.  Upper case: register sets (written); the
+    rest views of them (read)."""
+    a, hk, hv = fm.act_bits, H * dk, H * dv
+    qkv, o_b = signed(fm.qkv_bits), signed(fm.o_bits)
+    v = SimpleNamespace()
+    v.XZ = vec("xz", max(d, hv), signed(a))                       # x, then zo
+    v.X, v.ZO = view(v.XZ, d, signed(a)), view(v.XZ, hv, signed(a))
+    v.FD, v.GD = vec("fd", r, signed(a)), vec("gd", r, signed(a))
+    out_in_q = d <= hk            # out in q's registers (tiny, small: d == H d_k)
+    v.QSN = vec("qsn", hk, signed(max(fm.qkv_bits, fm.qk_bits, a if out_in_q else 1)))   # qs, qn, then out
+    v.KSN = vec("ksn", hk, signed(max(fm.qkv_bits, fm.qk_bits)))  # ks, then kn
+    v.VO = vec("vo", hv, signed(max(fm.qkv_bits, fm.o_bits)))     # v, then o16
+    v.QS, v.KS, v.V = view(v.QSN, hk, qkv), view(v.KSN, hk, qkv), view(v.VO, hv, qkv)
+    v.QN, v.KN = view(v.QSN, hk, signed(fm.qk_bits)), view(v.KSN, hk, signed(fm.qk_bits))
+    v.O16 = view(v.VO, hv, o_b)
+    v.OUT_REGS = v.QSN if out_in_q else vec("out", d, signed(a))
+    v.OUT = view(v.OUT_REGS, d, signed(a))
+    v.ALPHA = vec("alpha", hk, unsigned(fm.alpha_frac))
+    v.BETA = vec("beta", H, unsigned(fm.unit_frac + 1))
+    v.GATE = vec("gate", hv, unsigned(fm.unit_frac + 1))
+    return v
+
+
+def split_counter(m, name, clear=None):
+    """A 32-bit counter as two 16-bit halves: the high half steps on a flag registered one
+    cycle ahead (low half about to wrap), so no 32-bit carry chain in a cycle; ``clear``
+    restarts it at 2."""
+    lo, hi, wrap = Signal(16, name=f"{name}_lo"), Signal(16, name=f"{name}_hi"), Signal(name=f"{name}_wrap")
+    m.d.sync += [lo.eq(lo + 1), wrap.eq(lo == 0xFFFE)]
+    with m.If(wrap):
+        m.d.sync += hi.eq(hi + 1)
+    if clear is not None:
+        with m.If(clear):
+            m.d.sync += [lo.eq(2), hi.eq(0), wrap.eq(0)]
+    return Cat(lo, hi)
+
+
+def store(m, buf, idx, value):
+    m.d.sync += Array(buf)[idx].eq(value)
 
 
 class KdaUnit(wiring.Component):
@@ -168,328 +235,108 @@ class KdaUnit(wiring.Component):
             "mac_beat": Out(1),
         })
 
-    # -- helpers ------------------------------------------------------------------
     def elaborate(self, platform):
         m = Module()
         cfg, fm, P = self.cfg, self.fm, self.params
         st = structural(cfg)          # the config-fixed widths (requantiser outputs, table inputs)
         pm = param_map(cfg)
         d, H, dk, dv, r, W = self.d, self.H, self.dk, self.dv, self.r, self.W
-        a = fm.act_bits
-        hk, hv = H * dk, H * dv
+        a, hk, hv = fm.act_bits, H * dk, H * dv
         L, C = len(self.layers), self.contexts
+        plan = plan_pipeline(cfg.hw.clock_period_ns)
         # the accepted token's KDA layer k (its weights' addresses) and context (its state
         # and history); with every layer a KDA layer, k is the model layer itself
-        if self.layers == list(range(layer_count(cfg))):
-            k_now = self.layer
-        else:
-            k_now = Signal(range(max(2, L)))
-            m.d.comb += k_now.eq(Array(Const(self.layers.index(l) if l in self.layers else 0, len(k_now))
-                                       for l in range(layer_count(cfg)))[self.layer])
-        if L > 1:
-            tok_layer = Signal(range(L))
-        if C > 1:
-            tok_ctx = Signal(range(C))
-            ctx_now = Signal(range(C))      # the context of the token on ``i``
-            m.d.comb += ctx_now.eq(k_now + L * self.slot if self.slots > 1 else k_now)
+        k_now, ctx_now = unit_layer(m, layer_count(cfg), self.layers, self.layer, self.slot, self.slots)
+        tok_ctx = Signal(range(C))
+        v = token_registers(fm, d, H, dk, dv, r)
 
-        # ---- registers holding the token's vectors ---------------------------------
-        # The phases run in sequence, so a vector whose last reader is done can hand its
-        # registers on to one written later (docs/chip.md "The KDA unit's registers"):
-        #   x  (ACCEPT .. the x projections)       -> zo  (the o norm .. W_o's beats)
-        #   qs (its SiLU .. the q norm's read)     -> qn  (the q norm's write .. the delta rule)
-        #   ks likewise                            -> kn
-        #   v  (its SiLU .. column c's u)          -> o16 (column c's o .. the o norm's read)
-        #   qn's registers, once the delta rule is done -> out (W_o's rows .. the output's release)
-        # The norm rewrites q and k in place: each element is read in its scale pass before
-        # its own write, and never again.  The delta rule reads v_c when column c's pass 1
-        # ends, long before o_c comes out of pass 2.  A register is as wide as the wider of
-        # its vectors; a narrower vector is written sign- or zero-extended and read from
-        # the low bits, so every vector reads back exactly what was stored.  The MLA unit
-        # (hw/mla/unit.py) still has a register set per vector.
-        def vec(name, n, shape):
-            return [Signal(shape, name=f"{name}{i}") for i in range(n)]
+        # ---- counters (token_count from the ACCEPT cycle and the one after it, both counted)
+        m.d.comb += self.cycles.eq(split_counter(m, "cycles"))
+        token_clear = Signal()
+        token_count = split_counter(m, "token_count", token_clear)
 
-        def view(regs, n, shape):
-            """The first ``n`` registers of ``regs`` read as ``shape`` (their low bits)."""
-            shape = Shape.cast(shape)
-            assert n <= len(regs) and all(len(reg) >= shape.width for reg in regs[:n])
-            return [reg[:shape.width].as_signed() if shape.signed else reg[:shape.width] for reg in regs[:n]]
-        qkv, o_b = signed(fm.qkv_bits), signed(fm.o_bits)
-        XZ = vec("xz", max(d, hv), signed(a))                       # x, then zo
-        X, ZO = view(XZ, d, signed(a)), view(XZ, hv, signed(a))
-        FD, GD = vec("fd", r, signed(a)), vec("gd", r, signed(a))
-        out_in_q = d <= hk            # out in q's registers (tiny, small: d == H d_k)
-        QSN = vec("qsn", hk, signed(max(fm.qkv_bits, fm.qk_bits, a if out_in_q else 1)))   # qs, qn, then out
-        KSN = vec("ksn", hk, signed(max(fm.qkv_bits, fm.qk_bits)))  # ks, then kn
-        VO = vec("vo", hv, signed(max(fm.qkv_bits, fm.o_bits)))     # v, then o16
-        QS, KS, V = view(QSN, hk, qkv), view(KSN, hk, qkv), view(VO, hv, qkv)
-        QN, KN = view(QSN, hk, signed(fm.qk_bits)), view(KSN, hk, signed(fm.qk_bits))
-        O16 = view(VO, hv, o_b)
-        OUT_REGS = QSN if out_in_q else vec("out", d, signed(a))
-        OUT = view(OUT_REGS, d, signed(a))
-        ALPHA = vec("alpha", hk, unsigned(fm.alpha_frac))
-        BETA = vec("beta", H, unsigned(fm.unit_frac + 1))
-        GATE = vec("gate", hv, unsigned(fm.unit_frac + 1))
-
-        # ---- counters ------------------------------------------------------------
-        # 32-bit counters as two 16-bit halves: the high half steps on a flag registered
-        # one cycle ahead (low half about to wrap), so no 32-bit carry chain in a cycle
-        def split_counter(name, clear=None):
-            lo, hi, wrap = Signal(16, name=f"{name}_lo"), Signal(16, name=f"{name}_hi"), Signal(name=f"{name}_wrap")
-            m.d.sync += [lo.eq(lo + 1), wrap.eq(lo == 0xFFFE)]
-            with m.If(wrap):
-                m.d.sync += hi.eq(hi + 1)
-            if clear is not None:
-                with m.If(clear):
-                    m.d.sync += [lo.eq(2), hi.eq(0), wrap.eq(0)]
-            return Cat(lo, hi)
-        cycles = split_counter("cycles")
-        m.d.comb += self.cycles.eq(cycles)
-        token_clear = Signal()    # ACCEPT takes a token: the count restarts (at 2: the ACCEPT cycle and
-                                  # the one after it are the token's first two, as token_cycles counts)
-        token_count = split_counter("token_count", token_clear)
-
-        # ---- weight requests: the projections' at ACCEPT, W_o's at WO -------------------
-        # one table of requests in memory order; the phase control moves req_end to
-        # open the next group and req_idx walks up to it
-        reqs = self.proj_reqs + self.wo_reqs
-        req_idx = Signal(range(len(reqs) + 1), init=len(reqs))
-        req_end = Signal(range(len(reqs) + 1), init=len(reqs))
-        if L == 1:
-            req_addr = Array(Const(ad, 32) for ad, _ in reqs)[req_idx]
-        else:
-            # one address table per layer; the layer is a register, constant for the token
-            req_addr = Array(Array(Const(ad, 32) for ad, _ in proj + wo)
-                             for proj, wo in self.layer_reqs)[tok_layer][req_idx]
-        m.d.comb += [self.wport.req.valid.eq(req_idx != req_end),
-                     self.wport.req.payload.addr.eq(req_addr),
-                     self.wport.req.payload.beats.eq(Array(Const(n, 16) for _, n in reqs)[req_idx])]
-        with m.If(self.wport.req.valid & self.wport.req.ready):
-            m.d.sync += req_idx.eq(req_idx + 1)
-
-        # ---- the projection feeder: response beats + input groups -> MAC ----------------
-        # the regions' shapes (rows, beats per row) are every KDA layer's: the first stands for all
-        regions = [self.mm[layer_prefix(cfg, self.layers[0]) + t] for _, t, _, _ in OPS]
-        sources = {"x": port_groups(X, W, a), "fd": port_groups(FD, W, a), "gd": port_groups(GD, W, a),
-                   "zo": port_groups(ZO, W, a)}
-        n_ops = len(OPS)
-        f_op = Signal(range(n_ops + 1))
-        f_row = Signal(range(max(reg.rows for reg in regions)))
-        f_beat = Signal(range(max(reg.row_beats for reg in regions)))
-        feed_enable = Signal()          # set by the phase control below
-        pending = Signal(range(4 * (hk + hv + d + 2 * r + H) + 1))  # rows issued, not yet stored
-
-        rows_of = Array(Const(reg.rows - 1) for reg in regions)[f_op]
-        beats_of = Array(Const(reg.row_beats - 1) for reg in regions)[f_op]
-        x_group = Signal(W * a)
-        with m.Switch(f_op):
-            for n, (_, _, _, src) in enumerate(OPS):
-                with m.Case(n):
-                    m.d.comb += x_group.eq(Array(sources[src])[f_beat])
-
-        # the shared engine (hw/arith/matvec.py): one port beat per engine beat; its results
-        # come back in row order, so a second (op, row) counter walks the same sequence.
-        # The unit requantises the raw accumulator itself (f_up adds a bias first), so the
-        # engine is built accumulator-only: no requantiser, (M, s) ignored.  Every result is
-        # taken the cycle it appears (R0 below is a plain register, the pipeline after it
-        # never stalls), so the engine is built always ready: no result FIFO (8 x 40
-        # flip-flops on tiny) and no credit counter
+        # ---- the projection sequencer (hw/proj): the weight requests (the projections' at
+        # ACCEPT, W_o's at WO), response beats + input groups -> the shared engine, one port
+        # beat per engine beat.  The regions' shapes are every KDA layer's: the first stands for all
+        shapes = [(reg.rows, reg.row_beats) for reg in (self.mm[layer_prefix(cfg, self.layers[0]) + t]
+                                                         for _, t, _, _ in OPS)]
+        m.submodules.seq = seq = ProjectionSequencer(
+            shapes, requests=([proj + wo for proj, wo in self.layer_reqs], len(self.proj_reqs)))
+        if L > 1:      # the token's layer: a register, constant for the token
+            with m.If(self.i.valid & self.i.ready):
+                m.d.sync += seq.layer.eq(k_now)
+        connect_weight_port(m, seq, self.wport)
+        sources = {"x": v.X, "fd": v.FD, "gd": v.GD, "zo": v.ZO}
+        x_group = input_group(m, [[port_groups(sources[src], W, a)] for *_, src in OPS], seq.op, 0, seq.beat)
+        # the engine is built accumulator-only (the unit requantises the raw accumulator
+        # itself: f_up adds a bias first) and always ready: every result is taken the cycle it
+        # appears (R0 is a plain register, the pipeline after it never stalls), so no result
+        # FIFO (8 x 40 flip-flops on tiny) and no credit counter
         m.submodules.engine = eng = MatVecEngine(cfg, requantise=False, always_ready=True)
-        m.d.comb += self.mac_beat.eq(eng.beat)       # hw.lanes MACs (the chip's MACS counter)
-        beat_go = feed_enable & self.wport.resp.valid
-        m.d.comb += [
-            self.wport.resp.ready.eq(feed_enable),
-            eng.i.valid.eq(feed_enable & self.wport.resp.valid),
-            eng.i.payload.w.eq(self.wport.resp.payload.data),
-            eng.i.payload.x.eq(x_group),
-            eng.i.payload.first.eq(f_beat == 0),
-            eng.i.payload.last.eq(f_beat == beats_of),
-            eng.i.payload.mult.eq(0),
-            eng.i.payload.shift.eq(0),
-        ]
-        row_issued = Signal()
-        m.d.comb += row_issued.eq(beat_go & (f_beat == beats_of))
-        with m.If(beat_go):
-            m.d.sync += f_beat.eq(f_beat + 1)
-            with m.If(f_beat == beats_of):
-                m.d.sync += [f_beat.eq(0), f_row.eq(f_row + 1)]
-                with m.If(f_row == rows_of):
-                    m.d.sync += [f_row.eq(0), f_op.eq(f_op + 1)]
+        m.d.comb += [self.mac_beat.eq(eng.beat),       # hw.lanes MACs (the chip's MACS counter)
+                     eng.i.valid.eq(seq.go), eng.i.payload.w.eq(self.wport.resp.payload.data),
+                     eng.i.payload.x.eq(x_group), eng.i.payload.first.eq(seq.first),
+                     eng.i.payload.last.eq(seq.last), eng.i.payload.mult.eq(0), eng.i.payload.shift.eq(0)]
 
-        # ---- requantisation of engine results (bias for f_up) -----------------------------
-        res_op, res_row = Signal.like(f_op), Signal.like(f_row)
-        res_valid = eng.o.valid
-        with m.If(res_valid):
-            m.d.sync += res_row.eq(res_row + 1)
-            with m.If(res_row == Array(Const(reg.rows - 1) for reg in regions)[res_op]):
-                m.d.sync += [res_row.eq(0), res_op.eq(res_op + 1)]
-        # R0: the accumulator and its bias (0 but for f_up) registered; the bias add
-        # (a carry chain as wide as the accumulator), times M, round, shift, saturate
-        # over clock-derived stages (hw/arith/booth_multiply.py); the last register is R2
-        r0_valid, r0_op, r0_row = Signal(), Signal.like(f_op), Signal.like(f_row)
-        r0_acc, r0_bias = Signal(signed(fm.acc_bits + 1)), Signal(signed(fm.acc_bits + 1))
-        m.d.sync += [r0_valid.eq(res_valid), r0_op.eq(res_op), r0_row.eq(res_row),
-                     r0_acc.eq(eng.o.payload.acc), r0_bias.eq(0)]
-        # the f_up bias, read from the parameters by row (an H d_k : 1 mux from the bank)
-        with m.If(res_op == OP["fu"]):
-            m.d.sync += r0_bias.eq(P.f_up.bias[res_row[:max(1, (hk - 1).bit_length())]])
-        plan = plan_pipeline(cfg.hw.clock_period_ns)
-        rq = Pipe(m, plan, "rq")
-        rq_live = pipelined_add(rq, {"valid": r0_valid, "op": r0_op, "row": r0_row, "acc": r0_acc,
-                                     "bias": r0_bias}, "acc", "bias", "biased", fm.acc_bits + 1)
-        r0_biased = Value.cast(rq_live.pop("biased")).as_signed()
-        rq_live = requantise(rq, rq_live, r0_biased, "op",
-                             [(getattr(P, f).m, getattr(P, f).s, st[f"kda.{f}.out_bits"]) for _, _, f, _ in OPS],
-                             fm.acc_bits + 3 + fm.mult_bits, "y")
-        rq_live = rq.register(rq_live)
-        r2_valid, r2_op, r2_row = rq_live["valid"], rq_live["op"], rq_live["row"]
-        r2_y = Signal(signed(max(a, fm.lut_in_bits)))
-        m.d.comb += r2_y.eq(rq_live["y"])
-
-        # ---- routing of requantised rows -----------------------------------------------
+        # ---- requantisation (bias for f_up) and routing of the rows -------------------------
+        m.submodules.rq = rq = ProjectionRequantiser(cfg, shapes,
+                                                     [f for _, _, f, _ in OPS], OP["fu"], eng.o.payload.acc.shape(),
+                                                     seq.op.shape(), seq.row.shape())
+        m.d.comb += [rq.valid.eq(eng.o.valid), rq.acc.eq(eng.o.payload.acc), rq.params.eq(P)]
+        r2_valid, r2_op, r2_row, r2_y = rq.o_valid, rq.o_op, rq.o_row, rq.o_y
         writes = []                       # one-bit signals: a row reached its final register
-        def store(buf, idx, value):
-            m.d.sync += Array(buf)[idx].eq(value)
-
-        direct = Signal()
-        m.d.comb += direct.eq(r2_valid & ((r2_op == OP["fd"]) | (r2_op == OP["gd"]) | (r2_op == OP["o"])))
         with m.If(r2_valid):
             with m.Switch(r2_op):
-                with m.Case(OP["fd"]):
-                    store(FD, r2_row, r2_y)
-                with m.Case(OP["gd"]):
-                    store(GD, r2_row, r2_y)
-                with m.Case(OP["o"]):
-                    store(OUT_REGS, r2_row, r2_y)
-        writes.append(direct)
-
+                for op, buf in (("fd", v.FD), ("gd", v.GD), ("o", v.OUT_REGS)):
+                    with m.Case(OP[op]):
+                        store(m, buf, r2_row, r2_y)
+        writes.append(r2_valid & ((r2_op == OP["fd"]) | (r2_op == OP["gd"]) | (r2_op == OP["o"])))
         # tables after the engine: beta, alpha, gate (one cycle each: the table read is a
-        # 2**in_bits : 1 mux of the parameter bank's entries; small at 1 ns: address register
-        # -> data 0.89-0.93 ns, bank -> data 0.55 ns with the 0.2 ns input delay)
-        tables = {}
-        def table(name):
-            """A LookupTable of ``kda.<name>``: the config's constants (moekda/tables.py)."""
+        # 2**in_bits : 1 mux of constants; small at 1 ns: address register -> data 0.89-0.93 ns)
+        for name, dest, op in (("beta", v.BETA, "b"), ("alpha", v.ALPHA, "fu"), ("gate", v.GATE, "gu")):
             full = f"kda.{name}"
-            lut = LookupTable(st[f"{full}.in_bits"], table_shape(cfg, full))
-            m.submodules[f"lut_{name}"] = lut
-            drive_constant(m, lut, st[f"{full}.table"])
-            return lut
-        for name, dest, op in (("beta", BETA, "b"), ("alpha", ALPHA, "fu"), ("gate", GATE, "gu")):
-            lut = table(name)
-            hit = r2_valid & (r2_op == OP[op])
-            l_valid, l_row = Signal(name=f"{name}_valid"), Signal.like(f_row, name=f"{name}_row")
-            m.d.comb += [lut.addr.eq(r2_y), lut.en.eq(hit)]
-            m.d.sync += [l_valid.eq(hit), l_row.eq(r2_row)]
-            with m.If(l_valid):
-                store(dest, l_row, lut.data)
-            writes.append(l_valid)
-            tables[name] = lut
-
-        # short convolution of q, k, v (channels in that order), requant, SiLU.  Its history
-        # lives where the state does (hw.state_memory: flip-flops or an SRAM macro), and it
-        # is built always ready: CR1 below takes every sum the cycle it appears, so no
-        # output FIFO (and rows are sent without looking at ``ready`` anyway)
-        conv_names = ("conv_q", "conv_k", "conv_v")
-        m.submodules.conv = conv = ShortConv(hk + hk + hv, cfg.model.conv_kernel, a, fm.weight_bits,
-                                             clock_period_ns=cfg.hw.clock_period_ns, layers=C,
-                                             memory=cfg.hw.state_memory, always_ready=True)
-        if C > 1:
-            m.d.comb += conv.layer.eq(tok_ctx)
-        for name, base_c, n in zip(conv_names, (0, hk, 2 * hk), (hk, hk, hv)):
-            for c in range(n):
-                m.d.comb += conv.taps[base_c + c].eq(getattr(P, name).w[c])
+            m.submodules[f"lut_{name}"] = lut = TableStage(st[f"{full}.in_bits"], table_shape(cfg, full),
+                                                           st[f"{full}.table"], seq.row.shape())
+            m.d.comb += [lut.valid.eq(r2_valid & (r2_op == OP[op])), lut.row.eq(r2_row), lut.addr.eq(r2_y)]
+            with m.If(lut.o_valid):
+                store(m, dest, lut.o_row, lut.data)
+            writes.append(lut.o_valid)
+        # q, k, v: short convolution, requantisation, SiLU (hw/kda/rows.py)
+        m.submodules.qkv = qkv = QkvActivation(cfg, r2_y.shape(), C)
         is_qkv = (r2_op == OP["q"]) | (r2_op == OP["k"]) | (r2_op == OP["v"])
-        m.d.comb += [conv.i.valid.eq(r2_valid & is_qkv), conv.i.payload.eq(r2_y)]
-        c_chan = Signal(range(hk + hk + hv))
-        with m.If(conv.o.valid):
-            m.d.sync += c_chan.eq(Mux(c_chan == hk + hk + hv - 1, 0, c_chan + 1))
-        c_sec = Signal(2)
-        c_idx = Signal(range(max(hk, hv)))
-        m.d.comb += [c_sec.eq(Mux(c_chan < hk, 0, Mux(c_chan < 2 * hk, 1, 2))),
-                     c_idx.eq(Mux(c_chan < hk, c_chan, Mux(c_chan < 2 * hk, c_chan - hk, c_chan - 2 * hk)))]
-        # CR1: the convolution sum registered with its channel; then requantised like R0
-        cr1_valid, cr1_sec, cr1_idx = Signal(), Signal(2), Signal.like(c_idx)
-        cr1_acc = Signal.like(conv.o.payload)
-        m.d.sync += [cr1_valid.eq(conv.o.valid), cr1_sec.eq(c_sec), cr1_idx.eq(c_idx),
-                     cr1_acc.eq(conv.o.payload)]
-        crq = Pipe(m, plan, "crq")
-        crq_live = crq.register(requantise(crq, {"valid": cr1_valid, "sec": cr1_sec, "idx": cr1_idx},
-                                           cr1_acc, "sec",
-                                           [(getattr(P, c).m, getattr(P, c).s, st[f"kda.{c}.out_bits"])
-                                            for c in conv_names],
-                                           conv.acc_bits + fm.mult_bits + 2, "code"))
-        cr2_valid, cr2_sec, cr2_idx = crq_live["valid"], crq_live["sec"], crq_live["idx"]
-        cr2_code = Signal(signed(fm.lut_in_bits))
-        m.d.comb += cr2_code.eq(crq_live["code"])
-        # SiLU = c * sigmoid (hw/arith/silu.py): q, k and v by the code's section
-        sp = Pipe(m, plan, "silu")
-        silus = [getattr(P, name) for name in ("silu_q", "silu_k", "silu_v")]
-        s_live = silu(sp, {"valid": cr2_valid, "sec": cr2_sec, "idx": cr2_idx, "code": cr2_code}, "code", "sec",
-                      [(p.t_m, p.t_s, p.m, p.s) for p in silus], fm.qkv_bits, fm)
-        s_live = sp.register(s_live)
-        s_valid, s_sec, s_idx = s_live["valid"], s_live["sec"], s_live["idx"]
-        with m.If(s_valid):
-            with m.Switch(s_sec):
-                for n, buf in enumerate((QSN, KSN, VO)):
+        m.d.comb += [qkv.valid.eq(r2_valid & is_qkv), qkv.y.eq(r2_y), qkv.params.eq(P)]
+        with m.If(qkv.o_valid):
+            with m.Switch(qkv.o_sec):
+                for n, buf in enumerate((v.QSN, v.KSN, v.VO)):
                     with m.Case(n):
-                        store(buf, s_idx, s_live["silu"])
-        writes.append(s_valid)
+                        store(m, buf, qkv.o_idx, qkv.o_silu)
+        writes.append(qkv.o_valid)
+        m.submodules.pending = pending = PendingRows(len(writes), 4 * (hk + hv + d + 2 * r + H))
+        m.d.comb += [pending.issued.eq(seq.row_issued), pending.stored.eq(Cat(*writes))]
 
-        # the strobes are registered before they are counted (their own logic plus the
-        # count did not fit 1 ns): a store leaves ``pending`` a cycle late, which only
-        # holds ``drained`` back a cycle, never lets it through early
-        writes_r = Signal(len(writes))
-        m.d.sync += writes_r.eq(Cat(*writes))
-        n_writes = sum(writes_r[n].as_unsigned() for n in range(len(writes)))
-        m.d.sync += pending.eq(pending + row_issued - n_writes)
-        drained = pending == 0           # (registered: rows issued this cycle are not in it yet)
-
-        # ---- the shared normaliser: q, k (L2) and o (RMS) ----------------------------------
-        nbits = max(fm.qkv_bits, fm.o_bits)
-        m.submodules.norm = norm = Normalizer(fm, dk, nbits, kda_norm_ss_bits(cfg), [fm.qk_bits, fm.qk_bits, a],
-                                              param_layout(cfg, "kda.q_norm"),
+        # ---- the shared normaliser: q, k (L2) and o (RMS), the o norm's output times the gate
+        m.submodules.norm = norm = Normalizer(fm, dk, max(fm.qkv_bits, fm.o_bits), kda_norm_ss_bits(cfg),
+                                              [fm.qk_bits, fm.qk_bits, a], param_layout(cfg, "kda.q_norm"),
                                               clock_period_ns=cfg.hw.clock_period_ns)
-        for k, name in enumerate(("q_norm", "k_norm", "o_norm")):
-            m.d.comb += norm.norms[k].eq(getattr(P, name))
-        nh = Signal(range(H))
+        m.d.comb += [norm.norms[k].eq(getattr(P, name)) for k, name in enumerate(("q_norm", "k_norm", "o_norm"))]
+        nh = Signal(range(H))          # the head the norm works on (the phase control's)
         base = nh * dk
-        m.d.comb += norm.rd_x.eq(Mux(norm.mode == 0, Array(QS)[base + norm.rd_idx],
-                                 Mux(norm.mode == 1, Array(KS)[base + norm.rd_idx],
-                                     Array(O16)[base + norm.rd_idx])))
+        m.d.comb += norm.rd_x.eq(Mux(norm.mode == 0, Array(v.QS)[base + norm.rd_idx],
+                                 Mux(norm.mode == 1, Array(v.KS)[base + norm.rd_idx],
+                                     Array(v.O16)[base + norm.rd_idx])))
         wi = base + norm.wr_idx
         with m.If(norm.wr_en):
             with m.Switch(norm.mode):
                 with m.Case(0):
-                    store(QSN, wi, norm.wr_y)
+                    store(m, v.QSN, wi, norm.wr_y)
                 with m.Case(1):
-                    store(KSN, wi, norm.wr_y)
-        # the o norm's output is gated: rs(y * gate, unit_frac) over clock-derived stages
-        # (the gate read is an index mux, the rounding constant a word of the product's tree)
-        gp = Pipe(m, plan, "gate")
-        g_live = {"valid": norm.wr_en & (norm.mode == 2), "idx": wi, "y": norm.wr_y}
-        # the index mux, plus a level for the index's fan-out to every gate bit's mux
-        # (small at 1 ns was 0.038 ns short with the mux levels alone)
-        g_live = gp.spend(plan.delays.mux_level * (max(1, (hv - 1).bit_length()) + 1), g_live)
-        g_val = Signal.like(GATE[0], name="gate_val")
-        m.d.comb += g_val.eq(Array(GATE)[g_live["idx"]])
-        # the gate read gets a stage of its own: the index's decode and fan-out (a NOR4 of
-        # 0.29 ns) and the mux tree, with the product's first Booth words behind them, were
-        # 0.038 ns longer than model-tiny's 1.25 ns in one stage (776 MHz).  The stage adds
-        # one cycle of latency to the o path, not one per element (the elements still
-        # flow one a cycle into ZO); g_pending counts it through gp.stages.  The stage is
-        # unconditional, not placed by the clock plan: a slow-clock config pays it too
-        g_live["g"] = g_val
-        g_live = gp.register(g_live)
-        g_val = g_live.pop("g")
-        g_width = len(norm.wr_y) + len(g_val) + 2
-        g_rnd = Const((1 << (fm.unit_frac - 1)) if fm.unit_frac else 0, g_width)
-        g_live = gp.register(booth_multiply(gp, g_live, g_live.pop("y"), g_val, g_width, "z",
-                                            extra_words=[g_rnd]))
-        with m.If(g_live["valid"]):
-            store(XZ, g_live["idx"], g_live["z"][fm.unit_frac:])
-        g_pending = Signal(range(gp.stages + 2))   # gated values not yet in ZO
-        m.d.sync += g_pending.eq(g_pending + (norm.wr_en & (norm.mode == 2)) - g_live["valid"])
+                    store(m, v.KSN, wi, norm.wr_y)
+        m.submodules.gate = gate = GatedProduct(hv, norm.wr_y.shape(), v.GATE[0].shape(), wi.shape(), fm.unit_frac,
+                                                plan, count=True)
+        m.d.comb += [gate.valid.eq(norm.wr_en & (norm.mode == 2)), gate.idx.eq(wi), gate.y.eq(norm.wr_y),
+                     gate.gates.eq(Cat(*v.GATE))]
+        with m.If(gate.o_valid):
+            store(m, v.XZ, gate.o_idx, gate.z)
 
         # ---- the delta rule ----------------------------------------------------------------
         shift_names = ("f_k", "f_v", "f_s", "o_shift")
@@ -497,84 +344,45 @@ class KdaUnit(wiring.Component):
             fm, H, dk, dv, cfg.hw.state_lanes, clock_period_ns=cfg.hw.clock_period_ns,
             shift_fields={k: (pm[f"kda.{k}"].bits, pm[f"kda.{k}"].hi) for k in shift_names},
             state_memory=cfg.hw.state_memory, layers=C)
-        if C > 1:
-            m.d.comb += delta.layer.eq(tok_ctx)
+        if C > 1:      # the token's context: its short-convolution history and its state
+            m.d.comb += [qkv.layer.eq(tok_ctx), delta.layer.eq(tok_ctx)]
         m.d.comb += [getattr(delta.shifts, k).eq(getattr(P, k)) for k in shift_names]
-        m.d.comb += [delta.k.eq(Cat(*KN)), delta.q.eq(Cat(*QN)), delta.alpha.eq(Cat(*ALPHA)),
-                     delta.v.eq(Cat(*V)), delta.beta.eq(Cat(*BETA)), delta.o.ready.eq(1)]
+        m.d.comb += [delta.k.eq(Cat(*v.KN)), delta.q.eq(Cat(*v.QN)), delta.alpha.eq(Cat(*v.ALPHA)),
+                     delta.v.eq(Cat(*v.V)), delta.beta.eq(Cat(*v.BETA)), delta.o.ready.eq(1)]
         o_idx = Signal(range(hv + 1))
         with m.If(delta.o.valid):
-            store(VO, o_idx, delta.o.payload)
+            store(m, v.VO, o_idx, delta.o.payload)
             m.d.sync += o_idx.eq(o_idx + 1)
 
-        # ---- phase control -------------------------------------------------------------------
-        m.d.comb += self.o.payload.eq(Cat(*OUT))
+        # ---- phase control (hw/kda/phases.py) ------------------------------------------------
+        m.submodules.phases = ph = KdaPhases((OP["fu"], OP["o"], len(OPS)), H)
+        m.d.comb += [ph.valid.eq(self.i.valid), self.i.ready.eq(ph.ready), ph.o_ready.eq(self.o.ready),
+                     self.o.valid.eq(ph.o_valid), self.o.payload.eq(Cat(*v.OUT)),
+                     ph.op.eq(seq.op), ph.at_start.eq(seq.at_start), ph.drained.eq(pending.drained),
+                     seq.enable.eq(ph.feed), ph.norm_busy.eq(norm.busy), ph.gate_empty.eq(gate.empty),
+                     norm.start.eq(ph.norm_start), norm.mode.eq(ph.norm_mode), nh.eq(ph.head),
+                     ph.delta_busy.eq(delta.busy), ph.delta_done.eq(o_idx == hv), delta.start.eq(ph.delta_start),
+                     seq.more.eq(ph.more), seq.restart.eq(ph.take), rq.restart.eq(ph.take),
+                     token_clear.eq(ph.take)]
+        with m.If(ph.delta_begin):
+            m.d.sync += o_idx.eq(0)
         token_cycles = Signal(32)
-        m.d.comb += self.token_cycles.eq(token_cycles)
+        with m.If(ph.finish):
+            m.d.sync += token_cycles.eq(token_count)
         # the token count steps a cycle after the hand-over (the output's ready is not in
         # front of its carry chain), in halves (sparse_event_count: a token per step)
-        token_out = Signal()
-        m.d.sync += token_out.eq(0)
-        m.d.comb += self.tokens.eq(sparse_event_count(m, token_out, "tokens"))
-        with m.FSM():
-            with m.State("ACCEPT"):
-                m.d.comb += self.i.ready.eq(1)
-                with m.If(self.i.valid):
-                    for n in range(d):
-                        m.d.sync += XZ[n].eq(self.i.payload.x[n])
-                    m.d.sync += [req_idx.eq(0), req_end.eq(len(self.proj_reqs)), f_op.eq(0), f_row.eq(0), f_beat.eq(0),
-                                 res_op.eq(0), res_row.eq(0)]
-                    m.d.comb += token_clear.eq(1)
-                    if L > 1:
-                        m.d.sync += tok_layer.eq(k_now)
-                    if C == 1:
-                        with m.If(self.i.payload.first):
-                            m.d.comb += [delta.clear.eq(1), conv.restart.eq(1)]
-                    else:
-                        # a new sequence of the accepted token's layer and slot (the ports'
-                        # values now): only that context's state and history start again
-                        m.d.sync += tok_ctx.eq(ctx_now)
-                        starts = Cat(self.i.payload.first & (ctx_now == c) for c in range(C))
-                        m.d.comb += [delta.clear.eq(starts), conv.restart.eq(starts)]
-                    m.next = "PROJ"
-            with m.State("PROJ"):
-                # f_up reads fd: hold its first beat until every earlier row is stored
-                wait_fd = (f_op == OP["fu"]) & (f_row == 0) & (f_beat == 0) & ~drained
-                m.d.comb += feed_enable.eq((f_op < OP["o"]) & ~wait_fd)
-                with m.If((f_op == OP["o"]) & drained):
-                    m.d.sync += [nh.eq(0), norm.mode.eq(0)]
-                    m.next = "NORM_START"
-            with m.State("NORM_START"):
-                m.d.comb += norm.start.eq(1)
-                m.next = "NORM_WAIT"
-            with m.State("NORM_WAIT"):
-                with m.If(~norm.busy & (g_pending == 0)):
-                    m.next = "NORM_START"
-                    m.d.sync += nh.eq(nh + 1)
-                    with m.If(nh == H - 1):
-                        m.d.sync += [nh.eq(0), norm.mode.eq(norm.mode + 1)]
-                        with m.If(norm.mode == 1):
-                            m.d.sync += o_idx.eq(0)
-                            m.next = "DELTA_START"
-                        with m.If(norm.mode == 2):
-                            m.d.sync += req_end.eq(len(reqs))
-                            m.next = "WO"
-            with m.State("DELTA_START"):
-                m.d.comb += delta.start.eq(1)
-                m.next = "DELTA"
-            with m.State("DELTA"):
-                with m.If(~delta.busy & (o_idx == hv)):
-                    m.next = "NORM_START"          # norm.mode is 2: the o norm
-            with m.State("WO"):
-                m.d.comb += feed_enable.eq(f_op == OP["o"])
-                with m.If((f_op == n_ops) & drained):
-                    m.d.sync += token_cycles.eq(token_count)
-                    m.next = "OUTPUT"
-            with m.State("OUTPUT"):
-                m.d.comb += self.o.valid.eq(1)
-                with m.If(self.o.ready):
-                    m.d.sync += token_out.eq(1)
-                    m.next = "ACCEPT"
+        m.d.comb += [self.token_cycles.eq(token_cycles), self.tokens.eq(sparse_event_count(m, ph.token_out, "tokens"))]
+        with m.If(ph.take):
+            m.d.sync += [v.XZ[n].eq(self.i.payload.x[n]) for n in range(d)]
+            if C == 1:
+                with m.If(self.i.payload.first):
+                    m.d.comb += [delta.clear.eq(1), qkv.restart.eq(1)]
+            else:
+                # a new sequence of the accepted token's layer and slot (the ports' values
+                # now): only that context's state and history start again
+                m.d.sync += tok_ctx.eq(ctx_now)
+                starts = Cat(self.i.payload.first & (ctx_now == c) for c in range(C))
+                m.d.comb += [delta.clear.eq(starts), qkv.restart.eq(starts)]
         return m
 
 
