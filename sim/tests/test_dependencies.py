@@ -142,3 +142,18 @@ def test_the_blocks_do_not_import_the_chip():
         if chip:
             found[str(p.relative_to(REPO_ROOT))] = chip
     assert found == {}, found
+
+
+# issue 49 item 3: an elaborate longer than this is several components waiting to be named
+MAX_ELABORATE_LINES = 150
+
+
+def test_no_elaborate_is_longer_than_the_limit():
+    long = []
+    for path in sorted((REPO_ROOT / "hw").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name == "elaborate":
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_ELABORATE_LINES:
+                    long.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno} {lines} lines")
+    assert not long, f"elaborate over {MAX_ELABORATE_LINES} lines (split it into named components): {long}"
