@@ -33,8 +33,8 @@ def configure(p):
                    help="ABC mapping script: lean (default; no SAT sweeping) or Yosys's own -constr script")
     p.add_argument("--clock-gate-min", type=int, default=None, metavar="N",
                    help="clock gating: an integrated clock gate for every N or more flip-flops sharing "
-                        "an enable; 0 turns it off (default: the platform's, pdk/kit.py: off until the gated "
-                        "netlist runs bit-exact in Icarus too; 8 is the measured setting)")
+                        "an enable; 0 turns it off (default: the platform's, pdk/kit.py clock_gate_min_flops: 8, "
+                        "the measured setting)")
     p.add_argument("--timeout", type=float, default=3600.0, help="Yosys time limit in seconds")
 
 
