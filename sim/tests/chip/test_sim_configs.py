@@ -35,7 +35,6 @@ OWN_GEOMETRY = {
     "test_random_configs.py": "draws its own configs from config.py's ranges (a printed seed)",
     "test_situ_chip.py": "K3's SiTU-GLU on its own config (tiny-situ): another config's chip has SwiGLU",
     "test_skid.py": "the register slice over stall patterns, no config",
-    "test_silu.py": "the SiLU pipeline at the clock periods of tiny and small (1.25, 1 ns), ops of chosen scales",
     "test_topk.py": "top-k over (n, k) pairs, no config",
 }
 
