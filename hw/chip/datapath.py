@@ -85,8 +85,9 @@ from hw.attnres.chip import vec_layout
 from hw.arith.residual import ResidualAdd
 from hw.stream.weight_port import WeightPortSignature
 from hw.image.memory_map import layer_bits, layer_count, layer_mixer, mixer_layers, slot_bits
-from hw.image.param_map import layer_bank_bits, param_layout, param_map
+from hw.image.param_map import layer_bank_bits, param_layout, param_map, tap_words
 from hw.kda.norm import Normalizer
+from hw.kda.short_conv import tap_write_signature
 from hw.kda.unit import KdaUnit
 from hw.mla.cache import CachePortSignature
 from hw.mla.unit import MlaUnit
@@ -133,6 +134,8 @@ class LayerDatapath(wiring.Component):
             "i": In(stream.Signature(datapath_in_layout(cfg))),
             "o": Out(stream.Signature(datapath_out_layout(cfg))),
             "bank": In(layer_bank_bits(cfg)),
+            # LOAD's writes of the KDA's short-convolution taps, when they live in SRAM
+            **({"tap_w": In(tap_write_signature(tap_words(cfg), pb))} if tap_words(cfg) else {}),
             "params_change": In(1),
             "b_go": In(1, init=1),
             "a_free": Out(1),
@@ -340,6 +343,8 @@ class LayerDatapath(wiring.Component):
         if self.kda_layers:
             m.submodules.kda = kda = KdaUnit(cfg)
             m.d.comb += kda.params.eq(P.kda)
+            if tap_words(cfg):
+                wiring.connect(m, wiring.flipped(self.tap_w), kda.tap_w)
             wiring.connect(m, kda.wport, wiring.flipped(self.kda_wport))
             units.append((kda, ~is_mla if self.mla_layers else Const(1)))
         if self.mla_layers:

@@ -120,6 +120,8 @@ class LayerTop(wiring.Component):
         m.submodules.loader = loader = ImageLoader(cfg)
         m.submodules.datapath = dp = LayerDatapath(cfg)
         m.d.comb += dp.bank.eq(loader.bank.as_value())
+        if loader.tap_words:      # the short convolutions' taps, when in SRAM
+            connect(m, loader.tap_w, dp.tap_w)
         m.submodules.arbiter = arb = WeightArbiter(cfg.hw.weight_port_bytes, 3)
         connect(m, dp.kda_wport, arb.up[0])
         connect(m, dp.moe_wport, arb.up[1])

@@ -14,7 +14,10 @@ port's own request order, one beat per cycle when the memory keeps up:
 * the parameter region's beats are shifted into the bank register: after
   the region's last beat its first byte is the bank's bit 0, as
   hw/image/param_map.py packs it, so every block reads its fields from a fixed
-  slice (no address decoder, one flip-flop with enable per bit).
+  slice (no address decoder, one flip-flop with enable per bit);
+* with the short convolutions' taps in SRAM (param_map ``conv_taps_in_sram``) the
+  region's first ``tap_words`` beats are the tap memory's words: each goes out on
+  ``tap_w`` (registered) in order, and the bank's shift starts after them.
 
 On a model (hw/chip/model.py) the bank holds ONE layer's parameter block (every
 layer's block has one size, hw/image/param_map.py layer_block_bytes), in two halves
@@ -47,7 +50,8 @@ from hw.arith.counter import ChunkedCounter
 from hw.image.format import MAGIC, VERSION, config_hash_word, image_layout, param_blocks
 from hw.image.memory_map import layer_bits
 from hw.image.param_map import (fetch_halves, layer_bank_bits, layer_block_bytes, mixer_split_bit, param_layout,
-                                param_map)
+                                param_map, tap_words)
+from hw.kda.short_conv import tap_write_signature
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.stream.weight_port import WeightPortSignature, split_request
 
@@ -76,7 +80,8 @@ class ImageLoader(wiring.Component):
             # a model: the bank holds ONE layer's block (bit 0 = its first byte), LOAD leaves
             # layer 0's there and FETCH puts another's; the head's block has its own bank
             blocks = param_blocks(cfg)
-            self.layer_blocks = [(addr, pm.nbytes) for prefix, pm, addr in blocks if prefix.startswith("layers.")]
+            self.layer_blocks = [(addr, pm.nbytes) for prefix, pm, addr in blocks
+                                 if prefix.startswith("layers.") and pm.memory == "bank"]
             self.head_block = [(addr, pm) for prefix, pm, addr in blocks if not prefix.startswith("layers.")]
             self.block_bytes = layer_block_bytes(cfg)
             assert all(nb == self.block_bytes for _, nb in self.layer_blocks)
@@ -92,6 +97,11 @@ class ImageLoader(wiring.Component):
                 ports["attn_res_params"] = Out(param_layout(cfg, "attn_res", mixer="head"))
         else:
             ports["bank"] = Out(param_layout(cfg))
+        # the short convolutions' taps in SRAM (param_map conv_taps_in_sram): the region's first
+        # ``tap_words`` beats, written into the tap memory in order, one word a beat
+        self.tap_words = tap_words(cfg)
+        if self.tap_words:
+            ports["tap_w"] = Out(tap_write_signature(self.tap_words, W))
         super().__init__(ports)
 
     def header_checks(self) -> list[tuple[int, int]]:
@@ -159,7 +169,9 @@ class ImageLoader(wiring.Component):
             with m.If(beat_go & running & (beat.value == done_beat) & (header_word(h) != want)):
                 m.d.sync += errors.eq(errors | ERR[LOAD_ERRORS[h]])
 
-        # ---- parameter region: shift its beats into the bank
+        # ---- parameter region: the taps' beats into their memory, the others into the bank
+        if self.tap_words:
+            self._tap_writes(m, beat_go & running, beat, data)
         self._param_bank(m, beat_go, beat, data, running, fetching, half)
 
         # ---- checksum
@@ -230,8 +242,9 @@ class ImageLoader(wiring.Component):
         W, lay = self.W, self.layout
         # reset-less: no reset gate per bit; after a reset ``loaded`` is low and nothing reads it
         if not self.model:
-            p0, p1 = lay.params_addr // W, (lay.params_addr + lay.params_bytes) // W
-            bank = Signal(8 * lay.params_bytes, name="param_bank", reset_less=True)
+            # the taps' beats (if in SRAM) come first and are not the bank's
+            p0, p1 = lay.params_addr // W + self.tap_words, (lay.params_addr + lay.params_bytes) // W
+            bank = Signal(8 * W * (p1 - p0), name="param_bank", reset_less=True)
             self._shift_in(m, bank, beat_go & (beat.value >= p0) & (beat.value < p1), data, W)
             m.d.comb += self.bank.as_value().eq(bank[:self.pmap.bits])
         else:
@@ -258,6 +271,18 @@ class ImageLoader(wiring.Component):
                     m.d.comb += self.head_params.eq(block.head)
                 if self.cfg.model.attn_res != "none":
                     m.d.comb += self.attn_res_params.eq(block.attn_res)
+
+    def _tap_writes(self, m, beat_ok, beat, data) -> None:
+        """LOAD's tap beats (the parameter region's first ``tap_words``) to the tap memory:
+        word n <- the n-th, through registers (the macro is in the KDA unit, far from here)."""
+        p0 = self.layout.params_addr // self.W
+        w = self.tap_w
+        addr = Signal.like(w.addr, name="tap_addr")
+        with m.If(self.start):
+            m.d.sync += addr.eq(0)
+        m.d.sync += w.valid.eq(0)
+        with m.If(beat_ok & (beat.value >= p0) & (beat.value < p0 + self.tap_words)):
+            m.d.sync += [w.valid.eq(1), w.addr.eq(addr), w.data.eq(data), addr.eq(addr + 1)]
 
     def _checksum(self, m, plan, words_valid, words):
         """The image's checksum: the beat's words to two (clock-derived stages), then a 4:2

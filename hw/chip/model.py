@@ -181,6 +181,8 @@ class ModelTop(wiring.Component):
         m.submodules.embed = embed = Embedding(cfg)
         m.submodules.head = head = Head(cfg)
         m.d.comb += [dp.bank.eq(loader.bank), head.params.eq(loader.head_params)]
+        if loader.tap_words:      # the short convolutions' taps, when in SRAM
+            connect(m, loader.tap_w, dp.tap_w)
         depth, csr = self._ports(m, loader, dp, embed, head)
 
         # ---- LOAD: waits until no token is inside; leaves layer 0's block in both halves

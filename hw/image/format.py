@@ -37,7 +37,9 @@ from hw.image.param_map import (attn_res_outputs, attn_res_residuals, fixed_valu
                                 model_structural, params_bytes)
 
 MAGIC = int.from_bytes(b"MKDI", "little")
-VERSION = 2              # 2: a model's layer parameter blocks are padded to one size
+VERSION = 3              # 2: a model's layer parameter blocks are padded to one size; 3: with the
+                         # history in SRAM the short-conv taps lead the parameter region (param_map
+                         # conv_taps_in_sram)
 HEADER_WORDS = ("MAGIC", "VERSION", "CONFIG_HASH", "LENGTH", "CHECKSUM", "X_SCALE", "Y_SCALE")
 HOST_SCALES = {"X_SCALE": "scales.x", "Y_SCALE": "scales.y"}   # header word -> QLayer.to_flat() name
 

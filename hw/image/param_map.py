@@ -109,6 +109,46 @@ LAYER_KINDS = ("kda", "mla")
 PAD_FIELD = "token_pad"
 
 
+def conv_taps_in_sram(cfg) -> bool:
+    """The KDA's short-convolution taps live in an SRAM macro beside the convolution's history
+    (hw/kda/short_conv.py) instead of the parameter bank: with hw.state_memory = "sram" (the
+    history is there already), kernel > 1, and a port beat of whole channels' taps (K divides
+    the beat, a power of two of channels per beat, the q, k, v channels whole beats).  Their
+    fields then leave the layer's block (``param_fields``) for a block of their own at the
+    start of the parameter region (``tap_map``, one per KDA layer): LOAD writes its beats
+    into the macro, one word a beat.  On tiny the 1,536 bank flip-flops and their 48:1 read
+    became one 64x32 macro (docs/chip.md "Short-convolution taps in SRAM")."""
+    m, W = cfg.model, cfg.hw.weight_port_bytes
+    K, hk = m.conv_kernel, m.n_heads * m.head_dim
+    if cfg.hw.state_memory != "sram" or K < 2 or "kda" not in m.layers or W % K:
+        return False
+    per_beat = W // K
+    return per_beat & (per_beat - 1) == 0 and (3 * hk * K) % W == 0
+
+
+def tap_fields(cfg) -> list["ParamField"]:
+    """A KDA layer's short-convolution taps (q's, k's, v's channels, oldest tap first): the
+    convolution's channel order, so the packed bytes are the tap memory's words in order."""
+    m, fm = cfg.model, formats_for(cfg)
+    hk, hv = m.n_heads * m.head_dim, m.n_heads * m.head_dim
+    return [_f(f"kda.{conv}.w", (n, m.conv_kernel), fm.weight_bits, True, "short-conv taps, oldest first")
+            for conv, n in zip(KDA_CONVS, (hk, hk, hv))]
+
+
+def tap_map(cfg) -> "ParamMap":
+    """One KDA layer's block of taps when they live in SRAM (``conv_taps_in_sram``): whole
+    port beats, each a word of the tap memory (hw/kda/short_conv.py)."""
+    return ParamMap(tuple(tap_fields(cfg)), cfg.hw.weight_port_bytes, memory="taps")
+
+
+def tap_words(cfg) -> int:
+    """Words (port beats) of the tap memory: every KDA layer's ``tap_map``; 0 when the taps
+    are in the bank."""
+    if not conv_taps_in_sram(cfg):
+        return 0
+    return tap_map(cfg).beats * sum(1 for k in cfg.model.layers if k == "kda")
+
+
 def _check_kind(kind: str) -> None:
     if kind not in LAYER_KINDS:
         raise ValueError(f"layer kind {kind!r}: one of {', '.join(LAYER_KINDS)}")
@@ -284,8 +324,10 @@ def _token_fields(cfg, kind: str) -> list[ParamField]:
         requant(f"kda.{lin}.m", f"kda.{lin}.s", f"kda {lin} requantisation")
         if lin == "f_up":
             out.append(_f("kda.f_up.bias", (hk,), fm.acc_bits, True, "f_up accumulator bias (A dt_bias - code centre)"))
-    for conv, n in zip(KDA_CONVS, (hk, hk, hv)):
-        out.append(_f(f"kda.{conv}.w", (n, K), fm.weight_bits, True, "short-conv taps, oldest first"))
+    taps = {} if conv_taps_in_sram(cfg) else {f.name: f for f in tap_fields(cfg)}
+    for conv in KDA_CONVS:
+        if f"kda.{conv}.w" in taps:
+            out.append(taps[f"kda.{conv}.w"])
         requant(f"kda.{conv}.m", f"kda.{conv}.s", f"kda {conv} requantisation")
     for name in ("kda.silu_q", "kda.silu_k", "kda.silu_v"):
         silu(name)
@@ -453,19 +495,24 @@ def layer_pairs(cfg) -> list[tuple[str, str]]:
 
 def model_param_maps(cfg) -> list[tuple[str, "ParamMap"]]:
     """The parameter region of an image, as (name prefix, map) blocks in address order, each
-    block padded to whole port beats: the layer chip has one block (prefix "", today's map,
-    byte for byte); a model has layer 0 .. L-1 (prefix ``layers.<l>.``, the map of the layer's
+    block padded to whole port beats: first, with the taps in SRAM, every KDA layer's taps
+    (``tap_map``, memory "taps"); then the layer chip's one block (prefix "", its map); a model has layer 0 .. L-1 (prefix ``layers.<l>.``, the map of the layer's
     kind and mixer, ``model.layers[l]`` and ``model.mixers[l]``) and, with a vocabulary or
     Attention Residuals, the model's block (prefix "", ``model_block_fields``: ``head.*``, then
     ``attn_res.*``)."""
+    # with the taps in SRAM (conv_taps_in_sram) every KDA layer's tap block comes first, in
+    # layer order: the region's first ``tap_words`` beats are the tap memory's words in order
+    taps = [] if not conv_taps_in_sram(cfg) else (
+        [("", tap_map(cfg))] if cfg.model.is_layer_chip else
+        [(f"layers.{l}.", tap_map(cfg)) for l, kind in enumerate(cfg.model.layers) if kind == "kda"])
     if cfg.model.is_layer_chip:
-        return [("", param_map(cfg))]
+        return taps + [("", param_map(cfg))]
     pb = cfg.hw.weight_port_bytes
     # every layer's block has the size of the largest (kind, mixer)'s, so the chip fetches any
     # layer's block into one bank with the block's first byte at bit 0 (hw/chip/loader.py); a
     # shorter token mixer's fields are padded (param_fields), so the halves line up too
     size = layer_block_bytes(cfg)
-    out = [(f"layers.{l}.", ParamMap(tuple(param_fields(cfg, mx, kind)), pb, size))
+    out = taps + [(f"layers.{l}.", ParamMap(tuple(param_fields(cfg, mx, kind)), pb, size))
            for l, (kind, mx) in enumerate(zip(cfg.model.layers, cfg.model.mixers))]
     fields = model_block_fields(cfg)
     if fields:
@@ -525,6 +572,7 @@ class ParamMap:
     fields: tuple
     port_bytes: int
     min_bytes: int = 0       # padded to at least this many bytes (a model's layer blocks)
+    memory: str = "bank"     # where LOAD puts the block: the parameter bank, or "taps" (tap_map)
 
     @property
     def bits(self) -> int:

@@ -11,8 +11,8 @@ from hw.arith.booth_multiply import requantise
 from hw.arith.carry_save import pipelined_add
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.arith.silu import silu
-from hw.image.param_map import param_layout, structural
-from hw.kda.short_conv import ShortConv
+from hw.image.param_map import conv_taps_in_sram, param_layout, structural, tap_words
+from hw.kda.short_conv import ShortConv, tap_write_signature
 from moekda.formats import formats_for
 
 
@@ -75,11 +75,19 @@ class QkvActivation(wiring.Component):
 
     CONV = ("conv_q", "conv_k", "conv_v")
 
-    def __init__(self, cfg, y_shape, contexts: int):
+    def __init__(self, cfg, y_shape, contexts: int, tap_layers: int = 1):
         self.cfg, self.fm, self.contexts = cfg, formats_for(cfg), contexts
         m_ = cfg.model
         self.hk = self.hv = m_.n_heads * m_.head_dim
-        super().__init__({"valid": In(1), "y": In(y_shape), "restart": In(contexts),
+        # the taps in SRAM (param_map conv_taps_in_sram): one block per KDA layer, written by
+        # LOAD through ``tap_w``; ``tap_layer`` is the token's KDA layer (not its context)
+        self.tap_memory = (tap_layers, cfg.hw.weight_port_bytes) if conv_taps_in_sram(cfg) else None
+        taps = {}
+        if self.tap_memory:
+            taps["tap_w"] = In(tap_write_signature(tap_words(cfg), cfg.hw.weight_port_bytes))
+            if tap_layers > 1:
+                taps["tap_layer"] = In(range(tap_layers))
+        super().__init__({"valid": In(1), "y": In(y_shape), "restart": In(contexts), **taps,
                           "layer": In(range(max(2, contexts))), "params": In(param_layout(cfg, "kda")),
                           "o_valid": Out(1), "o_sec": Out(2), "o_idx": Out(range(max(self.hk, self.hv))),
                           "o_silu": Out(signed(self.fm.qkv_bits))})
@@ -91,11 +99,17 @@ class QkvActivation(wiring.Component):
         plan = plan_pipeline(cfg.hw.clock_period_ns)
         m.submodules.conv = conv = ShortConv(hk + hk + hv, cfg.model.conv_kernel, fm.act_bits, fm.weight_bits,
                                              clock_period_ns=cfg.hw.clock_period_ns, layers=C,
-                                             memory=cfg.hw.state_memory, always_ready=True)
+                                             memory=cfg.hw.state_memory, always_ready=True,
+                                             tap_memory=self.tap_memory)
         if C > 1:
             m.d.comb += conv.layer.eq(self.layer)
-        for name, base_c, n in zip(self.CONV, (0, hk, 2 * hk), (hk, hk, hv)):
-            m.d.comb += [conv.taps[base_c + c].eq(getattr(P, name).w[c]) for c in range(n)]
+        if self.tap_memory:
+            wiring.connect(m, wiring.flipped(self.tap_w), conv.tap_w)
+            if self.tap_memory[0] > 1:
+                m.d.comb += conv.tap_layer.eq(self.tap_layer)
+        else:
+            for name, base_c, n in zip(self.CONV, (0, hk, 2 * hk), (hk, hk, hv)):
+                m.d.comb += [conv.taps[base_c + c].eq(getattr(P, name).w[c]) for c in range(n)]
         m.d.comb += [conv.i.valid.eq(self.valid), conv.i.payload.eq(self.y), conv.restart.eq(self.restart)]
         c_chan = Signal(range(hk + hk + hv))
         with m.If(conv.o.valid):

@@ -10,13 +10,21 @@ channel, the last K-1 inputs (``channels`` registers of (K-1) int8, read through
 after a ``restart`` the stale history is *masked* by a count of the tokens
 seen since, instead of being overwritten, so a new sequence costs no cycles.
 
-The taps are a run-time input (``taps``, channels x K signed words: the
-parameter bank, hw/image/param_map.py ``kda.conv_*.w``), so one netlist serves every
-model; they are few and needed one channel per cycle, which a port-width
-weight stream would deliver in the wrong shape.  A channel's taps are read
-through the same rotating one-hot select as its history (an AND-OR tree, no
-C:1 mux on ``chan``) and registered beside it; the taps must be stable while
-tokens are in flight.
+The taps are run-time values (hw/image/param_map.py ``kda.conv_*.w``), so one netlist
+serves every model, held in one of two places:
+
+* ``taps``, an input of channels x K signed words (the parameter bank): a channel's taps
+  are read through the same rotating one-hot select as its history (an AND-OR tree, no
+  C:1 mux on ``chan``) and registered beside it; they must be stable while tokens are in
+  flight;
+* ``tap_memory=(layers, word_bytes)`` (with the history in SRAM, param_map
+  ``conv_taps_in_sram``): an SRAM macro of ``layers`` x C K / word_bytes words, each a port
+  beat of whole channels' taps, written by LOAD through ``tap_w`` (word ``addr``, the
+  parameter region's tap beats in order) while no token is inside.  A token's channel
+  reads its word (``tap_layer`` x words per layer + chan K / word_bytes) in the cycle it is
+  accepted, beside the history: the macro's read register is stage 1's taps register,
+  and a registered byte select picks the channel's K taps.  On tiny this replaced 1,536
+  bank flip-flops and their 48:1 read by one 64x32 macro (docs/chip.md).
 
 Layers (``layers`` = L > 1, the layers of a model on one datapath): one history
 and one token count per layer; a token's channels read and update only its
@@ -71,6 +79,12 @@ from hw.arith.reduce import or_tree
 from hw.mem.fakeram import FakeRam, choose_macros
 
 
+def tap_write_signature(words: int, word_bytes: int) -> wiring.Signature:
+    """LOAD's writes of the tap memory (ShortConv ``tap_memory``): word ``addr`` <- ``data``
+    in each cycle ``valid`` is high (the loader's view: outputs)."""
+    return wiring.Signature({"valid": Out(1), "addr": Out(range(max(2, words))), "data": Out(8 * word_bytes)})
+
+
 def conv_acc_bits(in_bits: int, weight_bits: int, kernel: int) -> int:
     """Exact width of a K-tap sum of ``in_bits`` x ``weight_bits`` products."""
     return in_bits + weight_bits - 1 + max(1, (kernel - 1).bit_length()) + 1
@@ -78,9 +92,11 @@ def conv_acc_bits(in_bits: int, weight_bits: int, kernel: int) -> int:
 
 class ShortConv(wiring.Component):
     def __init__(self, channels: int, kernel: int, in_bits: int = 8, weight_bits: int = 8,
-                 *, clock_period_ns: float, layers: int = 1, memory: str = "flops", always_ready: bool = False):
+                 *, clock_period_ns: float, layers: int = 1, memory: str = "flops", always_ready: bool = False,
+                 tap_memory: tuple[int, int] | None = None):
         """``memory``: where the history lives, "flops" or "sram" (module doc);
-        ``always_ready``: no output FIFO, for a consumer that never stalls (module doc)."""
+        ``always_ready``: no output FIFO, for a consumer that never stalls (module doc);
+        ``tap_memory``: (layers, word bytes) of the taps' SRAM, or None: the ``taps`` input."""
         if channels < 2 or kernel < 1 or layers < 1:
             raise ValueError(f"short conv: needs channels >= 2, kernel >= 1 and layers >= 1, "
                              f"got ({channels}, {kernel}, {layers})")
@@ -95,12 +111,27 @@ class ShortConv(wiring.Component):
         self.in_bits, self.weight_bits = in_bits, weight_bits
         self.clock_period_ns = clock_period_ns
         self.acc_bits = conv_acc_bits(in_bits, weight_bits, self.kernel)
+        self.tap_memory = tap_memory
+        if tap_memory is not None:
+            tap_layers, wb = tap_memory
+            per = wb * 8 // (kernel * weight_bits) if wb * 8 % (kernel * weight_bits) == 0 else 0
+            if kernel < 2 or per < 1 or per & (per - 1) or channels % per:
+                raise ValueError(f"short conv: taps in SRAM need words of a power of two of channels' "
+                                 f"taps ({kernel} x {weight_bits} bits) and whole words of channels, "
+                                 f"got {wb}-byte words, {channels} channels")
+            self.tap_per_word = per                      # channels' taps in a word
+            self.tap_layer_words = channels // per       # words of one layer
+            self.tap_macros = choose_macros(tap_layers * self.tap_layer_words, 8 * wb)
+            taps_port = {"tap_w": In(tap_write_signature(tap_layers * self.tap_layer_words, wb)),
+                         **({"tap_layer": In(range(tap_layers))} if tap_layers > 1 else {})}
+        else:
+            taps_port = {"taps": In(data.ArrayLayout(data.ArrayLayout(signed(weight_bits), kernel), channels))}
         super().__init__({
             "i": In(stream.Signature(signed(in_bits), always_ready=always_ready)),
             "o": Out(stream.Signature(signed(self.acc_bits), always_ready=always_ready)),
             "restart": In(layers),
             **({"layer": In(range(layers))} if layers > 1 else {}),
-            "taps": In(data.ArrayLayout(data.ArrayLayout(signed(weight_bits), kernel), channels)),
+            **taps_port,
         })
 
     def elaborate(self, platform):
@@ -170,8 +201,9 @@ class ShortConv(wiring.Component):
         else:
             hist_reads = [reg.eq(one_hot_read(hist)) for reg, hist in zip(hist_rd_layer, hists)]
         with m.If(accept):
-            m.d.sync += [s1_x.eq(self.i.payload), s1_seen.eq(seen),
-                         *hist_reads, s1_taps.eq(one_hot_read(self.taps)),
+            # with the taps in SRAM, the macro's read register is s1_taps (_sram_taps)
+            tap_read = [s1_taps.eq(one_hot_read(self.taps))] if self.tap_memory is None else []
+            m.d.sync += [s1_x.eq(self.i.payload), s1_seen.eq(seen), *hist_reads, *tap_read,
                          sel.eq(sel.rotate_left(1))]
             if L > 1 and not sram:
                 m.d.sync += s1_layer_is.eq(Cat(*layer_is))
@@ -227,6 +259,8 @@ class ShortConv(wiring.Component):
         # the window's masks, after the layer's pick with several layers (an AND, an OR tree)
         if not sram:
             pick = (1 + (L - 1).bit_length()) * d.mux_level if L > 1 else 0
+        if self.tap_memory is not None:
+            pick = max(pick, self._sram_taps(m, d, accept, chan, s1_taps))
         self._sum(m, pipe, d, pick, s1_valid, window, s1_taps, accept)
         return m
 
@@ -272,6 +306,43 @@ class ShortConv(wiring.Component):
         # hw/mem/fakeram.py) as two mux levels, the row pick, the byte rotation
         pick = (2 + (arr.rows - 1).bit_length() + (K - 2).bit_length()) * d.mux_level
         return pick
+
+    def _sram_taps(self, m, d, accept, chan, s1_taps):
+        """The taps in SRAM (``tap_memory``): LOAD's writes through ``tap_w``; a read of the
+        accepted channel's word, its K taps picked by a registered byte select.  Drives
+        ``s1_taps``; returns the delay of the read's pick, for the sum's first stage."""
+        arr, per, lw = self.tap_macros, self.tap_per_word, self.tap_layer_words
+        spec, ab = arr.spec, arr.spec.addr_bits
+        tw = self.kernel * self.weight_bits
+        shift = (per - 1).bit_length()
+        rd_word = Signal(range(max(2, arr.rows * spec.words)), name="tap_rd_word")
+        base = self.tap_layer * lw if "tap_layer" in self.signature.members else 0
+        m.d.comb += rd_word.eq(base + (chan >> shift))
+        w = self.tap_w
+        word = Signal.like(rd_word, name="tap_word")
+        m.d.comb += word.eq(Mux(w.valid, w.addr, rd_word))
+        sub = Signal(max(1, shift), name="tap_sub")          # the channel's taps in the word
+        m.d.sync += sub.eq(chan[:shift] if shift else 0)
+        picks = []
+        for r in range(arr.rows):
+            here, picked = Signal(name=f"taps_r{r}"), Signal(name=f"taps_r{r}_picked")
+            m.d.comb += here.eq((accept | w.valid) & ((word >> ab) == r))
+            m.d.sync += picked.eq(here)
+            outs = []
+            for c in range(arr.cols):
+                ram = FakeRam(spec)
+                m.submodules[f"taps_r{r}_c{c}"] = ram
+                lo = c * spec.bits
+                m.d.comb += [ram.ce_in.eq(here), ram.we_in.eq(w.valid), ram.addr_in.eq(word[:ab]),
+                             ram.wd_in.eq(w.data[lo:lo + spec.bits]), ram.w_mask_in.eq(Const(-1, spec.bits))]
+                outs.append(ram.rd_out)
+            picks.append(Mux(picked, Cat(*outs)[:per * tw], 0) if arr.rows > 1 else Cat(*outs)[:per * tw])
+        row = Value.cast(or_tree(picks))
+        groups = [row[j * tw:(j + 1) * tw] for j in range(per)]
+        m.d.comb += s1_taps.as_value().eq(Array(groups)[sub] if per > 1 else groups[0])
+        # as the history's read: the macro's clock-to-output as two mux levels, the row pick,
+        # the byte select
+        return (2 + (arr.rows - 1).bit_length() + shift) * d.mux_level
 
     def _sum(self, m, pipe, d, pick, s1_valid, window, s1_taps, accept):
         """acc = sum_j taps_j * window_j over clock-derived stages, then ``o``: straight out

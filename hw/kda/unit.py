@@ -87,11 +87,13 @@ from hw.arith.pipeline import plan_pipeline
 from hw.stream.weight_port import WeightPortSignature, split_request
 from hw.image.memory_map import (layer_bits, layer_count, layer_prefix, memory_map, mixer_layers, sequence_slots,
                                  slot_bits, state_contexts)
-from hw.image.param_map import kda_norm_ss_bits, param_layout, param_map, structural, table_shape
+from hw.image.param_map import (conv_taps_in_sram, kda_norm_ss_bits, param_layout, param_map, structural, table_shape,
+                                tap_words)
 from hw.kda.delta import DeltaRule
 from hw.kda.norm import Normalizer
 from hw.kda.phases import KdaPhases
 from hw.kda.rows import ProjectionRequantiser, QkvActivation
+from hw.kda.short_conv import tap_write_signature
 from hw.proj.requests import unit_layer
 from hw.proj.results import GatedProduct, PendingRows, TableStage
 from hw.proj.sequencer import ProjectionSequencer, connect_weight_port, input_group
@@ -233,6 +235,8 @@ class KdaUnit(wiring.Component):
             "token_cycles": Out(32),
             "tokens": Out(32),
             "mac_beat": Out(1),
+            # LOAD's writes of the short convolutions' taps, when they live in SRAM
+            **({"tap_w": In(tap_write_signature(tap_words(cfg), self.W))} if conv_taps_in_sram(cfg) else {}),
         })
 
     def elaborate(self, platform):
@@ -301,15 +305,7 @@ class KdaUnit(wiring.Component):
             with m.If(lut.o_valid):
                 store(m, dest, lut.o_row, lut.data)
             writes.append(lut.o_valid)
-        # q, k, v: short convolution, requantisation, SiLU (hw/kda/rows.py)
-        m.submodules.qkv = qkv = QkvActivation(cfg, r2_y.shape(), C)
-        is_qkv = (r2_op == OP["q"]) | (r2_op == OP["k"]) | (r2_op == OP["v"])
-        m.d.comb += [qkv.valid.eq(r2_valid & is_qkv), qkv.y.eq(r2_y), qkv.params.eq(P)]
-        with m.If(qkv.o_valid):
-            with m.Switch(qkv.o_sec):
-                for n, buf in enumerate((v.QSN, v.KSN, v.VO)):
-                    with m.Case(n):
-                        store(m, buf, qkv.o_idx, qkv.o_silu)
+        qkv = _qkv_rows(self, m, r2_valid, r2_op, r2_y, v, seq)
         writes.append(qkv.o_valid)
         m.submodules.pending = pending = PendingRows(len(writes), 4 * (hk + hv + d + 2 * r + H))
         m.d.comb += [pending.issued.eq(seq.row_issued), pending.stored.eq(Cat(*writes))]
@@ -384,6 +380,25 @@ class KdaUnit(wiring.Component):
                 starts = Cat(self.i.payload.first & (ctx_now == c) for c in range(C))
                 m.d.comb += [delta.clear.eq(starts), qkv.restart.eq(starts)]
         return m
+
+
+def _qkv_rows(unit: KdaUnit, m, r2_valid, r2_op, r2_y, v, seq) -> QkvActivation:
+    """q, k, v's rows: short convolution, requantisation, SiLU (hw/kda/rows.py), into QSN,
+    KSN and VO; the taps from LOAD's ``tap_w`` when they live in SRAM."""
+    cfg, L = unit.cfg, len(unit.layers)
+    m.submodules.qkv = qkv = QkvActivation(cfg, r2_y.shape(), unit.contexts, tap_layers=L)
+    if conv_taps_in_sram(cfg):
+        wiring.connect(m, wiring.flipped(unit.tap_w), qkv.tap_w)
+        if L > 1:
+            m.d.comb += qkv.tap_layer.eq(seq.layer)       # the token's KDA layer
+    is_qkv = (r2_op == OP["q"]) | (r2_op == OP["k"]) | (r2_op == OP["v"])
+    m.d.comb += [qkv.valid.eq(r2_valid & is_qkv), qkv.y.eq(r2_y), qkv.params.eq(unit.params)]
+    with m.If(qkv.o_valid):
+        with m.Switch(qkv.o_sec):
+            for n, buf in enumerate((v.QSN, v.KSN, v.VO)):
+                with m.Case(n):
+                    store(m, buf, qkv.o_idx, qkv.o_silu)
+    return qkv
 
 
 def default_kda(cfg) -> KdaUnit:

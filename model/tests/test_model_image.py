@@ -37,9 +37,12 @@ def test_model_image_round_trip(tied):
 
 
 def test_layer_chip_image_unchanged():
-    """A layer config's image is today's: one parameter block with QLayer's names, today's map."""
+    """A layer config's image: one parameter block with QLayer's names, after the block of the
+    short convolutions' taps when they live in SRAM (tiny; tiny-flops has them in the bank)."""
+    from hw.image.param_map import tap_map
     cfg = load_config("tiny")
-    assert model_param_maps(cfg) == [("", param_map(cfg))]
+    assert model_param_maps(cfg) == [("", tap_map(cfg)), ("", param_map(cfg))]
+    assert model_param_maps(load_config("tiny-flops")) == [("", param_map(load_config("tiny-flops")))]
     q = quantize_random_layer(cfg, 1)
     from model.qparams import QModel
     assert qmodel_image(cfg, QModel([q])) == qlayer_image(cfg, q)

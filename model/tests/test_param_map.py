@@ -4,7 +4,8 @@ import pytest
 from amaranth import Const
 from amaranth.lib import data
 
-from hw.image.param_map import fixed_value_differs, param_fields, param_layout, param_map, region_value, structural
+from hw.image.param_map import (conv_taps_in_sram, fixed_value_differs, model_param_maps, param_fields, param_layout,
+                                param_map, region_value, structural, tap_words)
 from moekda.config import load_config
 from moekda.formats import formats_for
 from moekda.tables import fixed_table
@@ -33,8 +34,8 @@ def test_pack_unpack_round_trip(case):
 
 def test_every_integer_of_the_layer_is_a_parameter_a_matrix_or_structural(case):
     cfg, flat = case
-    pm, st = param_map(cfg), structural(cfg)
-    names = {f.name for f in pm.fields}
+    st = structural(cfg)
+    names = {f.name for _, pm in model_param_maps(cfg) for f in pm.fields}      # the taps' block too
     for k, v in flat.items():
         if k.startswith("scales.") or k.endswith("_w") or (k.endswith(".w") and not k.startswith("kda.conv")):
             continue
@@ -81,8 +82,39 @@ def test_layout_bits_are_the_region_bits(case):
     assert int(view.q_proj.m) == int(flat["kda.q_proj.m"])
     assert int(view.f_up.bias[3]) == int(flat["kda.f_up.bias"][3])
     assert int(view.silu_v.t_m) == int(flat["kda.silu_v.t_m"]) and int(view.silu_v.s) == int(flat["kda.silu_v.s"])
-    assert int(view.conv_v.w[1][2]) == int(flat["kda.conv_v.w"][1, 2])
+    if conv_taps_in_sram(cfg):
+        assert not hasattr(view.conv_v, "w")
+    else:
+        assert int(view.conv_v.w[1][2]) == int(flat["kda.conv_v.w"][1, 2])
     assert isinstance(Const(val, kda.size), Const)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-flops", "small-sram", "model-tiny-sram", "model-tiny-k3"])
+def test_taps_in_sram_lead_the_region_as_the_memory_words(name):
+    """With the taps in SRAM (conv_taps_in_sram) the parameter region starts with every KDA
+    layer's taps, in layer order, and word n of the tap memory (a port beat) holds channel
+    c's K taps (oldest first) at byte (c K) mod W of word c K / W; the bank has no taps."""
+    cfg = load_config(name)
+    W, K = cfg.hw.weight_port_bytes, cfg.model.conv_kernel
+    blocks = model_param_maps(cfg)
+    taps = [(p, pm) for p, pm in blocks if pm.memory == "taps"]
+    if not conv_taps_in_sram(cfg):
+        assert not taps and tap_words(cfg) == 0 and "kda.conv_q.w" in {f.name for f in param_map(cfg).fields}
+        return
+    kda_layers = [l for l, k in enumerate(cfg.model.layers) if k == "kda"]
+    assert blocks[:len(taps)] == taps and len(taps) == len(kda_layers)
+    assert [p for p, _ in taps] == ([""] if cfg.model.is_layer_chip else [f"layers.{l}." for l in kda_layers])
+    assert "kda.conv_q.w" not in {f.name for f in param_map(cfg).fields}
+    rng = np.random.default_rng(5)
+    hk = cfg.model.n_heads * cfg.model.head_dim
+    flat = {f"kda.{c}.w": rng.integers(-128, 128, (hk, K)) for c in ("conv_q", "conv_k", "conv_v")}
+    region = taps[0][1].pack(flat)
+    assert len(region) == W * tap_words(cfg) // len(taps)
+    chans = np.concatenate([flat[f"kda.{c}.w"] for c in ("conv_q", "conv_k", "conv_v")])
+    for c in (0, 1, hk, 3 * hk - 1):
+        at = c * K
+        word = region[at // W * W:at // W * W + W]
+        assert list(np.frombuffer(word[at % W:at % W + K], dtype=np.int8)) == list(chans[c]), c
 
 
 # ---- a Gated MLA layer's block (kind "mla") ------------------------------------------

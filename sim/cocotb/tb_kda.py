@@ -44,7 +44,7 @@ import numpy as np
 from hw.image.memory_map import (build_image, layer_bits, layer_count, layer_mixer, memory_map, sequence_slots,
                                  slot_bits)
 from hw.kda.unit import OPS
-from hw.image.param_map import region_value
+from hw.image.param_map import conv_taps_in_sram, region_value, tap_map
 from moekda.config import config_from_dict, load_config
 from moekda.formats import formats_for
 from model.int_kda import IntKDAState, int_kda_step
@@ -66,12 +66,35 @@ class KdaCase:
     layer: np.ndarray = None    # (T,) the layer of each token (all 0 on the layer chip)
     reset_in: int = -1  # the token in whose middle the unit is reset (-1: none)
     slot: np.ndarray = None     # (T,) the sequence slot of each token (hw.sequences; all 0 for one)
+    taps: bytes = b""   # the tap memory's words, when the taps live in SRAM (tap_image)
 
     def __post_init__(self):
         if self.layer is None:
             self.layer = np.zeros(len(self.xn), np.int64)
         if self.slot is None:
             self.slot = np.zeros(len(self.xn), np.int64)
+
+
+def tap_image(cfg, flats: list) -> bytes:
+    """The tap memory's contents (hw/image/param_map.py tap_map: every KDA layer's taps, in
+    order) from each KDA layer's QLayer.to_flat(), or b"" when the taps are in the bank:
+    what LOAD writes through ``tap_w``, one port beat a word."""
+    if not conv_taps_in_sram(cfg):
+        return b""
+    return b"".join(tap_map(cfg).pack(flat) for flat in flats)
+
+
+async def write_taps(dut, case) -> None:
+    """LOAD's part the unit bench stands in for: the tap memory's words through ``tap_w``,
+    one a cycle from a falling edge (nothing when the taps are in the bank)."""
+    W = case.cfg.hw.weight_port_bytes
+    for n in range(len(case.taps) // W):
+        dut.tap_w__valid.value = 1
+        dut.tap_w__addr.value = n
+        dut.tap_w__data.value = int.from_bytes(case.taps[n * W:(n + 1) * W], "little")
+        await FallingEdge(dut.clk)
+    if case.taps:
+        dut.tap_w__valid.value = 0
 
 
 @lru_cache(maxsize=4)
@@ -99,7 +122,7 @@ def kda_case(config: str, seed: int, tokens: int, first=(0,)) -> KdaCase:
     for _, region, field, _ in OPS:
         tensors[region] = getattr(qp.kda, field).w
     return KdaCase(cfg, qp.kda, build_image(cfg, tensors, mm), [region_value(cfg, qp.to_flat(), "kda")],
-                   xn, starts, want)
+                   xn, starts, want, taps=tap_image(cfg, [qp.to_flat()]))
 
 
 def model_kda_case(config: str, seed: int, layers, first=(), reset_in: int = -1, slots=None) -> KdaCase:
@@ -141,14 +164,15 @@ def model_kda_case(config: str, seed: int, layers, first=(), reset_in: int = -1,
         else:
             states[c] = new
     params = [region_value(cfg, qm.layers[l].to_flat(), "kda", mixer=layer_mixer(cfg, l)) for l in range(L)]
-    return KdaCase(cfg, None, qmodel_image(cfg, qm), params, xn, starts, want, layers, reset_in, slots)
+    taps = tap_image(cfg, [qm.layers[l].to_flat() for l in range(L) if cfg.model.layers[l] == "kda"])
+    return KdaCase(cfg, None, qmodel_image(cfg, qm), params, xn, starts, want, layers, reset_in, slots, taps)
 
 
 def save_case(case: KdaCase, path) -> None:
     nbytes = max(1, max(-(-p.bit_length() // 8) for p in case.params))
     np.savez(path, config=case.cfg.source, xn=case.xn, first=case.first, want=case.want,
              layer=case.layer, reset_in=case.reset_in, slot=case.slot,
-             image=np.frombuffer(case.image, dtype=np.uint8),
+             image=np.frombuffer(case.image, dtype=np.uint8), taps=np.frombuffer(case.taps, dtype=np.uint8),
              params=np.array([np.frombuffer(p.to_bytes(nbytes, "little"), dtype=np.uint8) for p in case.params]))
 
 
@@ -156,7 +180,7 @@ def case_from_env() -> KdaCase:
     z = np.load(os.environ["KDA_CASE"])
     return KdaCase(load_config(str(z["config"])), None, z["image"].tobytes(),
                    [int.from_bytes(p.tobytes(), "little") for p in z["params"]], z["xn"], z["first"], z["want"],
-                   z["layer"], int(z["reset_in"]), z["slot"] if "slot" in z.files else None)
+                   z["layer"], int(z["reset_in"]), z["slot"] if "slot" in z.files else None, z["taps"].tobytes())
 
 
 def unit_bound(cfg) -> float:
@@ -218,6 +242,8 @@ if cocotb is not None:
         cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
         dut.rst.value = 1
         dut.params.value = case.params[int(case.layer[0])]   # stable from before reset on
+        if case.taps:
+            dut.tap_w__valid.value = 0
         port_noise()
         dut.i__valid.value = 0
         dut.o__ready.value = 0
@@ -229,6 +255,7 @@ if cocotb is not None:
             await RisingEdge(dut.clk)
         await FallingEdge(dut.clk)
         dut.rst.value = 0
+        await write_taps(dut, case)
 
         sent = got = 0
         offering = False

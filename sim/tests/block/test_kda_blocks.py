@@ -260,18 +260,32 @@ def conv_reference(w, tokens, restarts, layers=None):
     return np.array(out)
 
 
-@pytest.mark.parametrize("memory,always_ready", [("flops", False), ("sram", False), ("sram", True),
-                                                 ("flops", True)])
+def tap_words_of(w, word_bytes):
+    """The tap memory's words (ShortConv ``tap_memory``) of taps ``w`` (layers x C x K int8):
+    layer by layer, each word ``word_bytes`` of whole channels' taps, oldest tap first."""
+    flat = np.asarray(w, dtype=np.int64).reshape(-1) & 0xFF
+    return [int.from_bytes(bytes(flat[i:i + word_bytes].tolist()), "little") for i in range(0, len(flat), word_bytes)]
+
+
+@pytest.mark.parametrize("memory,always_ready,taps", [("flops", False, "port"), ("sram", False, "port"),
+                                                      ("sram", True, "port"), ("flops", True, "port"),
+                                                      ("sram", False, "sram"), ("sram", True, "sram")])
 @pytest.mark.parametrize("C,K,L", [(6, 4, 1), (5, 2, 1), (3, 1, 1), (6, 4, 3), (5, 2, 2), (40, 4, 3)])
-def test_short_conv_matches_reference_under_stalls(C, K, L, memory, always_ready):
+def test_short_conv_matches_reference_under_stalls(C, K, L, memory, always_ready, taps):
     """One layer, and L layers' tokens interleaved in an irregular order (each layer its
     own taps, history and restarts; the layer input moves on as soon as a token's last
     channel is taken).  The history in flip-flops and in SRAM (one masked access per
     channel, the window rotated by the token's phase; 40 channels x 3 layers take two
     macro rows), with the output FIFO and without it (``always_ready``: the sink takes
-    every result, so only the input stalls)."""
+    every result, so only the input stalls).  The taps on the ``taps`` input, or in their
+    SRAM (``tap_memory``: written first through ``tap_w``; words of 1, 2 and 4 channels)."""
     if (C, K, L) == (40, 4, 3) and memory == "flops":
         pytest.skip("the two-row macro case; the flip-flop history is the same code at every size")
+    if taps == "sram" and K == 1:
+        pytest.skip("no history, no tap memory: the taps stay on the input")
+    # the widest word of a power of two of channels (at most 4) that C is a whole number of
+    per = max(n for n in (1, 2, 4) if C % n == 0)
+    tap_memory = (L, K * per) if taps == "sram" else None
     rng = np.random.default_rng(C * 10 + K + 100 * (L - 1))
     w = rng.integers(-128, 128, (L, C, K))
     w[:, 0] = -128                                 # extreme products
@@ -285,7 +299,8 @@ def test_short_conv_matches_reference_under_stalls(C, K, L, memory, always_ready
         layers[:4] = [L - 1, 0, L - 1, L - 1]     # a layer twice in a row, and back to one
         restarts = {0, 5, 6, 13} | {t for t in range(T) if layers[t] == 0 and t > 16}
     want = conv_reference(w, tokens, restarts, layers).reshape(-1)
-    dut = ShortConv(C, K, clock_period_ns=TINY_CLOCK_NS, layers=L, memory=memory, always_ready=always_ready)
+    dut = ShortConv(C, K, clock_period_ns=TINY_CLOCK_NS, layers=L, memory=memory, always_ready=always_ready,
+                    tap_memory=tap_memory)
     assert (dut.macros is not None) == (memory == "sram" and K > 1)
     if (C, K, L) == (40, 4, 3):
         assert dut.macros.rows == 2
@@ -294,10 +309,21 @@ def test_short_conv_matches_reference_under_stalls(C, K, L, memory, always_ready
 
     async def source(ctx):
         await ctx.tick()
+        if tap_memory:                          # LOAD's writes, one word a cycle
+            for n, word in enumerate(tap_words_of(w, tap_memory[1])):
+                ctx.set(dut.tap_w.valid, 1)
+                ctx.set(dut.tap_w.addr, n)
+                ctx.set(dut.tap_w.data, word)
+                await ctx.tick()
+            ctx.set(dut.tap_w.valid, 0)
         for t, x in enumerate(tokens):
             l = layers[t]
-            for c in range(C):                  # the taps are a run-time input: the layer's
-                ctx.set(dut.taps[c], [int(v) for v in w[l][c]])
+            if tap_memory:
+                if L > 1:                       # the token's layer of taps
+                    ctx.set(dut.tap_layer, l)
+            else:
+                for c in range(C):              # the taps are a run-time input: the layer's
+                    ctx.set(dut.taps[c], [int(v) for v in w[l][c]])
             if L > 1:
                 ctx.set(dut.layer, l)
             if t in restarts:

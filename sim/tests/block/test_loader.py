@@ -6,7 +6,7 @@ import pytest
 
 from hw.image.format import VERSION, image_layout
 from hw.chip.loader import ERR, ImageLoader
-from hw.image.param_map import param_map
+from hw.image.param_map import param_map, tap_words
 from moekda.config import load_config
 from sim.cocotb_util import sim_config
 from model.image import qlayer_image, random_layer_image, with_word
@@ -20,7 +20,7 @@ def run_load(cfg, image: bytes, seed: int = 1, stall: float = 0.3, loads: int = 
     dut = ImageLoader(cfg)
     W = cfg.hw.weight_port_bytes
     rng = random.Random(seed)
-    out = {}
+    out = {"taps": {}}
 
     async def memory(ctx):
         queue = []
@@ -39,6 +39,8 @@ def run_load(cfg, image: bytes, seed: int = 1, stall: float = 0.3, loads: int = 
             else:
                 ctx.set(dut.wport.resp.valid, 0)
             taken = ctx.get(dut.wport.resp.valid) and ctx.get(dut.wport.resp.ready)
+            if dut.tap_words and ctx.get(dut.tap_w.valid):       # the tap memory's writes
+                out["taps"][ctx.get(dut.tap_w.addr)] = ctx.get(dut.tap_w.data)
             await ctx.tick()
             if taken:
                 queue.pop(0)
@@ -61,6 +63,7 @@ def run_load(cfg, image: bytes, seed: int = 1, stall: float = 0.3, loads: int = 
                    bank=ctx.get(dut.bank.as_value()))
 
     simulate(dut, bench, background=[memory], period_s=1e-9)
+    run_load.taps = out["taps"]          # {tap memory word: value} of the last LOAD's writes
     return out["loaded"], out["errors"], out["cycles"], out["bank"]
 
 
@@ -75,8 +78,14 @@ def test_good_image_fills_the_bank(tiny):
     loaded, errors, cycles, bank = run_load(cfg, img, stall=0.0)
     assert (loaded, errors) == (1, 0)
     lay = image_layout(cfg)
-    assert bank == int.from_bytes(img[lay.params_addr:lay.params_addr + lay.params_bytes], "little") \
+    # the bank: the layer's block; before it, with the taps in SRAM, the taps' words, each
+    # written once into the tap memory, in order
+    W, taps = cfg.hw.weight_port_bytes, tap_words(cfg)
+    bank_at = lay.params_addr + W * taps
+    assert bank == int.from_bytes(img[bank_at:lay.params_addr + lay.params_bytes], "little") \
         & ((1 << param_map(cfg).bits) - 1)
+    assert run_load.taps == {n: int.from_bytes(img[lay.params_addr + W * n:lay.params_addr + W * (n + 1)], "little")
+                             for n in range(taps)}
     # every beat once, plus the request, the latency of this memory and the checksum drain
     assert lay.beats <= cycles <= lay.beats + 30
 
