@@ -46,6 +46,7 @@ CATEGORIES: tuple[Category, ...] = (
              ("kda/delta/mem/**",)),
     Category("norms", "norms (RMSNorm, q/k/o norms, rsqrt)",
              ("norm/**", "kda/norm/**",
+              "rsqrt/**",                  # the layer's rsqrt, shared with the KDA's norm (hw/arith/rsqrt.py)
               "norm1/**", "norm2/**")),   # the layer's two RMSNorms before they were shared (1448559): older netlists
     Category("kda_datapath", "KDA datapath",
              ("kda", "kda/delta/**", "kda/lut_*/**",

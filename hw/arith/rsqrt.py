@@ -23,7 +23,7 @@ Streams: ``i`` payload ``a`` (unsigned ``in_bits``); ``o`` payload
 """
 from __future__ import annotations
 
-from amaranth import Array, Module, Signal, signed, unsigned
+from amaranth import Array, Cat, Module, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -36,6 +36,23 @@ def rsqrt_out_layout(fm: Formats) -> data.StructLayout:
     return data.StructLayout({"y": unsigned(fm.rsqrt_frac + 2), "E": signed(8)})
 
 
+def rsqrt_norm_table(fm: Formats, in_bits: int) -> dict[int, tuple[int, int, int]]:
+    """Per bit length of ``a`` (1 .. in_bits): (left shift, right shift, E), a_norm = a << l >> r.
+    An entry depends on the bit length only, so a wider unit gives a narrower input's result."""
+    N, frac = fm.rsqrt_norm_bits, fm.rsqrt_frac
+    table = {}
+    for bl in range(1, in_bits + 1):
+        e = -((N - bl) // 2)
+        table[bl] = (max(-e, 0) * 2, max(e, 0) * 2, frac + N // 2 + e)
+    return table
+
+
+def rsqrt_client_signature(fm: Formats, in_bits: int) -> wiring.Signature:
+    """A user's side of an rsqrt it does not own (SharedRsqrt): ``i`` out, ``o`` back in."""
+    return wiring.Signature({"i": Out(stream.Signature(unsigned(in_bits))),
+                             "o": In(stream.Signature(rsqrt_out_layout(fm)))})
+
+
 class Rsqrt(wiring.Component):
     def __init__(self, fm: Formats, in_bits: int, clock_period_ns: float):
         """``clock_period_ns`` (hw.clock_period_ns, required) sets the depth of the product pipeline."""
@@ -46,10 +63,7 @@ class Rsqrt(wiring.Component):
         if N % 2:
             raise ValueError(f"rsqrt_norm_bits = {N}: must be even")
         # per bit length: (left shift, right shift, E); a_norm = a << l >> r
-        self.norm_table = {}
-        for bl in range(1, in_bits + 1):
-            e = -((N - bl) // 2)
-            self.norm_table[bl] = (max(-e, 0) * 2, max(e, 0) * 2, frac + N // 2 + e)
+        self.norm_table = rsqrt_norm_table(fm, in_bits)
         if any(not -128 <= E < 128 for _, _, E in self.norm_table.values()):
             raise ValueError("rsqrt: exponent does not fit 8 signed bits")
         super().__init__({
@@ -155,4 +169,44 @@ class Rsqrt(wiring.Component):
                 m.d.comb += self.o.valid.eq(1)
                 with m.If(self.o.ready):
                     m.next = "IDLE"
+        return m
+
+
+class SharedRsqrt(wiring.Component):
+    """One Rsqrt for several users that each need it a few times a token (the layer's
+    RMSNorm, the KDA's q, k and o norms: issue 45 item 4, units shared in time).
+
+    Client n's ``c<n>`` (rsqrt_client_signature, its ``in_bits[n]``) is the stream pair of
+    an own Rsqrt.  When the unit is free the lowest-numbered client asking is taken (its
+    ``i.ready``); the unit remembers whose operation it runs and hands the result to that
+    client only.  A client that asks while another's operation runs waits for it (the
+    unit's latency, hw/arith/rsqrt.py); docs/chip.md gives what that costs a token.  The
+    unit is as wide as the widest client: its result for an input depends on the input
+    alone (rsqrt_norm_table), so every client gets what its own unit would give."""
+
+    def __init__(self, fm: Formats, in_bits: list[int], clock_period_ns: float):
+        if not in_bits:
+            raise ValueError("shared rsqrt: at least one client")
+        self.fm, self.in_bits, self.clock_period_ns = fm, list(in_bits), clock_period_ns
+        super().__init__({f"c{n}": In(rsqrt_client_signature(fm, b)) for n, b in enumerate(in_bits)})
+
+    def elaborate(self, platform):
+        m = Module()
+        n = len(self.in_bits)
+        m.submodules.rsqrt = rsq = Rsqrt(self.fm, max(self.in_bits), self.clock_period_ns)
+        clients = [getattr(self, f"c{k}") for k in range(n)]
+        owner = Signal(range(max(2, n)), name="rsqrt_owner")
+        grant = Signal(range(max(2, n)), name="rsqrt_grant")
+        # fixed priority: the first client asking (the last assignment wins)
+        for k in reversed(range(n)):
+            with m.If(clients[k].i.valid):
+                m.d.comb += grant.eq(k)
+        m.d.comb += [rsq.i.valid.eq(Cat(*(c.i.valid for c in clients)).any()),
+                     rsq.i.payload.eq(Array(c.i.payload for c in clients)[grant])]
+        for k, c in enumerate(clients):
+            m.d.comb += [c.i.ready.eq(rsq.i.ready & (grant == k)),
+                         c.o.valid.eq(rsq.o.valid & (owner == k)), c.o.payload.eq(rsq.o.payload)]
+        m.d.comb += rsq.o.ready.eq(Array(c.o.ready for c in clients)[owner])
+        with m.If(rsq.i.valid & rsq.i.ready):
+            m.d.sync += owner.eq(grant)
         return m

@@ -86,6 +86,7 @@ from hw.arith.residual import ResidualAdd
 from hw.stream.weight_port import WeightPortSignature
 from hw.image.memory_map import layer_bits, layer_count, layer_mixer, mixer_layers, slot_bits
 from hw.image.param_map import layer_bank_bits, param_layout, param_map, tap_words
+from hw.arith.rsqrt import SharedRsqrt
 from hw.kda.norm import Normalizer
 from hw.kda.short_conv import tap_write_signature
 from hw.kda.unit import KdaUnit
@@ -197,15 +198,7 @@ class LayerDatapath(wiring.Component):
         if D is not None:
             m.d.comb += moe.dense_params.eq(D.dense)
         wiring.connect(m, moe.wport, wiring.flipped(self.moe_wport))
-        ss_bits = derived_widths(cfg)["ss_rmsnorm"]
-        period = cfg.hw.clock_period_ns
-        # one RMSNorm for both stages, shared in time (issue 45): mode 0 is stage A's
-        # attn_norm, mode 1 stage B's mlp_norm.  A run is 2 d + rsqrt + ~10 cycles, a few
-        # per cent of a token; when both stages want it, one waits (the arbitration below;
-        # no cycle per token lost on tiny, docs/chip.md)
-        m.submodules.norm = norm = Normalizer(fm, d, rb, ss_bits, [a, a], param_layout(cfg, "attn_norm"),
-                                              clock_period_ns=period)
-        m.d.comb += [norm.norms[0].eq(P.attn_norm), norm.norms[1].eq(P.mlp_norm)]
+        norm = self._layer_norm(m, P, kda)
         m.submodules.res1 = res1 = ResidualAdd.for_config(cfg, a, d)
         m.submodules.res2 = res2 = ResidualAdd.for_config(cfg, moe.out_bits, d)
         m.d.comb += res1.params.eq(P.res1)
@@ -329,6 +322,28 @@ class LayerDatapath(wiring.Component):
                      (q_full, q_wait), (layer_a, layer_q, layer_b), stage_b_idle, (lat_a, lat_q, lat_b))
         return m
 
+    def _layer_norm(self, m, P, kda) -> Normalizer:
+        """The layer's RMSNorm, one for both stages, and its rsqrt, shared with the KDA's."""
+        cfg, fm, d = self.cfg, self.fm, self.d
+        rb, a = fm.resid_bits, fm.act_bits
+        ss_bits = derived_widths(cfg)["ss_rmsnorm"]
+        period = cfg.hw.clock_period_ns
+        # one RMSNorm for both stages, shared in time (issue 45): mode 0 is stage A's
+        # attn_norm, mode 1 stage B's mlp_norm.  A run is 2 d + rsqrt + ~10 cycles, a few
+        # per cent of a token; when both stages want it, one waits (the arbitration below;
+        # no cycle per token lost on tiny, docs/chip.md)
+        m.submodules.norm = norm = Normalizer(fm, d, rb, ss_bits, [a, a], param_layout(cfg, "attn_norm"),
+                                              clock_period_ns=period, shared_rsqrt=True)
+        # its rsqrt is shared with the KDA's q, k, o normaliser (issue 45 item 4): each needs
+        # it a few times a token; the layer's RMSNorm first (it holds up a stage's weight
+        # reads), docs/chip.md "Units shared in time" gives the cycles
+        users = [norm.rsqrt] + ([kda.rsqrt] if kda is not None else [])
+        m.submodules.rsqrt = shared = SharedRsqrt(fm, [len(u.i.payload) for u in users], period)
+        for n, u in enumerate(users):
+            wiring.connect(m, u, getattr(shared, f"c{n}"))
+        m.d.comb += [norm.norms[0].eq(P.attn_norm), norm.norms[1].eq(P.mlp_norm)]
+        return norm
+
     def _token_mixers(self, m, P, M):
         """Stage A's token mixers, the KDA and the MLA unit of the config's layers, behind one
         pair of streams: mix_in / mix_out stand for the unit of stage A's token (``is_mla``
@@ -341,7 +356,7 @@ class LayerDatapath(wiring.Component):
         is_mla = Signal()                       # stage A's token is of an MLA layer
         units = []                              # (unit, selected)
         if self.kda_layers:
-            m.submodules.kda = kda = KdaUnit(cfg)
+            m.submodules.kda = kda = KdaUnit(cfg, shared_rsqrt=True)
             m.d.comb += kda.params.eq(P.kda)
             if tap_words(cfg):
                 wiring.connect(m, wiring.flipped(self.tap_w), kda.tap_w)

@@ -31,7 +31,7 @@ from amaranth.lib.wiring import In, Out
 from hw.arith.booth_multiply import barrel_shift_saturate, booth_multiply
 from hw.arith.carry_save import compress_3_2, pipelined_add
 from hw.arith.pipeline import Pipe, plan_pipeline
-from hw.arith.rsqrt import Rsqrt
+from hw.arith.rsqrt import Rsqrt, rsqrt_client_signature, rsqrt_norm_table
 from moekda.formats import Formats
 
 
@@ -40,13 +40,22 @@ def norm_layout(eps_bits: int, mult_bits: int, s_bits: int = 5) -> data.StructLa
     return data.StructLayout({"eps_int": unsigned(eps_bits), "m": unsigned(mult_bits), "s": unsigned(s_bits)})
 
 
+def norm_rsqrt_bits(ss_bits: int, params) -> int:
+    """Input width of a Normalizer's rsqrt: a sum of squares (< 2**ss_bits) plus eps (the
+    ``eps_int`` field of ``params``)."""
+    return max(ss_bits, params["eps_int"].shape.width) + 1
+
+
 class Normalizer(wiring.Component):
     def __init__(self, fm: Formats, n: int, in_bits: int, ss_bits: int, out_bits, params,
-                 clock_period_ns: float):
+                 clock_period_ns: float, shared_rsqrt: bool = False):
         """``out_bits``: one output width per mode (the number of modes); ``params``: the
         layout of one mode's (eps_int, m, s), e.g. ``param_layout(cfg, "kda.q_norm")``
         (or ``norm_layout``), from which the widths are taken; ``clock_period_ns``
-        (hw.clock_period_ns) sets the depth of the product pipelines."""
+        (hw.clock_period_ns) sets the depth of the product pipelines; ``shared_rsqrt``:
+        no rsqrt of its own, the ``rsqrt`` port to one the owner shares
+        (hw/arith/rsqrt.py SharedRsqrt)."""
+        self.shared_rsqrt = shared_rsqrt
         self.clock_period_ns = clock_period_ns
         out_bits = [int(b) for b in out_bits]
         if not out_bits:
@@ -62,8 +71,7 @@ class Normalizer(wiring.Component):
         self.eps_bits = layout["eps_int"].shape.width
         self.m_bits = layout["m"].shape.width
         self.s_bits = layout["s"].shape.width
-        # sum of squares (< 2**ss_bits) plus eps (< 2**eps_bits)
-        self.rs_bits = max(ss_bits, self.eps_bits) + 1
+        self.rs_bits = norm_rsqrt_bits(ss_bits, params)
         super().__init__({
             "start": In(1),
             "mode": In(range(max(2, self.modes))),
@@ -74,6 +82,7 @@ class Normalizer(wiring.Component):
             "wr_en": Out(1),
             "wr_idx": Out(range(n)),
             "wr_y": Out(signed(self.out_bits)),
+            **({"rsqrt": Out(rsqrt_client_signature(fm, self.rs_bits))} if shared_rsqrt else {}),
         })
 
     def elaborate(self, platform):
@@ -81,7 +90,10 @@ class Normalizer(wiring.Component):
         fm = self.fm
         frac = fm.rsqrt_frac
         plan = plan_pipeline(self.clock_period_ns)
-        m.submodules.rsqrt = rsq = Rsqrt(fm, self.rs_bits, self.clock_period_ns)
+        if self.shared_rsqrt:
+            rsq = self.rsqrt
+        else:
+            m.submodules.rsqrt = rsq = Rsqrt(fm, self.rs_bits, self.clock_period_ns)
 
         mode = Signal.like(self.mode)
         idx = Signal(range(self.n))
@@ -92,7 +104,7 @@ class Normalizer(wiring.Component):
         m_r = Signal(fm.mult_bits + 1)
         # s_r = E + s - frac - 1 is at most this (E is largest for the widest ss, s for
         # the largest value its field holds)
-        e_max = max(E for _, _, E in rsq.norm_table.values())
+        e_max = max(E for _, _, E in rsqrt_norm_table(fm, self.rs_bits).values())
         s_max = e_max + (1 << self.s_bits) - 1 - frac - 1
         s_r = Signal(range(max(2, s_max + 1)))
         half = Signal(max(1, s_max))   # 2**(s_r-1) in the scale pass, 0 in the squares pass

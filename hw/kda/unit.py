@@ -84,13 +84,14 @@ from amaranth.lib.wiring import In, Out
 from hw.arith.counter import sparse_event_count
 from hw.arith.matvec import MatVecEngine, port_groups
 from hw.arith.pipeline import plan_pipeline
+from hw.arith.rsqrt import rsqrt_client_signature
 from hw.stream.weight_port import WeightPortSignature, split_request
 from hw.image.memory_map import (layer_bits, layer_count, layer_prefix, memory_map, mixer_layers, sequence_slots,
                                  slot_bits, state_contexts)
 from hw.image.param_map import (conv_taps_in_sram, kda_norm_ss_bits, param_layout, param_map, structural, table_shape,
                                 tap_words)
 from hw.kda.delta import DeltaRule
-from hw.kda.norm import Normalizer
+from hw.kda.norm import Normalizer, norm_rsqrt_bits
 from hw.kda.phases import KdaPhases
 from hw.kda.rows import ProjectionRequantiser, QkvActivation
 from hw.kda.short_conv import tap_write_signature
@@ -199,8 +200,11 @@ def store(m, buf, idx, value):
 
 
 class KdaUnit(wiring.Component):
-    def __init__(self, cfg):
+    def __init__(self, cfg, shared_rsqrt: bool = False):
+        """``shared_rsqrt``: the q, k, o normaliser's rsqrt is the owner's, on ``rsqrt``
+        (hw/arith/rsqrt.py SharedRsqrt), not one of its own."""
         m_, hw = cfg.model, cfg.hw
+        self.shared_rsqrt = shared_rsqrt
         self.cfg = cfg
         self.fm = fm = formats_for(cfg)
         self.d, self.H, self.dk, self.r = m_.d_model, m_.n_heads, m_.head_dim, m_.gate_rank
@@ -235,9 +239,15 @@ class KdaUnit(wiring.Component):
             "token_cycles": Out(32),
             "tokens": Out(32),
             "mac_beat": Out(1),
+            **({"rsqrt": Out(rsqrt_client_signature(fm, self.norm_rsqrt_bits(cfg)))} if shared_rsqrt else {}),
             # LOAD's writes of the short convolutions' taps, when they live in SRAM
             **({"tap_w": In(tap_write_signature(tap_words(cfg), self.W))} if conv_taps_in_sram(cfg) else {}),
         })
+
+    @staticmethod
+    def norm_rsqrt_bits(cfg) -> int:
+        """The input width of the q, k, o normaliser's rsqrt."""
+        return norm_rsqrt_bits(kda_norm_ss_bits(cfg), param_layout(cfg, "kda.q_norm"))
 
     def elaborate(self, platform):
         m = Module()
@@ -313,7 +323,9 @@ class KdaUnit(wiring.Component):
         # ---- the shared normaliser: q, k (L2) and o (RMS), the o norm's output times the gate
         m.submodules.norm = norm = Normalizer(fm, dk, max(fm.qkv_bits, fm.o_bits), kda_norm_ss_bits(cfg),
                                               [fm.qk_bits, fm.qk_bits, a], param_layout(cfg, "kda.q_norm"),
-                                              clock_period_ns=cfg.hw.clock_period_ns)
+                                              clock_period_ns=cfg.hw.clock_period_ns, shared_rsqrt=self.shared_rsqrt)
+        if self.shared_rsqrt:
+            wiring.connect(m, norm.rsqrt, wiring.flipped(self.rsqrt))
         m.d.comb += [norm.norms[k].eq(getattr(P, name)) for k, name in enumerate(("q_norm", "k_norm", "o_norm"))]
         nh = Signal(range(H))          # the head the norm works on (the phase control's)
         base = nh * dk
