@@ -27,7 +27,8 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.arith.booth_multiply import booth_multiply
-from hw.moe.arith import chunked_counter, prefix_add
+from hw.arith.carry_save import prefix_add
+from hw.moe.arith import chunked_counter
 from hw.moe.divider import SequentialDivider
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.moe.topk import index_bits, selection_layout
@@ -115,8 +116,8 @@ class RouteWeights(wiring.Component):
             with m.State("SUM"):
                 # one chosen entry per cycle: add its score, and (a cycle later,
                 # through hit_e) count the expert
-                m.d.sync += [tot.eq(prefix_add(m, tot, score[step], len(tot), "tot")), hit_e.eq(idx[step]), hit_go.eq(1),
-                             step.eq(step + 1)]
+                m.d.sync += [tot.eq(prefix_add(m, tot, score[step], name="tot", width=len(tot))), hit_e.eq(idx[step]),
+                             hit_go.eq(1), step.eq(step + 1)]
                 with m.If(step == k - 1):
                     m.d.sync += [sent.eq(0), got.eq(0)]
                     m.next = "DENOMINATOR"
