@@ -81,7 +81,7 @@ from amaranth import Array, Cat, Const, Module, Mux, Shape, Signal, signed, unsi
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.arith.counter import sparse_event_count
+from hw.arith.counter import event_counter
 from hw.arith.matvec import MatVecEngine, port_groups
 from hw.arith.pipeline import plan_pipeline
 from hw.stream.weight_port import WeightPortSignature, split_request
@@ -178,20 +178,6 @@ def token_registers(fm, d, H, dk, dv, r) -> SimpleNamespace:
     return v
 
 
-def split_counter(m, name, clear=None):
-    """A 32-bit counter as two 16-bit halves: the high half steps on a flag registered one
-    cycle ahead (low half about to wrap), so no 32-bit carry chain in a cycle; ``clear``
-    restarts it at 2."""
-    lo, hi, wrap = Signal(16, name=f"{name}_lo"), Signal(16, name=f"{name}_hi"), Signal(name=f"{name}_wrap")
-    m.d.sync += [lo.eq(lo + 1), wrap.eq(lo == 0xFFFE)]
-    with m.If(wrap):
-        m.d.sync += hi.eq(hi + 1)
-    if clear is not None:
-        with m.If(clear):
-            m.d.sync += [lo.eq(2), hi.eq(0), wrap.eq(0)]
-    return Cat(lo, hi)
-
-
 def store(m, buf, idx, value):
     m.d.sync += Array(buf)[idx].eq(value)
 
@@ -251,9 +237,9 @@ class KdaUnit(wiring.Component):
         v = token_registers(fm, d, H, dk, dv, r)
 
         # ---- counters (token_count from the ACCEPT cycle and the one after it, both counted)
-        m.d.comb += self.cycles.eq(split_counter(m, "cycles"))
+        m.d.comb += self.cycles.eq(event_counter(m, 1, "cycles"))
         token_clear = Signal()
-        token_count = split_counter(m, "token_count", token_clear)
+        token_count = event_counter(m, 1, "token_count", clear=token_clear, clear_to=2)
 
         # ---- the projection sequencer (hw/proj): the weight requests (the projections' at
         # ACCEPT, W_o's at WO), response beats + input groups -> the shared engine, one port
@@ -370,8 +356,8 @@ class KdaUnit(wiring.Component):
         with m.If(ph.finish):
             m.d.sync += token_cycles.eq(token_count)
         # the token count steps a cycle after the hand-over (the output's ready is not in
-        # front of its carry chain), in halves (sparse_event_count: a token per step)
-        m.d.comb += [self.token_cycles.eq(token_cycles), self.tokens.eq(sparse_event_count(m, ph.token_out, "tokens"))]
+        # front of its carry chain)
+        m.d.comb += [self.token_cycles.eq(token_cycles), self.tokens.eq(event_counter(m, ph.token_out, "tokens"))]
         with m.If(ph.take):
             m.d.sync += [v.XZ[n].eq(self.i.payload.x[n]) for n in range(d)]
             if C == 1:

@@ -55,7 +55,7 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
-from hw.arith.counter import ChunkedCounter, sparse_event_count
+from hw.arith.counter import event_counter
 from hw.arith.matvec import MatVecEngine, MatVecFormats, port_groups
 from hw.arith.pipeline import plan_pipeline
 from hw.stream.weight_port import WeightPortSignature, split_request
@@ -170,14 +170,9 @@ class MlaUnit(wiring.Component):
         tok_pos = Signal(fm.mla_context_bits)
 
         # ---- counters (token_count from the ACCEPT cycle to the offer on ``o``, both counted)
-        cycles = ChunkedCounter(32, name="cycles")
-        m.d.comb += [cycles.inc.eq(1), self.cycles.eq(cycles.value)]
-        cycles.elaborate(m)
+        m.d.comb += self.cycles.eq(event_counter(m, 1, "cycles"))
         token_clear = Signal()
-        token_count = ChunkedCounter(32, name="token_count")
-        m.d.comb += token_count.inc.eq(1)
-        token_count.load(token_clear, Const(2, 32))
-        token_count.elaborate(m)
+        token_count = event_counter(m, 1, "token_count", clear=token_clear, clear_to=2)
 
         # ---- the engine: matrices from the weight port, scores from the cache ---------------
         widths = sorted({a, fm.resid_bits, fm.lut_in_bits, fm.mla_u_bits})
@@ -288,8 +283,8 @@ class MlaUnit(wiring.Component):
                      seq.restart.eq(ph.take), seq.more.eq(ph.more), token_clear.eq(ph.take)]
         token_cycles = Signal(32)
         with m.If(ph.finish):
-            m.d.sync += token_cycles.eq(token_count.value)
-        m.d.comb += [self.token_cycles.eq(token_cycles), self.tokens.eq(sparse_event_count(m, ph.token_out, "tokens"))]
+            m.d.sync += token_cycles.eq(token_count)
+        m.d.comb += [self.token_cycles.eq(token_cycles), self.tokens.eq(event_counter(m, ph.token_out, "tokens"))]
         with m.If(ph.take):
             m.d.sync += [*[X[n].eq(self.i.payload.x[n]) for n in range(d)], res_row.eq(0),
                          tok_k.eq(k_now), tok_ctx.eq(ctx_now), tok_pos.eq(self.pos)]

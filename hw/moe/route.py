@@ -18,7 +18,7 @@ parameter bank's ``moe.rs``, ``rs_bits`` wide) is static while tokens flow.
 
 Timing: the scaling product wn * rs is a Booth tree over stages the clock
 decides (hw/arith/pipeline.py), a quotient at a time (divisions are sequential,
-so the products never overlap); the hit counters are chunked counters.
+so the products never overlap); the hit counters are chunked counters (hw/arith/counter.py).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.arith.booth_multiply import booth_multiply
 from hw.arith.carry_save import prefix_add
-from hw.moe.arith import chunked_counter
+from hw.arith.counter import event_counter
 from hw.moe.divider import SequentialDivider
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.moe.topk import index_bits, selection_layout
@@ -78,8 +78,7 @@ class RouteWeights(wiring.Component):
         hit_go = Signal()
         m.d.sync += hit_go.eq(0)
         for e in range(self.E):
-            m.d.comb += self.hits[e].eq(chunked_counter(m, self.plan, self.counter_bits, hit_go & (hit_e == e),
-                                                        f"hit{e}"))
+            m.d.comb += self.hits[e].eq(event_counter(m, hit_go & (hit_e == e), f"hit{e}", self.counter_bits))
 
         # wt = round_shift(wn * rs, rs_frac): rs an input, the rounding one more word
         scale = Pipe(m, self.plan, "scale")
