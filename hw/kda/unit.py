@@ -87,7 +87,7 @@ from hw.arith.pipeline import plan_pipeline
 from hw.stream.weight_port import WeightPortSignature, split_request
 from hw.image.memory_map import (layer_bits, layer_count, layer_prefix, memory_map, mixer_layers, sequence_slots,
                                  slot_bits, state_contexts)
-from hw.image.param_map import kda_norm_ss_bits, param_layout, param_map, structural, table_shape
+from hw.image.param_map import KDA_MATRICES, kda_norm_ss_bits, param_layout, param_map, structural, table_shape
 from hw.kda.delta import DeltaRule
 from hw.kda.norm import Normalizer
 from hw.kda.phases import KdaPhases
@@ -98,18 +98,12 @@ from hw.proj.sequencer import ProjectionSequencer, connect_weight_port, input_gr
 from moekda.config import ConfigError
 from moekda.formats import formats_for
 
-# the projections in weight-memory order: (op, memory-map tensor, QKDA field, input vector)
-OPS = [
-    ("q", "kda.w_q", "q_proj", "x"),
-    ("k", "kda.w_k", "k_proj", "x"),
-    ("v", "kda.w_v", "v_proj", "x"),
-    ("fd", "kda.w_f_down", "f_down", "x"),
-    ("gd", "kda.w_g_down", "g_down", "x"),
-    ("b", "kda.w_b", "b_proj", "x"),
-    ("fu", "kda.w_f_up", "f_up", "fd"),
-    ("gu", "kda.w_g_up", "g_up", "gd"),
-    ("o", "kda.w_o", "o_proj", "zo"),
-]
+# the projections in weight-memory order (hw/image/param_map.py KDA_MATRICES): (op,
+# memory-map tensor, QKDA field, input vector); the op's name and input per QKDA field
+_OP_INPUT = {"q_proj": ("q", "x"), "k_proj": ("k", "x"), "v_proj": ("v", "x"), "f_down": ("fd", "x"),
+             "g_down": ("gd", "x"), "b_proj": ("b", "x"), "f_up": ("fu", "fd"), "g_up": ("gu", "gd"),
+             "o_proj": ("o", "zo")}
+OPS = [(_OP_INPUT[field][0], f"kda.{region}", field, _OP_INPUT[field][1]) for region, field, _, _ in KDA_MATRICES]
 OP = {name: n for n, (name, *_rest) in enumerate(OPS)}
 
 

@@ -60,7 +60,7 @@ from hw.arith.matvec import MatVecEngine, MatVecFormats, port_groups
 from hw.arith.pipeline import plan_pipeline
 from hw.stream.weight_port import WeightPortSignature, split_request
 from hw.image.memory_map import layer_bits, layer_prefix, memory_map, sequence_slots, slot_bits
-from hw.image.param_map import mla_norm_ss_bits, param_layout, table_shape
+from hw.image.param_map import MLA_MATRICES, mla_norm_ss_bits, param_layout, table_shape
 from hw.kda.norm import Normalizer
 from hw.mla.cache import CachePortSignature, cache_tokens, mla_layers, row_beats, row_stride
 from hw.mla.phases import MlaPhases
@@ -72,15 +72,11 @@ from moekda.config import ConfigError
 from moekda.formats import formats_for
 from moekda.tables import fixed_table
 
-# the matrices in weight-memory order: (op, memory-map tensor, QMLA field, input vector)
-OPS = [
-    ("dkv", "mla.w_dkv", "dkv", "x"),
-    ("q", "mla.w_q", "q_proj", "x"),
-    ("g", "mla.w_g", "g_proj", "x"),
-    ("uk", "mla.w_uk", "uk", "q"),
-    ("uv", "mla.w_uv", "uv", "ctx"),
-    ("o", "mla.w_o", "o_proj", "zo"),
-]
+# the matrices in weight-memory order (hw/image/param_map.py MLA_MATRICES): (op, memory-map
+# tensor, QMLA field, input vector); the op's name and input per QMLA field
+_OP_INPUT = {"dkv": ("dkv", "x"), "q_proj": ("q", "x"), "g_proj": ("g", "x"), "uk": ("uk", "q"),
+             "uv": ("uv", "ctx"), "o_proj": ("o", "zo")}
+OPS = [(_OP_INPUT[field][0], f"mla.{region}", field, _OP_INPUT[field][1]) for region, field, _, _ in MLA_MATRICES]
 OP = {name: n for n, (name, *_rest) in enumerate(OPS)}
 SCORE = len(OPS)           # the engine's tag of a score row (the cache against qa_h)
 FIRST_READ = OPS[:4]       # requested at ACCEPT
