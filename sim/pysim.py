@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from amaranth.sim import Simulator
 
-PERIOD_S = 1e-8
+from sim.cocotb.clocking import CLOCK_NS
+
+PERIOD_S = CLOCK_NS * 1e-9          # the cocotb benches' period (any would do)
 
 
 def simulate(dut, *testbenches, processes=(), background=(), period_s: float = PERIOD_S,

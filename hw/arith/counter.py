@@ -12,6 +12,9 @@ add plus the flags of its new value, whatever the width.
 The flags are a function of the value, so every write of the value writes
 them too: ``load`` takes a value (a constant or another counter's ``next``)
 and computes them, which for ``other.next`` is the same path as counting.
+
+``event_counter`` is the same counter as one call: what the units' cycle, token, beat
+and hit counters are (the chip's CSR, latency and loader counters use the class).
 """
 from __future__ import annotations
 
@@ -116,16 +119,15 @@ class ChunkedCounter:
             m.d.sync += [self.value.eq(self.next), *flag_writes(self.next)]
 
 
-def sparse_event_count(m: Module, event, name: str) -> Value:
-    """A 32-bit count of ``event``, which is never high in two cycles in a row, as two
-    16-bit halves: the high half steps on a flag registered from the low half, so no
-    32-bit carry chain is in one cycle (the plain 32-bit increment of ``tokens`` was
-    mapped as 14 levels of ANDs in model-small-sram's kda synthesis: -0.023 ns at 1 ns).
-    The flag has caught up with the low half by the next event."""
-    lo, hi, wrap = Signal(16, name=f"{name}_lo"), Signal(16, name=f"{name}_hi"), Signal(name=f"{name}_wrap")
-    m.d.sync += wrap.eq(lo == 0xFFFF)
-    with m.If(event):
-        m.d.sync += lo.eq(lo + 1)
-        with m.If(wrap):
-            m.d.sync += hi.eq(hi + 1)
-    return Cat(lo, hi)
+def event_counter(m: Module, event, name: str, width: int = 32, clear=None, clear_to: int = 0) -> Value:
+    """A ``width``-bit count of the cycles ``event`` is high (``1``: every cycle), the one way
+    the units build their event and performance counters: a ``ChunkedCounter``, so no carry
+    chain longer than a chunk is in one cycle, and the count is exact in every cycle.
+    ``clear``: the count restarts at ``clear_to`` in the cycles it is high (over the event);
+    reset clears it."""
+    counter = ChunkedCounter(width, name=name)
+    m.d.comb += counter.inc.eq(event)
+    if clear is not None:
+        counter.load(clear, Const(clear_to, width))
+    counter.elaborate(m)
+    return counter.value

@@ -60,8 +60,8 @@ from hw.chip.weight_arbiter import WeightArbiter
 from hw.stream.skid import SkidBuffer
 from hw.stream.weight_port import WeightPortSignature
 from hw.image.format import image_layout
-from hw.image.memory_map import (layer_bits, layer_count, layer_kind, layer_prefix, memory_map, mla_tensors,
-                                 moe_token_regions, sequence_slots, slot_bits)
+from hw.image.memory_map import (dense_tensors, layer_bits, layer_count, layer_kind, layer_prefix, memory_map,
+                                 moe_token_regions, sequence_slots, slot_bits, token_mixer_tensors)
 from hw.mla.cache import CachePortSignature, cache_write_layout, mla_layers, row_beats
 from moekda.config import ConfigError, require_chip_model
 from moekda.formats import formats_for
@@ -109,13 +109,9 @@ def _used_matrices(cfg) -> list[str]:
     out = []
     for l in range(layer_count(cfg)):
         p = layer_prefix(cfg, l)
-        if layer_kind(cfg, l) == "mla":
-            out += [p + name for name, _, _ in mla_tensors(cfg)]
-        else:
-            out += [p + f"kda.{t}" for t in ("w_q", "w_k", "w_v", "w_f_down", "w_g_down", "w_b",
-                                             "w_f_up", "w_g_up", "w_o")]
+        out += [p + name for name, _, _ in token_mixer_tensors(cfg, layer_kind(cfg, l))]
         if m.mixers[l] == "dense":
-            out += [p + f"dense.chunk{c}.{t}" for c in range(m.dense_chunks) for t in ("gate", "up", "down")]
+            out += [p + name for name, _, _ in dense_tensors(cfg)]
         else:
             out += moe_token_regions(cfg, p)
     out.append("lm_head" if "lm_head" in mm else "embedding")

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hw.image.param_map import EXPERT_MATS, KDA_MATRICES, MLA_MATRICES
 from hw.stream.weight_port import beats_per_row, padded_row_bytes
 
 
@@ -69,7 +70,13 @@ class TensorRegion:
 # ---- the tensors of each block, in memory order ------------------------------
 
 def moe_expert_names(prefix: str) -> list[str]:
-    return [f"{prefix}.gate", f"{prefix}.up", f"{prefix}.down"]
+    return [f"{prefix}.{mat}" for mat in EXPERT_MATS]
+
+
+def expert_tensors(prefix: str, d_ff: int, width: int) -> list[tuple[str, int, int]]:
+    """(name, rows, cols) of one expert (EXPERT_MATS) on vectors of ``width``: gate and up
+    d_ff x width, down width x d_ff."""
+    return [(f"{prefix}.{mat}", *((width, d_ff) if mat == "down" else (d_ff, width))) for mat in EXPERT_MATS]
 
 
 def moe_tensors(cfg) -> list[tuple[str, int, int]]:
@@ -90,12 +97,9 @@ def moe_tensors(cfg) -> list[tuple[str, int, int]]:
     if lat:
         out += [("moe.lat_down", lat, d), ("moe.lat_up", d, lat)]
     for e in range(m.n_experts):
-        w = lat or d          # LatentMoE: the routed experts at the latent width
-        out += [(f"moe.expert{e}.gate", m.d_ff, w), (f"moe.expert{e}.up", m.d_ff, w),
-                (f"moe.expert{e}.down", w, m.d_ff)]
+        out += expert_tensors(f"moe.expert{e}", m.d_ff, lat or d)   # LatentMoE: at the latent width
     for s in range(m.n_shared):
-        out += [(f"moe.shared{s}.gate", m.d_ff, d), (f"moe.shared{s}.up", m.d_ff, d),
-                (f"moe.shared{s}.down", d, m.d_ff)]
+        out += expert_tensors(f"moe.shared{s}", m.d_ff, d)
     return out
 
 
@@ -108,9 +112,9 @@ def moe_token_regions(cfg, prefix: str = "", routed: int | None = None) -> list[
     out = [prefix + "moe.router"]
     if m.moe_latent:
         out += [prefix + "moe.lat_down", prefix + "moe.lat_up"]
-    out += [prefix + f"moe.shared{s}.{t}" for s in range(m.n_shared) for t in ("gate", "up", "down")]
+    out += [prefix + f"moe.shared{s}.{t}" for s in range(m.n_shared) for t in EXPERT_MATS]
     out += [prefix + f"moe.expert0.{t}" for _ in range(m.top_k if routed is None else routed)
-            for t in ("gate", "up", "down")]
+            for t in EXPERT_MATS]
     return out
 
 
@@ -124,10 +128,8 @@ def kda_tensors(cfg) -> list[tuple[str, int, int]]:
     ``kda.w_o``           d_model x H*d_v
     """
     m = cfg.model
-    d, hk, r = m.d_model, m.n_heads * m.head_dim, m.gate_rank
-    return [("kda.w_q", hk, d), ("kda.w_k", hk, d), ("kda.w_v", hk, d),
-            ("kda.w_f_down", r, d), ("kda.w_g_down", r, d), ("kda.w_b", m.n_heads, d),
-            ("kda.w_f_up", hk, r), ("kda.w_g_up", hk, r), ("kda.w_o", d, hk)]
+    dims = {"d": m.d_model, "hk": m.n_heads * m.head_dim, "r": m.gate_rank, "H": m.n_heads}
+    return [(f"kda.{region}", dims[rows], dims[cols]) for region, _, rows, cols in KDA_MATRICES]
 
 
 def mla_tensors(cfg) -> list[tuple[str, int, int]]:
@@ -141,9 +143,9 @@ def mla_tensors(cfg) -> list[tuple[str, int, int]]:
     ``mla.w_o``    d_model x H*dh
     """
     m = cfg.model
-    d, H, dh, r = m.d_model, m.n_heads, m.head_dim, m.kv_rank
-    return [("mla.w_dkv", r, d), ("mla.w_q", H * dh, d), ("mla.w_g", H * dh, d),
-            ("mla.w_uk", H * r, dh), ("mla.w_uv", H * dh, r), ("mla.w_o", d, H * dh)]
+    H, dh, r = m.n_heads, m.head_dim, m.kv_rank
+    dims = {"d": m.d_model, "r": r, "dh": dh, "Hdh": H * dh, "Hr": H * r}
+    return [(f"mla.{region}", dims[rows], dims[cols]) for region, _, rows, cols in MLA_MATRICES]
 
 
 def token_mixer_tensors(cfg, kind: str) -> list[tuple[str, int, int]]:
@@ -158,11 +160,7 @@ def dense_tensors(cfg) -> list[tuple[str, int, int]]:
     """(name, rows, cols) of a dense channel mixer (QDense), chunk after chunk, each one
     shared expert's shapes: ``dense.chunk{c}.gate|up`` d_ff x d_model, ``.down`` d_model x d_ff."""
     m = cfg.model
-    out = []
-    for c in range(m.dense_chunks):
-        out += [(f"dense.chunk{c}.gate", m.d_ff, m.d_model), (f"dense.chunk{c}.up", m.d_ff, m.d_model),
-                (f"dense.chunk{c}.down", m.d_model, m.d_ff)]
-    return out
+    return [t for c in range(m.dense_chunks) for t in expert_tensors(f"dense.chunk{c}", m.d_ff, m.d_model)]
 
 
 def model_tensors(cfg) -> list[tuple[str, int, int]]:
@@ -303,11 +301,9 @@ def tensor_sources(n_experts: int, n_shared: int, latent: bool = False) -> dict[
         out.update({"moe.lat_down": ("moe.lat_down.w", None), "moe.lat_up": ("moe.lat_up.w", None)})
     for bank, prefix, n in (("routed", "moe.expert", n_experts), ("shared", "moe.shared", n_shared)):
         for e in range(n):
-            for mat in ("gate", "up", "down"):
+            for mat in EXPERT_MATS:
                 out[f"{prefix}{e}.{mat}"] = (f"moe.{bank}.{mat}_w", e)
-    for region, field in (("w_q", "q_proj"), ("w_k", "k_proj"), ("w_v", "v_proj"), ("w_f_down", "f_down"),
-                          ("w_g_down", "g_down"), ("w_b", "b_proj"), ("w_f_up", "f_up"), ("w_g_up", "g_up"),
-                          ("w_o", "o_proj")):
+    for region, field, _, _ in KDA_MATRICES:
         out[f"kda.{region}"] = (f"kda.{field}.w", None)
     return out
 
@@ -339,13 +335,9 @@ def qlayer_tensors(q) -> dict[str, np.ndarray]:
 
 # ---- the model stack (issue 14) ---------------------------------------------------------
 
-# an MLA layer's region -> its QMLA matrix (mla_tensors)
-MLA_SOURCES = {"w_dkv": "dkv", "w_q": "q_proj", "w_g": "g_proj", "w_uk": "uk", "w_uv": "uv", "w_o": "o_proj"}
-
-
 def mla_tensor_sources() -> dict[str, tuple[str, int | None]]:
     """An MLA layer's regions -> (dotted QLayer.to_flat() name, None)."""
-    return {f"mla.{region}": (f"mla.{field}.w", None) for region, field in MLA_SOURCES.items()}
+    return {f"mla.{region}": (f"mla.{field}.w", None) for region, field, _, _ in MLA_MATRICES}
 
 
 def model_tensor_sources(cfg) -> dict[str, tuple[str, int | None]]:
@@ -360,7 +352,7 @@ def model_tensor_sources(cfg) -> dict[str, tuple[str, int | None]]:
         if mx == "dense":
             src = {k: v for k, v in src.items() if k.startswith("kda.")}
             for c in range(m.dense_chunks):
-                for mat in ("gate", "up", "down"):
+                for mat in EXPERT_MATS:
                     src[f"dense.chunk{c}.{mat}"] = (f"dense.chunks.{mat}_w", c)
         if kind == "mla":
             src = {k: v for k, v in src.items() if not k.startswith("kda.")} | mla_tensor_sources()

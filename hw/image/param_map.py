@@ -97,13 +97,25 @@ def kda_norm_ss_bits(cfg) -> int:
     return 2 * (nbits - 1) + clog2(cfg.model.head_dim + 1) + 1
 
 
+# The weight matrices, each list written once: the memory map's regions and the image's
+# sources (hw/image/memory_map.py), the requantisers here (one per matrix) and the units'
+# weight reads (hw/kda/unit.py, hw/mla/unit.py OPS) are all made from them.
+# A token mixer's: (memory-map region, the quantised layer's field (QKDA / QMLA,
+# model/qparams.py), rows, cols) in memory order, the dimensions as kda_tensors and
+# mla_tensors (hw/image/memory_map.py) name them.
+KDA_MATRICES = (("w_q", "q_proj", "hk", "d"), ("w_k", "k_proj", "hk", "d"), ("w_v", "v_proj", "hk", "d"),
+                ("w_f_down", "f_down", "r", "d"), ("w_g_down", "g_down", "r", "d"), ("w_b", "b_proj", "H", "d"),
+                ("w_f_up", "f_up", "hk", "r"), ("w_g_up", "g_up", "hk", "r"), ("w_o", "o_proj", "d", "hk"))
+MLA_MATRICES = (("w_dkv", "dkv", "r", "d"), ("w_q", "q_proj", "Hdh", "d"), ("w_g", "g_proj", "Hdh", "d"),
+                ("w_uk", "uk", "Hr", "dh"), ("w_uv", "uv", "Hdh", "r"), ("w_o", "o_proj", "d", "Hdh"))
+# an expert's (and a dense chunk's) matrices, in memory order
+EXPERT_MATS = ("gate", "up", "down")
 # the KDA's requantised matrices and short convolutions, as QKDA field names
-KDA_LINEARS = ("q_proj", "k_proj", "v_proj", "f_down", "g_down", "b_proj", "f_up", "g_up", "o_proj")
+KDA_LINEARS = tuple(field for _, field, _, _ in KDA_MATRICES)
 KDA_CONVS = ("conv_q", "conv_k", "conv_v")
 KDA_NORMS = ("q_norm", "k_norm", "o_norm")
-EXPERT_MATS = ("gate", "up", "down")
 # the Gated MLA's requantised matrices, as QMLA field names, in region order
-MLA_LINEARS = ("dkv", "q_proj", "g_proj", "uk", "uv", "o_proj")
+MLA_LINEARS = tuple(field for _, field, _, _ in MLA_MATRICES)
 LAYER_KINDS = ("kda", "mla")
 # the padding after a shorter token mixer's fields (param_fields): zeros, not a value
 PAD_FIELD = "token_pad"

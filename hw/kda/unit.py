@@ -81,15 +81,15 @@ from amaranth import Array, Cat, Const, Module, Mux, Shape, Signal, signed, unsi
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.arith.counter import sparse_event_count
+from hw.arith.counter import event_counter
 from hw.arith.matvec import MatVecEngine, port_groups
 from hw.arith.pipeline import plan_pipeline
 from hw.arith.rsqrt import rsqrt_client_signature
 from hw.stream.weight_port import WeightPortSignature, split_request
 from hw.image.memory_map import (layer_bits, layer_count, layer_prefix, memory_map, mixer_layers, sequence_slots,
                                  slot_bits, state_contexts)
-from hw.image.param_map import (conv_taps_in_sram, kda_norm_ss_bits, param_layout, param_map, structural, table_shape,
-                                tap_words)
+from hw.image.param_map import (KDA_MATRICES, conv_taps_in_sram, kda_norm_ss_bits, param_layout, param_map, structural,
+                                table_shape, tap_words)
 from hw.kda.delta import DeltaRule
 from hw.kda.norm import Normalizer, norm_rsqrt_bits
 from hw.kda.phases import KdaPhases
@@ -101,18 +101,12 @@ from hw.proj.sequencer import ProjectionSequencer, connect_weight_port, input_gr
 from moekda.config import ConfigError
 from moekda.formats import formats_for
 
-# the projections in weight-memory order: (op, memory-map tensor, QKDA field, input vector)
-OPS = [
-    ("q", "kda.w_q", "q_proj", "x"),
-    ("k", "kda.w_k", "k_proj", "x"),
-    ("v", "kda.w_v", "v_proj", "x"),
-    ("fd", "kda.w_f_down", "f_down", "x"),
-    ("gd", "kda.w_g_down", "g_down", "x"),
-    ("b", "kda.w_b", "b_proj", "x"),
-    ("fu", "kda.w_f_up", "f_up", "fd"),
-    ("gu", "kda.w_g_up", "g_up", "gd"),
-    ("o", "kda.w_o", "o_proj", "zo"),
-]
+# the projections in weight-memory order (hw/image/param_map.py KDA_MATRICES): (op,
+# memory-map tensor, QKDA field, input vector); the op's name and input per QKDA field
+_OP_INPUT = {"q_proj": ("q", "x"), "k_proj": ("k", "x"), "v_proj": ("v", "x"), "f_down": ("fd", "x"),
+             "g_down": ("gd", "x"), "b_proj": ("b", "x"), "f_up": ("fu", "fd"), "g_up": ("gu", "gd"),
+             "o_proj": ("o", "zo")}
+OPS = [(_OP_INPUT[field][0], f"kda.{region}", field, _OP_INPUT[field][1]) for region, field, _, _ in KDA_MATRICES]
 OP = {name: n for n, (name, *_rest) in enumerate(OPS)}
 
 
@@ -179,20 +173,6 @@ def token_registers(fm, d, H, dk, dv, r) -> SimpleNamespace:
     v.BETA = vec("beta", H, unsigned(fm.unit_frac + 1))
     v.GATE = vec("gate", hv, unsigned(fm.unit_frac + 1))
     return v
-
-
-def split_counter(m, name, clear=None):
-    """A 32-bit counter as two 16-bit halves: the high half steps on a flag registered one
-    cycle ahead (low half about to wrap), so no 32-bit carry chain in a cycle; ``clear``
-    restarts it at 2."""
-    lo, hi, wrap = Signal(16, name=f"{name}_lo"), Signal(16, name=f"{name}_hi"), Signal(name=f"{name}_wrap")
-    m.d.sync += [lo.eq(lo + 1), wrap.eq(lo == 0xFFFE)]
-    with m.If(wrap):
-        m.d.sync += hi.eq(hi + 1)
-    if clear is not None:
-        with m.If(clear):
-            m.d.sync += [lo.eq(2), hi.eq(0), wrap.eq(0)]
-    return Cat(lo, hi)
 
 
 def store(m, buf, idx, value):
@@ -265,9 +245,9 @@ class KdaUnit(wiring.Component):
         v = token_registers(fm, d, H, dk, dv, r)
 
         # ---- counters (token_count from the ACCEPT cycle and the one after it, both counted)
-        m.d.comb += self.cycles.eq(split_counter(m, "cycles"))
+        m.d.comb += self.cycles.eq(event_counter(m, 1, "cycles"))
         token_clear = Signal()
-        token_count = split_counter(m, "token_count", token_clear)
+        token_count = event_counter(m, 1, "token_count", clear=token_clear, clear_to=2)
 
         # ---- the projection sequencer (hw/proj): the weight requests (the projections' at
         # ACCEPT, W_o's at WO), response beats + input groups -> the shared engine, one port
@@ -378,8 +358,8 @@ class KdaUnit(wiring.Component):
         with m.If(ph.finish):
             m.d.sync += token_cycles.eq(token_count)
         # the token count steps a cycle after the hand-over (the output's ready is not in
-        # front of its carry chain), in halves (sparse_event_count: a token per step)
-        m.d.comb += [self.token_cycles.eq(token_cycles), self.tokens.eq(sparse_event_count(m, ph.token_out, "tokens"))]
+        # front of its carry chain)
+        m.d.comb += [self.token_cycles.eq(token_cycles), self.tokens.eq(event_counter(m, ph.token_out, "tokens"))]
         with m.If(ph.take):
             m.d.sync += [v.XZ[n].eq(self.i.payload.x[n]) for n in range(d)]
             if C == 1:

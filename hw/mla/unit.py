@@ -55,12 +55,12 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
-from hw.arith.counter import ChunkedCounter, sparse_event_count
+from hw.arith.counter import event_counter
 from hw.arith.matvec import MatVecEngine, MatVecFormats, port_groups
 from hw.arith.pipeline import plan_pipeline
 from hw.stream.weight_port import WeightPortSignature, split_request
 from hw.image.memory_map import layer_bits, layer_prefix, memory_map, sequence_slots, slot_bits
-from hw.image.param_map import mla_norm_ss_bits, param_layout, table_shape
+from hw.image.param_map import MLA_MATRICES, mla_norm_ss_bits, param_layout, table_shape
 from hw.kda.norm import Normalizer
 from hw.mla.cache import CachePortSignature, cache_tokens, mla_layers, row_beats, row_stride
 from hw.mla.phases import MlaPhases
@@ -72,15 +72,11 @@ from moekda.config import ConfigError
 from moekda.formats import formats_for
 from moekda.tables import fixed_table
 
-# the matrices in weight-memory order: (op, memory-map tensor, QMLA field, input vector)
-OPS = [
-    ("dkv", "mla.w_dkv", "dkv", "x"),
-    ("q", "mla.w_q", "q_proj", "x"),
-    ("g", "mla.w_g", "g_proj", "x"),
-    ("uk", "mla.w_uk", "uk", "q"),
-    ("uv", "mla.w_uv", "uv", "ctx"),
-    ("o", "mla.w_o", "o_proj", "zo"),
-]
+# the matrices in weight-memory order (hw/image/param_map.py MLA_MATRICES): (op, memory-map
+# tensor, QMLA field, input vector); the op's name and input per QMLA field
+_OP_INPUT = {"dkv": ("dkv", "x"), "q_proj": ("q", "x"), "g_proj": ("g", "x"), "uk": ("uk", "q"),
+             "uv": ("uv", "ctx"), "o_proj": ("o", "zo")}
+OPS = [(_OP_INPUT[field][0], f"mla.{region}", field, _OP_INPUT[field][1]) for region, field, _, _ in MLA_MATRICES]
 OP = {name: n for n, (name, *_rest) in enumerate(OPS)}
 SCORE = len(OPS)           # the engine's tag of a score row (the cache against qa_h)
 FIRST_READ = OPS[:4]       # requested at ACCEPT
@@ -170,14 +166,9 @@ class MlaUnit(wiring.Component):
         tok_pos = Signal(fm.mla_context_bits)
 
         # ---- counters (token_count from the ACCEPT cycle to the offer on ``o``, both counted)
-        cycles = ChunkedCounter(32, name="cycles")
-        m.d.comb += [cycles.inc.eq(1), self.cycles.eq(cycles.value)]
-        cycles.elaborate(m)
+        m.d.comb += self.cycles.eq(event_counter(m, 1, "cycles"))
         token_clear = Signal()
-        token_count = ChunkedCounter(32, name="token_count")
-        m.d.comb += token_count.inc.eq(1)
-        token_count.load(token_clear, Const(2, 32))
-        token_count.elaborate(m)
+        token_count = event_counter(m, 1, "token_count", clear=token_clear, clear_to=2)
 
         # ---- the engine: matrices from the weight port, scores from the cache ---------------
         widths = sorted({a, fm.resid_bits, fm.lut_in_bits, fm.mla_u_bits})
@@ -288,8 +279,8 @@ class MlaUnit(wiring.Component):
                      seq.restart.eq(ph.take), seq.more.eq(ph.more), token_clear.eq(ph.take)]
         token_cycles = Signal(32)
         with m.If(ph.finish):
-            m.d.sync += token_cycles.eq(token_count.value)
-        m.d.comb += [self.token_cycles.eq(token_cycles), self.tokens.eq(sparse_event_count(m, ph.token_out, "tokens"))]
+            m.d.sync += token_cycles.eq(token_count)
+        m.d.comb += [self.token_cycles.eq(token_cycles), self.tokens.eq(event_counter(m, ph.token_out, "tokens"))]
         with m.If(ph.take):
             m.d.sync += [*[X[n].eq(self.i.payload.x[n]) for n in range(d)], res_row.eq(0),
                          tok_k.eq(k_now), tok_ctx.eq(ctx_now), tok_pos.eq(self.pos)]

@@ -14,10 +14,9 @@ from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.arith.carry_save import sign_extend
+from hw.arith.carry_save import prefix_add, sign_extend
 from hw.arith.matvec import saturate
 from hw.arith.pipeline import Pipe
-from hw.moe.arith import prefix_add
 from hw.moe.phases import PROD_BITS
 
 
@@ -82,7 +81,8 @@ class HiddenVector(wiring.Component):
         live = cv.spend(delays.mux_level * max(1, (nb_f - 1).bit_length()), live)
         lanes_in = [Array(pbuf_padded[j * pb + i] for j in range(nb_f))[live["j"]] for i in range(pb)]
         live = cv.spend(delays.adder(PROD_BITS + 2), {**live, "v": lanes_in})
-        rounded = [prefix_add(m, sign_extend(v, PROD_BITS + 2), half_sh, PROD_BITS + 2, f"cv_round{i}")
+        rounded = [prefix_add(m, sign_extend(v, PROD_BITS + 2), half_sh, name=f"cv_round{i}",
+                              width=PROD_BITS + 2)
                    for i, v in enumerate(live.pop("v"))]
         live = cv.spend(delays.mux_level * len(hid_sh), {**live, "v": rounded})
         shifted = [(v.as_signed() >> hid_sh) for v in live.pop("v")]

@@ -18,7 +18,7 @@ parameter bank's ``moe.rs``, ``rs_bits`` wide) is static while tokens flow.
 
 Timing: the scaling product wn * rs is a Booth tree over stages the clock
 decides (hw/arith/pipeline.py), a quotient at a time (divisions are sequential,
-so the products never overlap); the hit counters are chunked counters.
+so the products never overlap); the hit counters are chunked counters (hw/arith/counter.py).
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.arith.booth_multiply import booth_multiply
-from hw.moe.arith import chunked_counter, prefix_add
+from hw.arith.carry_save import prefix_add
+from hw.arith.counter import event_counter
 from hw.moe.divider import SequentialDivider
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.moe.topk import index_bits, selection_layout
@@ -77,8 +78,7 @@ class RouteWeights(wiring.Component):
         hit_go = Signal()
         m.d.sync += hit_go.eq(0)
         for e in range(self.E):
-            m.d.comb += self.hits[e].eq(chunked_counter(m, self.plan, self.counter_bits, hit_go & (hit_e == e),
-                                                        f"hit{e}"))
+            m.d.comb += self.hits[e].eq(event_counter(m, hit_go & (hit_e == e), f"hit{e}", self.counter_bits))
 
         # wt = round_shift(wn * rs, rs_frac): rs an input, the rounding one more word
         scale = Pipe(m, self.plan, "scale")
@@ -115,8 +115,8 @@ class RouteWeights(wiring.Component):
             with m.State("SUM"):
                 # one chosen entry per cycle: add its score, and (a cycle later,
                 # through hit_e) count the expert
-                m.d.sync += [tot.eq(prefix_add(m, tot, score[step], len(tot), "tot")), hit_e.eq(idx[step]), hit_go.eq(1),
-                             step.eq(step + 1)]
+                m.d.sync += [tot.eq(prefix_add(m, tot, score[step], name="tot", width=len(tot))), hit_e.eq(idx[step]),
+                             hit_go.eq(1), step.eq(step + 1)]
                 with m.If(step == k - 1):
                     m.d.sync += [sent.eq(0), got.eq(0)]
                     m.next = "DENOMINATOR"

@@ -121,7 +121,7 @@ last expert requantised (comb_m, comb_s): a Booth tree with the rounding
 word, a barrel shift by comb_s, saturated in a stage of its own and shifted
 into the output register (rows arrive in order: no decode).
 Every product is hw/arith/booth_multiply.py over stages that hw/arith/pipeline.py places
-from the clock period; the counters are chunked (hw/moe/arith.py).  Routing
+from the clock period; the counters are chunked (hw/arith/counter.py).  Routing
 weights (divisions) are computed by hw/moe/route.py while the shared
 experts run.
 
@@ -151,7 +151,7 @@ from hw.stream.weight_port import MAX_BEATS, WeightPortSignature, beats_per_row
 from hw.image.memory_map import layer_bits, layer_count, layer_mixer, layer_prefix, memory_map
 from hw.image.param_map import EXPERT_MATS, param_layout, param_map, silu_fields, table_fields
 from hw.moe.activations import MoEActivations
-from hw.moe.arith import chunked_counter
+from hw.arith.counter import event_counter
 from hw.moe.beats import MoEBeats
 from hw.moe.combine import MoECombine
 from hw.moe.hidden import HiddenVector
@@ -369,13 +369,13 @@ class MoEUnit(wiring.Component):
         m.d.comb += [self.mac_beat.eq(eng.beat),        # hw.lanes MACs (the chip's MACS counter)
                      *[self.hits[i].eq(route.hits[i]) for i in range(E)]]
 
-        # ---- counters: carries registered between chunks that fit the clock ----
-        m.d.comb += self.cycles.eq(chunked_counter(m, plan, self.counter_bits, Const(1), "cycles"))
+        # ---- counters (hw/arith/counter.py: chunked, no carry chain longer than a chunk) ----
+        m.d.comb += self.cycles.eq(event_counter(m, 1, "cycles", self.counter_bits))
         beat_seen = Signal()
         m.d.sync += beat_seen.eq(self.wport.resp.valid & self.wport.resp.ready)
         # bytes = beats * port_bytes (a power of two): count beats, shift by wiring
         lg_pb = pb.bit_length() - 1
-        beats_seen = chunked_counter(m, plan, len(self.weight_bytes) - lg_pb, beat_seen, "beats")
+        beats_seen = event_counter(m, beat_seen, "beats", len(self.weight_bytes) - lg_pb)
         m.d.comb += self.weight_bytes.eq(Cat(Const(0, lg_pb), beats_seen))
 
         # ---- token in / out ----
@@ -391,7 +391,7 @@ class MoEUnit(wiring.Component):
             m.d.sync += out_valid.eq(0)
         with m.If(comb.done):
             m.d.sync += [out_valid.eq(1), busy.eq(0)]
-        m.d.comb += [self.tokens_done.eq(chunked_counter(m, plan, self.counter_bits, delivered, "tokens")),
+        m.d.comb += [self.tokens_done.eq(event_counter(m, delivered, "tokens", self.counter_bits)),
                      route.release.eq(comb.done)]
 
         # ---- requests (one a phase) and beats (response beats -> engine beats) ----

@@ -21,7 +21,6 @@ import random
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 
 from hw.attnres.kept import kept_vectors, sublayers
@@ -30,10 +29,10 @@ from hw.image.memory_map import sequence_slots
 from hw.image.param_map import region_value
 from moekda.config import load_config
 from moekda.formats import formats_for
-from sim.cocotb.clocking import CLOCK_NS, CycleCount, reset_pulse
-from sim.cocotb.streams import LayoutCodec, StreamDriver, StreamMonitor
+from sim.cocotb.bench import BlockBench
+from sim.cocotb.streams import LayoutCodec
 from sim.cocotb.weight_memory import WeightMemory
-from sim.cocotb_util import cycle_limit, over_limit, tb_param
+from sim.cocotb_util import tb_param
 
 
 def depth_model(cfg, seed: int):
@@ -107,21 +106,20 @@ def mix_bound(cfg) -> float:
     return (mix + add) / 2
 
 
-class Bench:
+class Bench(BlockBench):
     def __init__(self, dut, seed: int, stall: float, backpressure: float):
-        self.dut, self.seed = dut, seed
+        super().__init__(dut, seed)
+        self.seed = seed
         self.cfg = load_config(tb_param("config"))
         self.fm = formats_for(self.cfg)
-        self.rng = random.Random(seed)
         self.nrng = np.random.default_rng(seed)
         self.qm, self.image = depth_model(self.cfg, seed)
         self.codec = LayoutCodec(command_layout(self.cfg))
         self.out_codec = LayoutCodec(self.dut_o_layout())
-        self.driver = StreamDriver(dut, "i", dut.clk, self.codec, self.rng, stall)
-        self.monitor = StreamMonitor(dut, "o", dut.clk, self.out_codec, self.rng, backpressure)
+        self.driver = self.stream_driver("i", self.codec, stall)
+        self.monitor = self.stream_monitor("o", self.out_codec, backpressure)
         self.stall = stall
         self.wmem = None
-        self.clock = None
 
     def dut_o_layout(self):
         from amaranth.lib import data
@@ -143,16 +141,12 @@ class Bench:
         self.driver.send([{"op": op.value, "slot": s, "v": noise() if v is None else [int(x) for x in v]}
                           for s, op, v, _ in cmds])
 
-    async def start(self):
+    def setup(self):
         dut = self.dut
-        cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns").start())
-        self.clock = CycleCount(dut.clk, CLOCK_NS)
         dut.rst.value = 1
         dut.params.value = region_value(self.cfg, self.qm.to_flat(), "attn_res", mixer="head")
-        cocotb.start_soon(self.driver.run())
-        cocotb.start_soon(self.monitor.run())
+        self.start_streams(self.driver, self.monitor)
         self.start_memory()
-        await reset_pulse(dut)
 
     def start_memory(self):
         st = self.stall
@@ -161,14 +155,8 @@ class Bench:
                                  seed=self.rng.randrange(1 << 30)).start()
 
     async def wait_out(self, n: int, commands: int, what: str) -> int:
-        bound = mix_bound(self.cfg)
-        limit, c0 = cycle_limit(bound, commands), self.clock.value
-        while len(self.monitor.items) < n:
-            await RisingEdge(self.dut.clk)
-            if self.clock.value - c0 > limit:
-                raise AssertionError(over_limit(f"depth unit {what}", len(self.monitor.items), n,
-                                                self.clock.value - c0, limit, bound))
-        return self.clock.value - c0
+        """Until ``n`` mixes came out, within the limit of ``commands`` commands."""
+        return await self.wait_for(self.monitor.items, n, mix_bound(self.cfg), f"depth unit {what}", inputs=commands)
 
     def check(self, what: str, cmds, done: int | None = None):
         want = [(s, e) for s, op, _, e in cmds if op == Op.MIX]
@@ -191,7 +179,7 @@ async def depth_bit_exact_with_stalls(dut):
     await tb.wait_out(5, len(first), "first pass")
     tb.driver.flush()
     tb.wmem.stop()
-    await reset_pulse(dut, tb.rng.randrange(1, 4))
+    await tb.reset(tb.rng.randrange(1, 4))
     done = len(tb.monitor.items)
     tb.check("before the reset", first, done=done)
     tb.monitor.items.clear()
@@ -217,16 +205,16 @@ async def depth_no_stalls(dut):
     async def watch():
         while True:
             await RisingEdge(dut.clk)
-            taken.extend([tb.clock.value] * (len(tb.driver.sent) - len(taken)))
-            outs.extend([tb.clock.value] * (len(tb.monitor.items) - len(outs)))
+            taken.extend([tb.cycle] * (len(tb.driver.sent) - len(taken)))
+            outs.extend([tb.cycle] * (len(tb.monitor.items) - len(outs)))
     cocotb.start_soon(watch())
     tb.send(cmds)
     mixes = sum(op == Op.MIX for _, op, _, _ in cmds)
     per_token = mixes // 3
     await tb.wait_out(per_token, len(cmds), "first token")
-    c0 = tb.clock.value
+    c0 = tb.cycle
     await tb.wait_out(mixes, len(cmds), "no stalls")
-    token = (tb.clock.value - c0) / 2
+    token = (tb.cycle - c0) / 2
     await ClockCycles(dut.clk, 20)
     tb.check("no stalls", cmds)
     m = tb.cfg.model

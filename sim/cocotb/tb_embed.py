@@ -10,8 +10,6 @@ Parameters (environment, cocotb_util.tb_param): MOEKDA_CONFIG, MOEKDA_SEED, MOEK
 """
 from __future__ import annotations
 
-import random
-
 import cocotb
 import numpy as np
 from cocotb.triggers import ClockCycles, RisingEdge
@@ -19,10 +17,10 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from hw.chip.embed import token_id_layout
 from hw.chip.layer import token_in_layout
 from hw.image.memory_map import memory_map
-from sim.cocotb.clocking import CLOCK_NS, CycleCount, reset_pulse
-from sim.cocotb.streams import EdgeStreamSink, LayoutCodec, StreamDriver
+from sim.cocotb.bench import BlockBench
+from sim.cocotb.streams import LayoutCodec
 from sim.cocotb.weight_memory import WeightMemory
-from sim.cocotb_util import cycle_limit, over_limit, tb_param
+from sim.cocotb_util import tb_param
 CORNERS = (-128, 127, -1, 0, 1)
 
 
@@ -42,50 +40,33 @@ def embed_case(config: str, seed: int, n: int):
     return cfg, qm, qmodel_image(cfg, qm), tokens.astype(int), firsts.astype(int)
 
 
-class Bench:
+class Bench(BlockBench):
     def __init__(self, dut, seed: int, n: int, stall: float):
         from model.int_model import int_embed
-        self.dut = dut
+        super().__init__(dut, seed)
         self.cfg, self.qm, self.image, self.tokens, self.firsts = embed_case(tb_param("config"), seed, n)
         self.want = [([int(v) for v in int_embed(self.qm.head, self.cfg, t)], int(f))
                      for t, f in zip(self.tokens, self.firsts)]
-        self.rng = random.Random(seed)
         self.region = memory_map(self.cfg)["embedding"]
         self.pb = self.cfg.hw.weight_port_bytes
-        self.driver = StreamDriver(dut, "i", dut.clk, LayoutCodec(token_id_layout(self.cfg)), self.rng, stall)
+        self.driver = self.stream_driver("i", LayoutCodec(token_id_layout(self.cfg)), stall)
         self.out_codec = LayoutCodec(token_in_layout(self.cfg))
-        self.clock = self.mem = self.sink = None
+        self.mem = self.sink = None
 
-    async def start(self):
-        self.clock = CycleCount(self.dut.clk, CLOCK_NS)
-        cocotb.start_soon(self.driver.run())
-        await self.reset()
-
-    @property
-    def cycle(self) -> int:
-        return self.clock.value
-
-    async def reset(self, cycles: int = 3):
-        await reset_pulse(self.dut, cycles)
+    def setup(self):
+        self.start_streams(self.driver)
 
     def streams(self, mem_stall: float, backpressure: float, seed: int):
         self.mem = WeightMemory(self.dut, self.image, self.pb, self.cfg.hw.weight_port_latency,
                                 req_stall=mem_stall, resp_stall=mem_stall, seed=seed).start()
-        self.sink = EdgeStreamSink(self.dut, "o", self.dut.clk, self.out_codec, self.rng, CLOCK_NS,
-                                   backpressure).start()
+        self.sink = self.stream_sink("o", self.out_codec, backpressure)
 
     def send(self):
         self.driver.send([{"token": int(t), "first": int(f)} for t, f in zip(self.tokens, self.firsts)])
 
     async def wait_out(self, n: int, what: str) -> int:
         bound = self.region.row_beats + self.cfg.hw.weight_port_latency   # a row and the latency
-        limit, c0 = cycle_limit(bound, n), self.cycle
-        while len(self.sink.items) < n:
-            await RisingEdge(self.dut.clk)
-            if self.cycle - c0 > limit:
-                raise AssertionError(over_limit(f"embedding {what}", len(self.sink.items), n, self.cycle - c0,
-                                                limit, bound))
-        return self.cycle - c0
+        return await self.wait_for(self.sink.items, n, bound, f"embedding {what}")
 
     def check(self, what: str, done: int | None = None):
         got = [(it["x"], it["first"]) for it in self.sink.items]

@@ -23,16 +23,15 @@ from dataclasses import dataclass
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge
 
 from hw.chip.head import head_beats_per_token, head_weights, logit_layout, next_layout
 from hw.image.param_map import region_value
 from moekda.formats import formats_for
-from sim.cocotb.clocking import CLOCK_NS, reset_pulse
-from sim.cocotb.streams import EdgeStreamSink, LayoutCodec, StreamDriver
+from sim.cocotb.bench import BlockBench
+from sim.cocotb.streams import LayoutCodec
 from sim.cocotb.weight_memory import WeightMemory
-from sim.cocotb_util import cycle_limit, over_limit, tb_param
+from sim.cocotb_util import tb_param
 
 
 # ---- the case: model, inputs, expected outputs (also imported by sim/tests/block/test_head.py) ----
@@ -125,15 +124,14 @@ class _WithEnable(LayoutCodec):
         return super().pack([int(v) for v in x])
 
 
-class Bench:
+class Bench(BlockBench):
     def __init__(self, dut, case: HeadCase, seed: int, stall: float):
-        self.dut, self.case, self.stall = dut, case, stall
+        super().__init__(dut, seed)
+        self.case, self.stall = case, stall
         cfg = case.cfg
         self.cfg, self.V = cfg, cfg.model.vocab
-        self.rng = random.Random(seed)
         self.pb = cfg.hw.weight_port_bytes
         self.bound = head_beats_per_token(cfg)
-        self.cycle = 0
         self.macs = 0
         self.logits_valid_seen = 0
         self.norm_start = self.norm_cycles = None
@@ -147,23 +145,19 @@ class Bench:
         from amaranth.lib import data
         return data.ArrayLayout(signed(formats_for(self.cfg).resid_bits), self.cfg.model.d_model)
 
-    async def start(self):
+    def setup(self):
         dut = self.dut
-        Clock(dut.clk, CLOCK_NS, unit="ns").start()
         dut.params.value = self.case.params
         dut.logits_en.value = 0
         dut.x__valid.value = 0
         cocotb.start_soon(self._count())
-        await self.reset()
-
-    async def reset(self, cycles: int = 3):
-        await reset_pulse(self.dut, cycles)
 
     async def _count(self):
+        """Every cycle (at the falling edge, with the cycle count): the MACs, the RMSNorm's
+        cycles, the logits offered, a random logits_en while no beat is offered."""
         dut = self.dut
         while True:
             await FallingEdge(dut.clk)
-            self.cycle += 1
             self.macs += int(dut.mac_beat.value)
             # the RMSNorm's own cycles (start to idle), the part of a token the port does not set
             if int(dut.norm.start.value):
@@ -179,13 +173,11 @@ class Bench:
         self.mem = WeightMemory(dut, self.case.image, self.pb, self.cfg.hw.weight_port_latency,
                                 req_stall=mem_stall, resp_stall=mem_stall, seed=seed).start()
         if self.driver is None:
-            self.driver = StreamDriver(dut, "x", dut.clk, self.x_codec, self.rng, self.stall)
-            cocotb.start_soon(self.driver.run())
-        self.next_sink = EdgeStreamSink(dut, "next", dut.clk, LayoutCodec(next_layout(self.cfg)), self.rng,
-                                        CLOCK_NS, backpressure).start()
+            self.driver = self.stream_driver("x", self.x_codec, self.stall)
+            self.start_streams(self.driver)
+        self.next_sink = self.stream_sink("next", LayoutCodec(next_layout(self.cfg)), backpressure)
         if take_logits:
-            self.logit_sink = EdgeStreamSink(dut, "logits", dut.clk, LayoutCodec(logit_layout(self.cfg)),
-                                             self.rng, CLOCK_NS, backpressure).start()
+            self.logit_sink = self.stream_sink("logits", LayoutCodec(logit_layout(self.cfg)), backpressure)
         else:
             self.logit_sink = None
             dut.logits__ready.value = 0
@@ -198,14 +190,7 @@ class Bench:
                 sink._task.cancel()
 
     async def wait_next(self, n: int, what: str):
-        limit = cycle_limit(self.bound, n)
-        c0 = self.cycle
-        while len(self.next_sink.items) < n:
-            await RisingEdge(self.dut.clk)
-            if self.cycle - c0 > limit:
-                raise AssertionError(over_limit(f"head {what}", len(self.next_sink.items), n, self.cycle - c0,
-                                                limit, self.bound))
-        return self.cycle - c0
+        return await self.wait_for(self.next_sink.items, n, self.bound, f"head {what}")
 
     def check(self, sent: list, what: str, logits_off: bool = False, done: int | None = None):
         """``sent``: (index into the case, logits_en) of every input, in order.  ``done``: only

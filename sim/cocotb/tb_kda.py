@@ -214,6 +214,7 @@ try:
     from cocotb.clock import Clock
     from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
 
+    from sim.cocotb.clocking import CLOCK_NS
     from sim.cocotb.weight_memory import WeightMemory
     from sim.cocotb_util import cycle_limit, over_limit, tb_param
 except ImportError:        # imported by pytest for kda_case only
@@ -239,7 +240,7 @@ if cocotb is not None:
             dut.layer.value = noise.randrange(layer_values)
             dut.slot.value = noise.randrange(slot_values)
 
-        cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+        cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns").start())
         dut.rst.value = 1
         dut.params.value = case.params[int(case.layer[0])]   # stable from before reset on
         if case.taps:

@@ -7,39 +7,33 @@ MOEKDA_CONFIG, MOEKDA_SEED, MOEKDA_ROWS (rows per random test).
 """
 from __future__ import annotations
 
-import random
-
 import cocotb
-from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 
 from hw.arith.matvec import MatVecFormats
 from moekda.config import load_config
-from sim.cocotb.streams import LayoutCodec, StreamDriver, StreamMonitor
+from sim.cocotb.bench import BlockBench
+from sim.cocotb.streams import LayoutCodec
 from sim.cocotb_util import tb_param
 from model.matvec import Beat, matrix_beats, row_beats, run_beats
 
 MAX_IDLE_CYCLES = 2000   # a result must appear within this many cycles of the previous one
 
 
-class Bench:
+class Bench(BlockBench):
     def __init__(self, dut, seed_offset: int = 0, stall: float = 0.0, backpressure: float = 0.0):
-        self.dut = dut
+        super().__init__(dut, tb_param("seed", 1, int) * 1000 + seed_offset)
         self.cfg = load_config(tb_param("config", "tiny"))
         self.fmt = MatVecFormats.from_config(self.cfg)
         self.lanes = self.fmt.lanes
-        self.rng = random.Random(tb_param("seed", 1, int) * 1000 + seed_offset)
-        self.driver = StreamDriver(dut, "i", dut.clk, LayoutCodec(self.fmt.beat_layout()), self.rng, stall)
-        self.monitor = StreamMonitor(dut, "o", dut.clk, LayoutCodec(self.fmt.result_layout()), self.rng,
-                                     backpressure)
+        self.driver = self.stream_driver("i", LayoutCodec(self.fmt.beat_layout()), stall)
+        self.monitor = self.stream_monitor("o", LayoutCodec(self.fmt.result_layout()), backpressure)
 
     async def start(self):
-        Clock(self.dut.clk, 10, unit="ns").start()
-        self.dut.rst.value = 1
-        await ClockCycles(self.dut.clk, 3)
-        self.dut.rst.value = 0
-        cocotb.start_soon(self.driver.run())
-        cocotb.start_soon(self.monitor.run())
+        await super().start()
+        # the streams start after the reset: the monitor draws its back-pressure from the
+        # bench's random source every cycle, and the tests draw their rows from it next
+        self.start_streams(self.driver, self.monitor)
 
     def expected(self, beats):
         return [{"y": r.y, "acc": r.acc} for r in run_beats(beats, self.fmt.acc_bits, self.fmt.out_bits)]

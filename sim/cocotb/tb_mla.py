@@ -183,6 +183,7 @@ try:
     from cocotb.clock import Clock
     from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
 
+    from sim.cocotb.clocking import CLOCK_NS
     from sim.cocotb.tb_kda import pack, unpack
     from sim.cocotb.weight_memory import WeightMemory
     from sim.cocotb_util import cycle_limit, over_limit, tb_param
@@ -242,7 +243,7 @@ if cocotb is not None:
             dut.slot.value = noise.randrange(1 << slot_bits(cfg))
             dut.pos.value = noise.randrange(1 << fm.mla_context_bits)
 
-        cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+        cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns").start())
         dut.rst.value = 1
         dut.params.value = case.params[int(case.layer[0])]
         port_noise()

@@ -12,7 +12,6 @@ the measured cycles).
 from __future__ import annotations
 
 import json
-import random
 
 import cocotb
 import numpy as np
@@ -21,9 +20,9 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from hw.mla.softmax import RESOLVE, mla_softmax
 from moekda.config import load_config
 from moekda.formats import derived_widths, formats_for
-from sim.cocotb.clocking import CLOCK_NS, CycleCount, reset_pulse
-from sim.cocotb.streams import EdgeStreamSink, LayoutCodec, StreamDriver
-from sim.cocotb_util import cycle_limit, over_limit, tb_param
+from sim.cocotb.bench import BlockBench
+from sim.cocotb.streams import LayoutCodec
+from sim.cocotb_util import tb_param
 
 
 def softmax_heads(cfg, n: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -59,33 +58,25 @@ def expected(cfg, heads) -> list[list[int]]:
                                             w["mla_acc"], fm.act_bits)] for u, c in heads]
 
 
-class Bench:
+class Bench(BlockBench):
     def __init__(self, dut, seed: int, n: int, stall: float, backpressure: float):
-        self.dut = dut
+        super().__init__(dut, seed)
         self.cfg = load_config(tb_param("config"))
         self.heads = softmax_heads(self.cfg, n, seed)
         self.want = expected(self.cfg, self.heads)
-        self.rng = random.Random(seed)
         unit = mla_softmax(self.cfg)
         self.in_codec, self.out_codec = LayoutCodec(unit.i.payload.shape()), LayoutCodec(unit.o.payload.shape())
-        self.driver = StreamDriver(dut, "i", dut.clk, self.in_codec, self.rng, stall)
+        self.driver = self.stream_driver("i", self.in_codec, stall)
         self.backpressure = backpressure
         self.q_bits = unit.q_bits
-        self.clock = self.sink = None
+        self.sink = None
+
+    def setup(self):
+        self.start_streams(self.driver)
 
     async def start(self):
-        self.clock = CycleCount(self.dut.clk, CLOCK_NS)
-        cocotb.start_soon(self.driver.run())
-        await self.reset()
-        self.sink = EdgeStreamSink(self.dut, "o", self.dut.clk, self.out_codec, self.rng, CLOCK_NS,
-                                   self.backpressure).start()
-
-    @property
-    def cycle(self) -> int:
-        return self.clock.value
-
-    async def reset(self, cycles: int = 3):
-        await reset_pulse(self.dut, cycles)
+        await super().start()
+        self.sink = self.stream_sink("o", self.out_codec, self.backpressure)   # once out of reset
 
     def send(self, heads):
         beats = []
@@ -99,13 +90,7 @@ class Bench:
         return max(max(len(u) for u, _ in self.heads), self.q_bits + 2) + 6
 
     async def wait_out(self, n: int, what: str) -> int:
-        limit, c0 = cycle_limit(self.bound(), n), self.cycle
-        while len(self.sink.items) < n:
-            await RisingEdge(self.dut.clk)
-            if self.cycle - c0 > limit:
-                raise AssertionError(over_limit(f"online softmax {what}", len(self.sink.items), n,
-                                                self.cycle - c0, limit, self.bound()))
-        return self.cycle - c0
+        return await self.wait_for(self.sink.items, n, self.bound(), f"online softmax {what}")
 
     def check(self, what: str, done: int | None = None):
         got = self.sink.items

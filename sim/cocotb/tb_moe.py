@@ -37,6 +37,7 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
 
+from sim.cocotb.clocking import CLOCK_NS
 from sim.cocotb_util import cycle_limit, over_limit, tb_param
 from weight_memory import WeightMemory
 
@@ -150,7 +151,7 @@ async def moe_tokens_bit_exact(dut):
     layered = meta.get("layers") is not None
     if not layered:
         dut.params.value = int(meta["params"], 16)
-    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+    cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns").start())
     cycle = [0]
 
     async def count():

@@ -1,5 +1,6 @@
 """hw/arith/counter.py: the chunked counter against Python integers, with random counting,
-loads of constants and of another counter's next value, and wrap-around."""
+loads of constants and of another counter's next value, and wrap-around; ``event_counter``
+(the units' counters) exact in every cycle, through the chunks' carries and a clear."""
 from __future__ import annotations
 
 import random
@@ -7,7 +8,7 @@ import random
 import pytest
 from amaranth import Module, Signal
 
-from hw.arith.counter import ChunkedCounter
+from hw.arith.counter import ChunkedCounter, event_counter
 from sim.pysim import simulate
 
 
@@ -73,5 +74,33 @@ def test_counter_with_a_second_step_matches_integers(width, step):
             assert ctx.get(a.next) == nxt, cycle
             await ctx.tick()
             va = s if la else nxt
+
+    simulate(m, bench)
+
+
+@pytest.mark.parametrize("width", [9, 32])
+def test_event_counter_exact_every_cycle(width):
+    """Bursts of events (most cycles, or a cycle or more apart, as the units' token counts),
+    through the chunks' carries (and, 9 bits, the wrap of the whole count); ``clear``
+    restarts it at 2 (the units' token_count).  The count is exact in every cycle, not only
+    once the events stop."""
+    m = Module()
+    event, clear = Signal(), Signal()
+    count = event_counter(m, event, "n", width, clear=clear, clear_to=2)
+    mask = (1 << width) - 1
+    rng = random.Random(width)
+
+    async def bench(ctx):
+        want, wrapped = 0, False
+        for cycle in range(3000):
+            on = rng.random() < (0.9 if cycle % 400 < 200 else 0.3)
+            cl = cycle in (700, 701, 2900)
+            ctx.set(event, on)
+            ctx.set(clear, cl)
+            assert ctx.get(count) == want, cycle
+            await ctx.tick()
+            wrapped = wrapped or (not cl and want + on > mask)
+            want = 2 if cl else (want + on) & mask
+        assert wrapped or width > 9
 
     simulate(m, bench)

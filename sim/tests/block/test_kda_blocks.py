@@ -400,34 +400,6 @@ def test_short_conv_is_always_ready_at_full_rate(period, memory):
     assert outs == [sum(x[n - j * C] for j in range(K) if n - j * C >= 0) for n in range(8 * C)]
 
 
-# ---- the unit's sparse event counter ---------------------------------------------------
-
-def test_sparse_event_count_across_the_halves():
-    """hw/arith/counter.py ``sparse_event_count`` (the unit's ``tokens``): 32 bits as two halves,
-    the high one stepped by a registered flag; it counts events a cycle or more apart,
-    through the low half's wrap, as a plain count."""
-    from amaranth import Module, Signal
-    from hw.arith.counter import sparse_event_count
-
-    m = Module()
-    event, count = Signal(), Signal(32)
-    m.d.comb += count.eq(sparse_event_count(m, event, "n"))
-    gaps = random.Random(3)
-
-    async def bench(ctx):
-        n = 0
-        while n < (1 << 16) + 40:
-            ctx.set(event, 1)
-            await ctx.tick()
-            n += 1
-            ctx.set(event, 0)
-            for _ in range(1 if n < (1 << 16) - 40 else gaps.randrange(1, 4)):
-                assert ctx.get(count) == n, n
-                await ctx.tick()
-        assert ctx.get(count) == n
-    run(m, bench)
-
-
 # ---- requantisation with run-time (m, s) ---------------------------------------------
 
 @pytest.mark.parametrize("period", [1.0, pytest.param(2.5, marks=pytest.mark.slow)])   # 2.5: shallow pipeline

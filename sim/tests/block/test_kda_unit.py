@@ -189,7 +189,7 @@ def test_kda_verilog_is_model_free(tmp_path):
     three quantised models' requantisation multipliers, f_up biases and table entries
     are absent as Verilog literals."""
     from hw.tops import top_verilog
-    from hw.image.param_map import param_layout
+    from hw.image.param_map import KDA_LINEARS, param_layout
     from sim.cocotb.tb_kda import quantised
     config = sim_config("tiny")
     cfg = load_config(config)
@@ -201,7 +201,7 @@ def test_kda_verilog_is_model_free(tmp_path):
     assert f"input [{param_layout(cfg, 'kda').size - 1}:0] params;" in text
     for seed in (0, 1, 2):
         kda = quantised(config, seed)[1].kda
-        for lin in ("q_proj", "k_proj", "v_proj", "f_down", "g_down", "b_proj", "f_up", "g_up", "o_proj"):
+        for lin in KDA_LINEARS:
             mm = int(getattr(kda, lin).m)
             assert f"16'h{mm:04x}" not in text and f"16'd{mm};" not in text, (seed, lin, mm)
         for b in np.unique(kda.f_up.bias):

@@ -117,9 +117,9 @@ def test_macs_per_token_from_the_model_shapes(driver):
     """The MACS counter's per-token constant, counted independently from the quantised
     weight matrices' shapes."""
     from hw.chip.layer import macs_per_token
+    from hw.image.param_map import KDA_LINEARS
     q, m = driver.q, driver.cfg.model
-    kda = sum(getattr(q.kda, f).w.size for f in ("q_proj", "k_proj", "v_proj", "f_down", "g_down", "b_proj",
-                                                  "f_up", "g_up", "o_proj"))
+    kda = sum(getattr(q.kda, f).w.size for f in KDA_LINEARS)
     expert = q.moe.routed.gate_w[0].size + q.moe.routed.up_w[0].size + q.moe.routed.down_w[0].size
     assert macs_per_token(driver.cfg) == kda + q.moe.router.w.size + (m.n_shared + m.top_k) * expert
 

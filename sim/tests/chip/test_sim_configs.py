@@ -30,8 +30,8 @@ OWN_GEOMETRY = {
     "test_layer_weight_memory.py": "the HDL weight memory over port widths and stalls, no config",
     "test_mla_unit.py": "model-tiny / model-small with MLA layers in place of KDA ones: no config "
                         "file's image holds MLA layers yet (the hybrid configs add AttnRes and LatentMoE)",
-    "test_moe_arith.py": "MoE arithmetic blocks over widths, no config",
     "test_moe_divider.py": "the divider over widths, no config",
+    "test_prefix_add.py": "the prefix adder over widths, no config",
     "test_random_configs.py": "draws its own configs from config.py's ranges (a printed seed)",
     "test_situ_chip.py": "K3's SiTU-GLU on its own config (tiny-situ): another config's chip has SwiGLU",
     "test_skid.py": "the register slice over stall patterns, no config",
