@@ -131,12 +131,13 @@ class LayerDatapath(wiring.Component):
         if self.attn_res:
             vec = vec_layout(cfg)
             units.update(ha=Out(stream.Signature(vec)), hq=In(stream.Signature(vec["v"].shape)))
+        self.tap_words = tap_words(cfg)       # the KDA's taps in SRAM, written by LOAD (0: in the bank)
         super().__init__({
             "i": In(stream.Signature(datapath_in_layout(cfg))),
             "o": Out(stream.Signature(datapath_out_layout(cfg))),
             "bank": In(layer_bank_bits(cfg)),
             # LOAD's writes of the KDA's short-convolution taps, when they live in SRAM
-            **({"tap_w": In(tap_write_signature(tap_words(cfg), pb))} if tap_words(cfg) else {}),
+            **({"tap_w": In(tap_write_signature(self.tap_words, pb))} if self.tap_words else {}),
             "params_change": In(1),
             "b_go": In(1, init=1),
             "a_free": Out(1),
@@ -358,7 +359,7 @@ class LayerDatapath(wiring.Component):
         if self.kda_layers:
             m.submodules.kda = kda = KdaUnit(cfg, shared_rsqrt=True)
             m.d.comb += kda.params.eq(P.kda)
-            if tap_words(cfg):
+            if self.tap_words:
                 wiring.connect(m, wiring.flipped(self.tap_w), kda.tap_w)
             wiring.connect(m, kda.wport, wiring.flipped(self.kda_wport))
             units.append((kda, ~is_mla if self.mla_layers else Const(1)))

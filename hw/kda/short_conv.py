@@ -76,7 +76,7 @@ from amaranth.lib.wiring import In, Out
 from hw.arith.carry_save import booth_partial_products, pipelined_add, reduce_to_two
 from hw.arith.pipeline import Pipe, plan_pipeline
 from hw.arith.reduce import or_tree
-from hw.mem.fakeram import FakeRam, choose_macros
+from hw.mem.fakeram import choose_macros, macro_row
 
 
 def tap_write_signature(words: int, word_bytes: int) -> wiring.Signature:
@@ -288,15 +288,8 @@ class ShortConv(wiring.Component):
             here, picked = Signal(name=f"hist_r{r}"), Signal(name=f"hist_r{r}_picked")
             m.d.comb += here.eq(accept & (row == r))
             m.d.sync += picked.eq(here)
-            outs = []
-            for c in range(arr.cols):
-                ram = FakeRam(spec)
-                m.submodules[f"hist_r{r}_c{c}"] = ram
-                lo = c * spec.bits
-                m.d.comb += [ram.ce_in.eq(here), ram.we_in.eq(here), ram.addr_in.eq(word[:ab]),
-                             ram.wd_in.eq(wd[lo:lo + spec.bits]), ram.w_mask_in.eq(mask[lo:lo + spec.bits])]
-                outs.append(ram.rd_out)
-            picks.append(Mux(picked, Cat(*outs)[:wb], 0) if arr.rows > 1 else Cat(*outs)[:wb])
+            out = macro_row(m, arr, f"hist_r{r}", ce=here, we=here, addr=word[:ab], wd=wd, mask=mask)
+            picks.append(Mux(picked, out[:wb], 0) if arr.rows > 1 else out[:wb])
         old = Value.cast(or_tree(picks))
         slots = [old[j * ib:(j + 1) * ib] for j in range(K - 1)]
         # slot m of the window is byte (phase + m) mod (K-1)
@@ -328,15 +321,8 @@ class ShortConv(wiring.Component):
             here, picked = Signal(name=f"taps_r{r}"), Signal(name=f"taps_r{r}_picked")
             m.d.comb += here.eq((accept | w.valid) & ((word >> ab) == r))
             m.d.sync += picked.eq(here)
-            outs = []
-            for c in range(arr.cols):
-                ram = FakeRam(spec)
-                m.submodules[f"taps_r{r}_c{c}"] = ram
-                lo = c * spec.bits
-                m.d.comb += [ram.ce_in.eq(here), ram.we_in.eq(w.valid), ram.addr_in.eq(word[:ab]),
-                             ram.wd_in.eq(w.data[lo:lo + spec.bits]), ram.w_mask_in.eq(Const(-1, spec.bits))]
-                outs.append(ram.rd_out)
-            picks.append(Mux(picked, Cat(*outs)[:per * tw], 0) if arr.rows > 1 else Cat(*outs)[:per * tw])
+            out = macro_row(m, arr, f"taps_r{r}", ce=here, we=w.valid, addr=word[:ab], wd=w.data, mask=-1)
+            picks.append(Mux(picked, out[:per * tw], 0) if arr.rows > 1 else out[:per * tw])
         row = Value.cast(or_tree(picks))
         groups = [row[j * tw:(j + 1) * tw] for j in range(per)]
         m.d.comb += s1_taps.as_value().eq(Array(groups)[sub] if per > 1 else groups[0])

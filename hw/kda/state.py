@@ -74,12 +74,12 @@ different banks, so which one the read sees does not arise.
 """
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed
+from amaranth import Const, Module, Mux, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.arith.reduce import or_tree
-from hw.mem.fakeram import FakeRam, choose_macros
+from hw.mem.fakeram import choose_macros, macro_row
 
 STATE_MEMORY_KINDS = ("flops", "sram")
 
@@ -216,17 +216,9 @@ class StateMemory(wiring.Component):
                 m.d.comb += [rd_here.eq(self.rd_en & (rbank == b) & (rrow == r)),
                              wr_here.eq(self.wr_en & (wbank == b) & (wrow == r))]
                 m.d.sync += picked.eq(rd_here & ~wr_here & ~rd_cleared)
-                outs = []
-                for c in range(arr.cols):
-                    ram = FakeRam(spec)
-                    m.submodules[f"bank{b}_r{r}_c{c}"] = ram
-                    lo = c * spec.bits
-                    m.d.comb += [ram.ce_in.eq(rd_here | wr_here), ram.we_in.eq(wr_here),
-                                 ram.addr_in.eq(Mux(wr_here, waddr, raddr)),
-                                 ram.wd_in.eq(self.wr_data.as_value()[lo:lo + spec.bits]),
-                                 ram.w_mask_in.eq(-1)]
-                    outs.append(ram.rd_out)
-                picks.append(Mux(picked, Cat(*outs)[:wb], 0))
+                out = macro_row(m, arr, f"bank{b}_r{r}", ce=rd_here | wr_here, we=wr_here,
+                                addr=Mux(wr_here, waddr, raddr), wd=self.wr_data.as_value(), mask=-1)
+                picks.append(Mux(picked, out[:wb], 0))
         rd_word = Signal(wb)
         m.d.sync += rd_word.eq(or_tree(picks))
         m.d.comb += self.rd_data.eq(rd_word)

@@ -34,7 +34,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from amaranth import ClockDomain, ClockSignal, Instance, Module, Mux, Signal
+from amaranth import Cat, ClockDomain, ClockSignal, Instance, Module, Mux, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -101,6 +101,25 @@ def choose_macros(words: int, bits: int) -> MacroArray:
     def array(spec):
         return MacroArray(spec, math.ceil(words / spec.words), math.ceil(bits / spec.bits))
     return min((array(s) for s in FAKERAM45.values()), key=lambda a: (round(a.area_um2, 3), a.count))
+
+
+def macro_row(m: Module, arr: MacroArray, name: str, *, ce, we, addr, wd, mask) -> Value:
+    """One row of ``arr``: its ``arr.cols`` macros side by side (submodules ``<name>_c<c>``),
+    all on the same ``ce``, ``we`` and ``addr``, column c on bits c*spec.bits.. of ``wd`` and
+    of ``mask`` (a value as wide as the row, or an int written to every macro's mask, e.g.
+    -1: whole words).  Returns the row's read data (every column's ``rd_out``, column 0
+    lowest); the owner picks among the rows."""
+    spec = arr.spec
+    outs = []
+    for c in range(arr.cols):
+        ram = FakeRam(spec)
+        m.submodules[f"{name}_c{c}"] = ram
+        lo = c * spec.bits
+        m.d.comb += [ram.ce_in.eq(ce), ram.we_in.eq(we), ram.addr_in.eq(addr),
+                     ram.wd_in.eq(wd[lo:lo + spec.bits]),
+                     ram.w_mask_in.eq(mask if isinstance(mask, int) else mask[lo:lo + spec.bits])]
+        outs.append(ram.rd_out)
+    return Cat(*outs)
 
 
 class _MacroTarget:
